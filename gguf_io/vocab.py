@@ -1,0 +1,88 @@
+"""The tokenizer vocabulary stored in a GGUF file's `tokenizer.*` metadata."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from gguf import TokenType
+
+from .errors import GGUFError
+from .file import GGUFFile
+
+# Texts that end a turn in common chat formats. llama.cpp adds tokens with these texts to its
+# end-of-generation set even when the file names no EOT id; so do we.
+END_OF_TURN_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                     "<|eom_id|>", "<EOT>", "<|end_of_text|>", "</s>")
+
+
+@dataclass
+class Vocab:
+    model: str                      # "gpt2" (byte-level BPE) or "llama" (SentencePiece)
+    pre: str                        # pre-tokenizer name, gpt2 model only
+    tokens: list[str]
+    token_types: np.ndarray         # gguf.TokenType per token
+    scores: np.ndarray | None       # SentencePiece piece scores
+    merges: list[str]               # BPE merges "left right", in priority order
+    bos_id: int
+    eos_id: int
+    unk_id: int
+    add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool
+    end_of_generation: frozenset[int] = field(default_factory=frozenset)
+    chat_template: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def is_special(self, token_id: int) -> bool:
+        """Control and user-defined tokens are matched as whole strings in prompt text."""
+        return self.token_types[token_id] in (TokenType.CONTROL, TokenType.USER_DEFINED)
+
+
+def read_vocab(f: GGUFFile) -> Vocab:
+    model = f.get("tokenizer.ggml.model")
+    tokens = f.get("tokenizer.ggml.tokens")
+    if model is None or tokens is None:
+        raise GGUFError(f"{f.path.name}: the file has no tokenizer (tokenizer.ggml.model / tokens missing)")
+    if model not in ("gpt2", "llama"):
+        raise GGUFError(f"{f.path.name}: tokenizer model {model!r} is not supported (gpt2 and llama are)")
+    n = len(tokens)
+    types = f.get("tokenizer.ggml.token_type")
+    types = np.asarray(types, dtype=np.int32) if types is not None else np.full(n, TokenType.NORMAL, np.int32)
+    scores = f.get("tokenizer.ggml.scores")
+    if len(types) != n or (scores is not None and len(scores) != n):
+        raise GGUFError(f"{f.path.name}: tokenizer arrays disagree in length")
+
+    def token_id(key, default):
+        value = f.get(key, default)
+        if value is None or not 0 <= int(value) < n:
+            return -1 if value is None else _bad_id(f, key, value)
+        return int(value)
+
+    bos = token_id("tokenizer.ggml.bos_token_id", None)
+    eos = token_id("tokenizer.ggml.eos_token_id", None)
+    eog = {i for i in (eos, token_id("tokenizer.ggml.eot_token_id", None),
+                       token_id("tokenizer.ggml.eom_token_id", None)) if i >= 0}
+    text_to_id = {t: i for i, t in enumerate(tokens) if t in END_OF_TURN_TEXTS}
+    eog.update(i for t, i in text_to_id.items() if types[i] == TokenType.CONTROL or t in ("<|im_end|>", "<end_of_turn>"))
+    return Vocab(
+        model=model,
+        pre=f.get("tokenizer.ggml.pre", "default"),
+        tokens=tokens,
+        token_types=types,
+        scores=None if scores is None else np.asarray(scores, dtype=np.float32),
+        merges=f.get("tokenizer.ggml.merges", []),
+        bos_id=bos,
+        eos_id=eos,
+        unk_id=token_id("tokenizer.ggml.unknown_token_id", None),
+        add_bos=bool(f.get("tokenizer.ggml.add_bos_token", model == "llama")),
+        add_eos=bool(f.get("tokenizer.ggml.add_eos_token", False)),
+        add_space_prefix=bool(f.get("tokenizer.ggml.add_space_prefix", model == "llama")),
+        end_of_generation=frozenset(eog),
+        chat_template=f.get("tokenizer.chat_template"),
+    )
+
+
+def _bad_id(f: GGUFFile, key: str, value) -> int:
+    raise GGUFError(f"{f.path.name}: {key} = {value} is outside the vocabulary")

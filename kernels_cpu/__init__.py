@@ -1,0 +1,1 @@
+"""Numba CPU kernels over quantized GGUF weights. Knows nothing of models."""

@@ -1,0 +1,62 @@
+"""runner.backend.Backend on the CPU: Numba kernels over numpy arrays."""
+from __future__ import annotations
+
+import os
+
+import numba
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from . import ops
+from .matmul import load_matrix
+
+_EMPTY = np.zeros(0, dtype=np.float32)
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def __init__(self, threads: int | None = None):
+        self.threads = max(1, min(threads or os.cpu_count() or 1, numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(self.threads)
+        # Numba's OpenMP workers spin between parallel regions; a multi-threaded BLAS running
+        # beside them (prefill tiles) then fights them for the cores and runs ~10x slower.
+        threadpool_limits(1, user_api="blas")
+
+    def load_matrix(self, qtype, raw, k):
+        return load_matrix(qtype, raw, k)
+
+    def load_vector(self, values):
+        return np.ascontiguousarray(values, dtype=np.float32)
+
+    def asarray(self, values):
+        return np.ascontiguousarray(values)
+
+    def to_numpy(self, x):
+        return x
+
+    def zeros(self, shape):
+        return np.zeros(shape, dtype=np.float32)
+
+    def matmul(self, w, x):
+        return w.matmul(x)
+
+    def embed(self, w, ids):
+        return w.rows(ids)
+
+    def rms_norm(self, x, weight, eps):
+        out = np.empty_like(x)
+        ops.rms_norm(x, weight, np.float32(eps), out)
+        return out
+
+    def rope(self, x, positions, n_rot, base, pos_scale, neox, freq_factors):
+        ops.rope(x, positions, n_rot, base, pos_scale, neox, _EMPTY if freq_factors is None else freq_factors)
+
+    def attention(self, q, k, v, q_pos, k_pos, scale, window, softcap):
+        out = np.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=np.float32)
+        ops.attention(q, k, v, q_pos, k_pos, np.float32(scale), window, np.float32(softcap), out)
+        return out
+
+    def silu_mul(self, gate, up):
+        ops.silu_mul(gate, up)
+        return gate

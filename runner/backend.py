@@ -1,0 +1,34 @@
+"""The operations model code may ask of a compute backend, and how a backend is chosen.
+
+Model files call only these methods, so the same model runs on kernels_cpu (Numba) or
+kernels_gpu (torch). Activations are (tokens, features) float32 arrays of the backend's kind.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class Backend(Protocol):
+    name: str
+    threads: int
+
+    def load_matrix(self, qtype, raw, k: int) -> Any:
+        """A weight matrix from raw GGUF rows (N, bytes per row) holding k weights each."""
+
+    def load_vector(self, values) -> Any: ...
+    def asarray(self, values) -> Any: ...
+    def to_numpy(self, x) -> Any: ...
+    def matmul(self, w, x) -> Any: ...
+    def embed(self, w, ids) -> Any: ...
+    def rms_norm(self, x, weight, eps: float) -> Any: ...
+    def rope(self, x, positions, n_rot: int, base: float, pos_scale: float, neox: bool, freq_factors) -> None: ...
+    def attention(self, q, k, v, q_pos, k_pos, scale: float, window: int, softcap: float) -> Any: ...
+    def silu_mul(self, gate, up) -> Any: ...
+    def zeros(self, shape) -> Any: ...
+
+
+def make_backend(device: str = "cpu", threads: int | None = None) -> Backend:
+    if device == "cpu":
+        from kernels_cpu.backend import CpuBackend
+        return CpuBackend(threads)
+    raise ValueError(f"unknown device {device!r} (available: cpu)")
