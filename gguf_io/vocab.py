@@ -35,9 +35,9 @@ class Vocab:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def is_special(self, token_id: int) -> bool:
-        """Control and user-defined tokens are matched as whole strings in prompt text."""
-        return self.token_types[token_id] in (TokenType.CONTROL, TokenType.USER_DEFINED)
+    def special_ids(self) -> np.ndarray:
+        """Control and user-defined tokens: matched as whole strings in prompt text."""
+        return np.flatnonzero((self.token_types == TokenType.CONTROL) | (self.token_types == TokenType.USER_DEFINED))
 
 
 def read_vocab(f: GGUFFile) -> Vocab:

@@ -1,0 +1,169 @@
+"""The `ggrun` command line."""
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+
+import click
+
+from gguf_io import GGUFError
+
+from .kv_cache import ContextFullError
+from .registry import MODELS, RegistryError
+
+USER_ERRORS = (GGUFError, ContextFullError, RegistryError, OSError)
+
+
+class Command(click.Command):
+    """Turns a user's mistake into one line on stderr and exit status 1; Ctrl-C into exit 130."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except USER_ERRORS as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            sys.exit(130)
+
+
+model_argument = click.argument("model", required=False)
+threads_option = click.option("-t", "--threads", type=click.IntRange(1), help="CPU threads (default: all cores).")
+
+
+@click.group()
+@click.version_option(package_name="ggrun")
+def main():
+    """Run GGUF language models locally."""
+
+
+def _load(model, threads):
+    from .load import load_model
+    from .registry import resolve
+    return load_model(resolve(model), threads=threads)
+
+
+@main.command(cls=Command)
+@model_argument
+@click.option("-p", "--prompt", required=True, help="Prompt text; '-' reads it from stdin.")
+@click.option("-n", "--n-predict", default=128, show_default=True, type=click.IntRange(0), help="Tokens to generate.")
+@click.option("--temp", default=0.8, show_default=True, help="Temperature; 0 is greedy.")
+@click.option("--top-k", default=40, show_default=True)
+@click.option("--top-p", default=0.95, show_default=True)
+@click.option("--min-p", default=0.05, show_default=True)
+@click.option("--repeat-penalty", default=1.0, show_default=True)
+@click.option("--repeat-last-n", default=64, show_default=True, help="Window of the repeat penalty.")
+@click.option("--seed", type=int, help="Random seed; the same seed gives the same text.")
+@click.option("-c", "--ctx-size", type=click.IntRange(1), help="Context size (default: min(trained, 4096)).")
+@threads_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
+def run(model, prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
+        ctx_size, threads, as_json):
+    """Complete PROMPT with MODEL (a GGUF path or a registry name)."""
+    from .generate import GenerationStats, generate
+    from .sampler import Sampler, SamplingOptions
+    from .tokenizer import StreamDecoder
+
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    lm = _load(model, threads)
+    n_ctx = ctx_size or lm.default_context()
+    ids = lm.tokenizer.encode(prompt)
+    cache = lm.model.new_cache(n_ctx)
+    sampler = Sampler(SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed))
+    stats = GenerationStats()
+    stream = StreamDecoder(lm.tokenizer)
+    text = []
+    tokens = generate(lm.model, cache, ids, sampler, n_predict, lm.tokenizer.vocab.end_of_generation, stats)
+    try:
+        for token in tokens:
+            piece = stream.push(token)
+            text.append(piece)
+            if not as_json:
+                click.echo(piece, nl=False)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        stats.stop_reason = "interrupted"
+    text.append(stream.flush())
+    if as_json:
+        click.echo(json.dumps({
+            "text": "".join(text), "prompt_tokens": stats.prompt_tokens, "prompt_ids": ids,
+            "generated_tokens": stats.generated_tokens, "token_ids": stats.tokens,
+            "stop_reason": stats.stop_reason,
+            "time_to_first_token_s": stats.time_to_first_token_s,
+            "prefill_tok_s": stats.prefill_tok_s, "decode_tok_s": stats.decode_tok_s}))
+    else:
+        click.echo(text[-1])
+        click.echo(f"\nprompt: {stats.prompt_tokens} tokens, time to first token {stats.time_to_first_token_s:.3f} s, "
+                   f"prefill {stats.prefill_tok_s:.1f} tok/s, decode {stats.decode_tok_s:.1f} tok/s "
+                   f"({stats.generated_tokens} tokens, stop: {stats.stop_reason})", err=True)
+
+
+@main.command(cls=Command)
+@click.argument("model")
+@click.argument("text")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--no-special", is_flag=True, help="Do not add BOS/EOS.")
+def tokenize(model, text, as_json, no_special):
+    """Print the token ids (and pieces) of TEXT."""
+    from gguf_io import GGUFFile, read_vocab
+
+    from .registry import resolve
+    from .tokenizer import Tokenizer
+    tok = Tokenizer(read_vocab(GGUFFile(resolve(model))))
+    ids = tok.encode(text, add_special=not no_special)
+    if as_json:
+        click.echo(json.dumps({"ids": ids, "pieces": [tok.piece(i) for i in ids]}))
+    else:
+        for i in ids:
+            click.echo(f"{i:>7} {tok.piece(i)!r}")
+
+
+@main.command(cls=Command)
+@model_argument
+def info(model):
+    """Architecture, hyperparameters, tensor types, size and bits per weight of MODEL."""
+    from gguf_io import GGUFFile, read_params
+
+    from .registry import resolve
+    f = GGUFFile(resolve(model))
+    p = read_params(f)
+    click.echo(f"file:          {f.path}")
+    click.echo(f"architecture:  {p.arch}   name: {f.get('general.name', '?')}")
+    click.echo(f"size:          {f.size / 2**20:.1f} MiB, {sum(t.n_elements for t in f.tensors.values()) / 1e6:.1f} M "
+               f"parameters, {f.bits_per_weight():.2f} bits per weight")
+    for field in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "rope_base", "rms_eps",
+                  "context_length", "vocab_size", "sliding_window"):
+        click.echo(f"{field + ':':<15}{getattr(p, field)}")
+    counts = Counter(t.type.name for t in f.tensors.values())
+    click.echo("tensors:       " + ", ".join(f"{n} {k}" for k, n in counts.most_common()))
+
+
+@main.command(cls=Command)
+@click.argument("name", type=click.Choice(sorted(MODELS)))
+def pull(name):
+    """Download a registry model into the cache."""
+    from .registry import pull as pull_model
+    click.echo(pull_model(name))
+
+
+@main.command(cls=Command)
+@model_argument
+@click.option("-p", "--n-prompt", default=512, show_default=True, type=click.IntRange(1))
+@click.option("-n", "--n-gen", default=128, show_default=True, type=click.IntRange(1))
+@click.option("-r", "--repetitions", default=3, show_default=True, type=click.IntRange(1))
+@threads_option
+@click.option("--json", "as_json", is_flag=True)
+def bench(model, n_prompt, n_gen, repetitions, threads, as_json):
+    """Prefill and decode speed, like llama-bench: mean ± std over repetitions after a warm-up."""
+    from .bench import run_bench
+    lm = _load(model, threads)
+    rows = run_bench(lm, n_prompt, n_gen, repetitions)
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    for r in rows:
+        click.echo(f"{r['model']:<36} {r['size_mib']:>8.1f} MiB {r['params_m']:>7.1f} M  {r['backend']:<4} "
+                   f"{r['threads']:>2} thr  {r['test']:>6}  {r['tok_s_mean']:>8.1f} ± {r['tok_s_std']:.1f} tok/s")

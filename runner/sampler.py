@@ -1,0 +1,53 @@
+"""Next-token sampling: repetition penalty, then top-k, top-p, min-p and temperature, as llama.cpp chains them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class SamplingOptions:
+    temperature: float = 0.8      # <= 0: greedy
+    top_k: int = 40               # <= 0: off
+    top_p: float = 0.95           # >= 1: off
+    min_p: float = 0.05           # <= 0: off
+    repeat_penalty: float = 1.0   # 1: off
+    repeat_last_n: int = 64       # window of recent tokens the penalty looks at
+    seed: int | None = None
+
+
+class Sampler:
+    def __init__(self, options: SamplingOptions):
+        self.options = options
+        self.rng = np.random.default_rng(options.seed)
+
+    def sample(self, logits: np.ndarray, history: list[int]) -> int:
+        o = self.options
+        logits = np.asarray(logits, dtype=np.float32)
+        if o.repeat_penalty != 1.0 and history and o.repeat_last_n != 0:
+            recent = np.unique(np.asarray(history[-o.repeat_last_n:] if o.repeat_last_n > 0 else history))
+            logits = logits.copy()
+            vals = logits[recent]
+            logits[recent] = np.where(vals > 0, vals / o.repeat_penalty, vals * o.repeat_penalty)
+        if o.temperature <= 0:
+            return int(np.argmax(logits))
+
+        # Candidates sorted by logit, best first; each filter keeps a prefix of them.
+        k = min(o.top_k, logits.size) if o.top_k > 0 else logits.size
+        ids = np.argpartition(-logits, k - 1)[:k] if k < logits.size else np.arange(logits.size)
+        ids = ids[np.argsort(-logits[ids], kind="stable")]
+        probs = _softmax(logits[ids])
+        if o.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(probs), o.top_p)) + 1
+            ids, probs = ids[:keep], probs[:keep]
+        if o.min_p > 0.0:
+            keep = max(1, int(np.sum(probs >= o.min_p * probs[0])))
+            ids = ids[:keep]
+        probs = _softmax(logits[ids] / o.temperature)
+        return int(ids[self.rng.choice(len(ids), p=probs)])
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x.astype(np.float64) - x.max())
+    return e / e.sum()

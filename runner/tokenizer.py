@@ -1,0 +1,200 @@
+"""Text to token ids and back, from a GGUF vocabulary, following llama.cpp's tokenizers.
+
+`gpt2` vocabularies are byte-level BPE over pre-tokenized pieces; `llama` vocabularies are
+SentencePiece: greedy highest-score merges over characters with byte fallback. In both, the
+texts of control and user-defined tokens in the input are matched first and become those tokens.
+"""
+from __future__ import annotations
+
+import codecs
+import heapq
+
+import regex
+from gguf import TokenType
+
+from gguf_io import GGUFError, Vocab
+
+from .pretokenize import IGNORE_MERGES, PreTokenizer, canonical_name
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    mapping, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+BYTE_TO_UNICODE = _byte_to_unicode()
+UNICODE_TO_BYTE = {c: b for b, c in BYTE_TO_UNICODE.items()}
+SPM_SPACE = "\u2581"
+
+
+def _merge_greedy(symbols: list[str], pair_priority) -> list[str]:
+    """Repeatedly merge the adjacent pair with the best priority (lowest value, leftmost on ties).
+
+    pair_priority(left, right) returns a sortable priority or None when the pair cannot merge.
+    """
+    n = len(symbols)
+    if n < 2:
+        return symbols
+    prev = list(range(-1, n - 1))
+    nxt = list(range(1, n + 1))
+    nxt[-1] = -1
+    heap = []
+    for i in range(n - 1):
+        p = pair_priority(symbols[i], symbols[i + 1])
+        if p is not None:
+            heap.append((p, i, symbols[i], symbols[i + 1]))
+    heapq.heapify(heap)
+    while heap:
+        p, left, ltext, rtext = heapq.heappop(heap)
+        right = nxt[left]
+        if right == -1 or symbols[left] != ltext or symbols[right] != rtext:
+            continue  # stale: one side was merged since this pair was queued
+        symbols[left] = ltext + rtext
+        symbols[right] = ""
+        nxt[left] = nxt[right]
+        if nxt[right] != -1:
+            prev[nxt[right]] = left
+        for a, b in ((prev[left], left), (left, nxt[left])):
+            if a != -1 and b != -1:
+                q = pair_priority(symbols[a], symbols[b])
+                if q is not None:
+                    heapq.heappush(heap, (q, a, symbols[a], symbols[b]))
+    return [s for s in symbols if s]
+
+
+class Tokenizer:
+    def __init__(self, vocab: Vocab):
+        self.vocab = vocab
+        self.token_to_id = {t: i for i, t in enumerate(vocab.tokens)}
+        specials = sorted((vocab.tokens[i] for i in vocab.special_ids() if vocab.tokens[i]),
+                          key=len, reverse=True)
+        self._special_re = regex.compile("|".join(regex.escape(s) for s in specials)) if specials else None
+        self._cache: dict[str, list[int]] = {}
+        if vocab.model == "gpt2":
+            pre = canonical_name(vocab.pre)
+            if pre is None:
+                raise GGUFError(f"pre-tokenizer {vocab.pre!r} is not supported")
+            self._pre = PreTokenizer(pre)
+            self._ignore_merges = pre in IGNORE_MERGES
+            # keyed by the merge's own "left right" text; reversed so the first occurrence wins
+            n = len(vocab.merges)
+            self._ranks = dict(zip(reversed(vocab.merges), range(n - 1, -1, -1)))
+        self._byte_tokens = [self.token_to_id.get(f"<0x{b:02X}>", -1) for b in range(256)]
+
+    # -- encoding --------------------------------------------------------------------------
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        """Token ids of text; BOS/EOS added when add_special and the vocabulary asks for them."""
+        v = self.vocab
+        ids: list[int] = []
+        if add_special and v.add_bos and v.bos_id >= 0:
+            ids.append(v.bos_id)
+        prev_special = True
+        for fragment, is_special in self._split_specials(text):
+            if is_special:
+                ids.append(self.token_to_id[fragment])
+            elif v.model == "gpt2":
+                for piece in self._pre.split(fragment):
+                    ids.extend(self._bpe_piece(piece))
+            else:
+                ids.extend(self._spm(fragment, space_prefix=v.add_space_prefix and prev_special))
+            prev_special = is_special
+        if add_special and v.add_eos and v.eos_id >= 0:
+            ids.append(v.eos_id)
+        return ids
+
+    def _split_specials(self, text: str):
+        start = 0
+        if self._special_re is not None:
+            for m in self._special_re.finditer(text):
+                if m.start() > start:
+                    yield text[start:m.start()], False
+                yield m.group(), True
+                start = m.end()
+        if start < len(text):
+            yield text[start:], False
+
+    def _bpe_piece(self, piece: str) -> list[int]:
+        cached = self._cache.get(piece)
+        if cached is not None:
+            return cached
+        word = "".join(BYTE_TO_UNICODE[b] for b in piece.encode("utf-8"))
+        if self._ignore_merges and word in self.token_to_id:
+            ids = [self.token_to_id[word]]
+        else:
+            ranks = self._ranks
+            ids = []
+            for sym in _merge_greedy(list(word), lambda a, b: ranks.get(a + " " + b)):
+                tid = self.token_to_id.get(sym)
+                if tid is not None:
+                    ids.append(tid)
+                else:  # llama.cpp falls back to the symbol's single characters
+                    ids.extend(self.token_to_id[c] for c in sym if c in self.token_to_id)
+        if len(self._cache) < 100_000:
+            self._cache[piece] = ids
+        return ids
+
+    def _spm(self, text: str, space_prefix: bool) -> list[int]:
+        text = ((" " if space_prefix else "") + text).replace(" ", SPM_SPACE)
+        scores, vocab_ids = self.vocab.scores, self.token_to_id
+
+        def priority(a, b):
+            tid = vocab_ids.get(a + b)
+            return None if tid is None else -float(scores[tid]) if scores is not None else 0.0
+
+        ids = []
+        for sym in _merge_greedy(list(text), priority):
+            tid = vocab_ids.get(sym)
+            if tid is not None:
+                ids.append(tid)
+            else:  # byte fallback: <0xXX> tokens, or unknown
+                for b in sym.encode("utf-8"):
+                    bt = self._byte_tokens[b]
+                    ids.append(bt if bt >= 0 else self.vocab.unk_id)
+        return ids
+
+    # -- decoding --------------------------------------------------------------------------
+
+    def token_bytes(self, token_id: int, render_special: bool = False) -> bytes:
+        """The bytes a token stands for; control tokens render empty unless render_special."""
+        v = self.vocab
+        if not 0 <= token_id < len(v.tokens):
+            return b""
+        text, ttype = v.tokens[token_id], v.token_types[token_id]
+        if ttype == TokenType.CONTROL:
+            return text.encode("utf-8") if render_special else b""
+        if v.model == "gpt2":
+            if ttype == TokenType.USER_DEFINED:
+                return text.encode("utf-8")
+            return bytes(UNICODE_TO_BYTE.get(c, 0x3F) for c in text)
+        if ttype == TokenType.BYTE and len(text) == 6 and text.startswith("<0x"):
+            return bytes([int(text[3:5], 16)])
+        return text.replace(SPM_SPACE, " ").encode("utf-8")
+
+    def decode(self, ids, render_special: bool = False) -> str:
+        return b"".join(self.token_bytes(i, render_special) for i in ids).decode("utf-8", errors="replace")
+
+    def piece(self, token_id: int) -> str:
+        return self.token_bytes(token_id, render_special=True).decode("utf-8", errors="replace")
+
+
+class StreamDecoder:
+    """Turns a stream of token ids into text, never splitting a UTF-8 character across tokens."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        return self._utf8.decode(self.tokenizer.token_bytes(token_id))
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
