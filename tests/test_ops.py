@@ -1,0 +1,73 @@
+"""Norm, rotary embedding, attention and SwiGLU kernels against plain numpy references."""
+import numpy as np
+import pytest
+
+from kernels_cpu.backend import CpuBackend
+
+be = CpuBackend()
+rng = np.random.default_rng(1)
+
+
+def test_rms_norm():
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    want = x / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + 1e-5) * w
+    assert np.allclose(be.rms_norm(x, w, 1e-5), want, atol=1e-5)
+
+
+def _rope_reference(x, positions, n_rot, base, neox, factors=None):
+    out = x.astype(np.float64).copy()
+    half = n_rot // 2
+    freqs = base ** (-np.arange(half) * 2.0 / n_rot)
+    if factors is not None:
+        freqs = freqs / factors
+    for t, p in enumerate(positions):
+        ang = p * freqs
+        c, s = np.cos(ang), np.sin(ang)
+        a = np.arange(half) if neox else np.arange(half) * 2
+        b = a + half if neox else a + 1
+        x0, x1 = out[t, :, a].copy(), out[t, :, b].copy()
+        out[t, :, a] = x0 * c[:, None] - x1 * s[:, None]
+        out[t, :, b] = x0 * s[:, None] + x1 * c[:, None]
+    return out
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("n_rot", [64, 32])
+def test_rope(neox, n_rot):
+    x = rng.standard_normal((4, 3, 64)).astype(np.float32)
+    positions = np.array([0, 1, 7, 4000], dtype=np.int32)
+    factors = rng.uniform(1, 8, n_rot // 2).astype(np.float32)
+    for f in (None, factors):
+        y = x.copy()
+        be.rope(y, positions, n_rot, 10000.0, 1.0, neox, f)
+        assert np.allclose(y, _rope_reference(x, positions, n_rot, 10000.0, neox, f), atol=2e-4)
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_attention_grouped_causal(window):
+    n_tok, n_head, n_kv, d, n_slots = 4, 6, 2, 16, 9
+    q = rng.standard_normal((n_tok, n_head, d)).astype(np.float32)
+    k = rng.standard_normal((n_kv, n_slots, d)).astype(np.float32)
+    v = rng.standard_normal((n_kv, n_slots, d)).astype(np.float32)
+    k_pos = np.array([0, 1, 2, 3, 4, 5, -1, 6, 7], dtype=np.int32)  # one empty slot
+    q_pos = np.array([4, 5, 6, 7], dtype=np.int32)
+    got = be.attention(q, k, v, q_pos, k_pos, 0.25, window, 0.0)
+    for t in range(n_tok):
+        for h in range(n_head):
+            g = h // (n_head // n_kv)
+            ok = (k_pos >= 0) & (k_pos <= q_pos[t])
+            if window:
+                ok &= q_pos[t] - k_pos < window
+            s = (k[g] @ q[t, h]) * 0.25
+            s = np.where(ok, s, -np.inf)
+            p = np.exp(s - s.max())
+            p /= p.sum()
+            assert np.allclose(got[t, h], p @ v[g], atol=1e-5)
+
+
+def test_silu_mul():
+    g = rng.standard_normal((2, 10)).astype(np.float32)
+    u = rng.standard_normal((2, 10)).astype(np.float32)
+    want = g / (1 + np.exp(-g)) * u
+    assert np.allclose(be.silu_mul(g.copy(), u), want, atol=1e-6)
