@@ -1,0 +1,89 @@
+"""The ggrun command line end to end on the real SmolLM2 file, in a fresh process each time."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+from gguf import GGUFWriter
+
+
+def ggrun(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "runner", *map(str, args)], capture_output=True, text=True,
+                          input=stdin, timeout=600)
+
+
+def test_run_greedy_mentions_paris(smollm_path):
+    r = ggrun("run", smollm_path, "-p", "The capital of France is", "--temp", "0", "-n", "12")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+    assert "decode" in r.stderr and "tok/s" in r.stderr and "time to first token" in r.stderr
+
+
+def test_default_model_is_smollm(smollm_path):
+    r = ggrun("run", "-p", "The capital of France is", "--temp", "0", "-n", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in json.loads(r.stdout)["text"]
+
+
+def test_same_seed_same_text_and_json_schema(smollm_path):
+    args = ("run", smollm_path, "-p", "-", "--seed", "42", "--temp", "1.0", "-n", "24", "--json")
+    first, second = ggrun(*args, stdin="Once upon a time"), ggrun(*args, stdin="Once upon a time")
+    assert first.returncode == 0, first.stderr
+    a, b = json.loads(first.stdout), json.loads(second.stdout)
+    assert a["text"] == b["text"] and a["token_ids"] == b["token_ids"] and a["generated_tokens"] > 0
+    assert set(a) == {"text", "prompt_tokens", "prompt_ids", "generated_tokens", "token_ids", "stop_reason",
+                      "time_to_first_token_s", "prefill_tok_s", "decode_tok_s"}
+    different = json.loads(ggrun(*args[:-4], "43", *args[-3:], stdin="Once upon a time").stdout)
+    assert different["token_ids"] != a["token_ids"]
+
+
+def test_prompt_longer_than_context_is_a_clear_error(smollm_path):
+    r = ggrun("run", smollm_path, "-p", "word " * 100, "-c", "32")
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and "context" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_tokenize_and_info(smollm_path):
+    r = ggrun("tokenize", smollm_path, "Hello world", "--json")
+    assert json.loads(r.stdout) == {"ids": [19556, 905], "pieces": ["Hello", " world"]}
+    r = ggrun("info", smollm_path)
+    assert r.returncode == 0 and "llama" in r.stdout and "Q4_1" in r.stdout and "bits per weight" in r.stdout
+
+
+def test_unknown_architecture_and_type_are_refused(tmp_path):
+    path = tmp_path / "odd.gguf"
+    w = GGUFWriter(str(path), "mamba-9000")
+    w.add_tensor("x.weight", np.zeros((2, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = ggrun("run", path, "-p", "hi")
+    assert r.returncode == 1 and "architecture 'mamba-9000' is not supported" in r.stderr
+
+
+def test_bench_json(smollm_path):
+    r = ggrun("bench", smollm_path, "-p", "16", "-n", "4", "-r", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["test"] for row in rows] == ["pp16", "tg4"]
+    assert all(row["tok_s_mean"] > 0 for row in rows)
+
+
+def test_unsupported_tensor_type_is_refused(tmp_path):
+    from gguf import GGMLQuantizationType
+    path = tmp_path / "iq.gguf"
+    w = GGUFWriter(str(path), "llama")
+    for key, value in (("block_count", 1), ("embedding_length", 256), ("feed_forward_length", 256),
+                       ("attention.head_count", 4)):
+        w.add_uint32(f"llama.{key}", value)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(["a", "b"])
+    w.add_token_merges([])
+    w.add_tensor("token_embd.weight", np.zeros((2, 66), dtype=np.uint8), raw_dtype=GGMLQuantizationType.IQ2_XXS)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = ggrun("run", path, "-p", "hi")
+    assert r.returncode == 1 and "unsupported tensor type IQ2_XXS" in r.stderr, r.stderr
