@@ -11,8 +11,8 @@ from .file import GGUFFile
 
 # Texts that end a turn in common chat formats. llama.cpp adds tokens with these texts to its
 # end-of-generation set even when the file names no EOT id; so do we.
-END_OF_TURN_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                     "<|eom_id|>", "<EOT>", "<|end_of_text|>", "</s>")
+END_OF_TURN_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                               "<|eom_id|>", "<EOT>", "<|end_of_text|>", "<｜end▁of▁sentence｜>"})
 
 
 @dataclass
@@ -54,18 +54,20 @@ def read_vocab(f: GGUFFile) -> Vocab:
     if len(types) != n or (scores is not None and len(scores) != n):
         raise GGUFError(f"{f.path.name}: tokenizer arrays disagree in length")
 
-    def token_id(key, default):
-        value = f.get(key, default)
-        if value is None or not 0 <= int(value) < n:
-            return -1 if value is None else _bad_id(f, key, value)
+    def token_id(key):
+        """The id stored under key, -1 when absent; an id outside the vocabulary is an error."""
+        value = f.get(key)
+        if value is None:
+            return -1
+        if not 0 <= int(value) < n:
+            raise GGUFError(f"{f.path.name}: {key} = {value} is outside the vocabulary of {n} tokens")
         return int(value)
 
-    bos = token_id("tokenizer.ggml.bos_token_id", None)
-    eos = token_id("tokenizer.ggml.eos_token_id", None)
-    eog = {i for i in (eos, token_id("tokenizer.ggml.eot_token_id", None),
-                       token_id("tokenizer.ggml.eom_token_id", None)) if i >= 0}
-    text_to_id = {t: i for i, t in enumerate(tokens) if t in END_OF_TURN_TEXTS}
-    eog.update(i for t, i in text_to_id.items() if types[i] == TokenType.CONTROL or t in ("<|im_end|>", "<end_of_turn>"))
+    bos = token_id("tokenizer.ggml.bos_token_id")
+    eos = token_id("tokenizer.ggml.eos_token_id")
+    eog = {i for i in (eos, token_id("tokenizer.ggml.eot_token_id"),
+                       token_id("tokenizer.ggml.eom_token_id")) if i >= 0}
+    eog.update(i for i, t in enumerate(tokens) if t in END_OF_TURN_TEXTS)
     return Vocab(
         model=model,
         pre=f.get("tokenizer.ggml.pre", "default"),
@@ -75,7 +77,7 @@ def read_vocab(f: GGUFFile) -> Vocab:
         merges=f.get("tokenizer.ggml.merges", []),
         bos_id=bos,
         eos_id=eos,
-        unk_id=token_id("tokenizer.ggml.unknown_token_id", None),
+        unk_id=token_id("tokenizer.ggml.unknown_token_id"),
         add_bos=bool(f.get("tokenizer.ggml.add_bos_token", model == "llama")),
         add_eos=bool(f.get("tokenizer.ggml.add_eos_token", False)),
         add_space_prefix=bool(f.get("tokenizer.ggml.add_space_prefix", model == "llama")),
@@ -83,6 +85,3 @@ def read_vocab(f: GGUFFile) -> Vocab:
         chat_template=f.get("tokenizer.chat_template"),
     )
 
-
-def _bad_id(f: GGUFFile, key: str, value) -> int:
-    raise GGUFError(f"{f.path.name}: {key} = {value} is outside the vocabulary")

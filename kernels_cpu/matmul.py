@@ -1,8 +1,8 @@
 """Weight matrices in the unpacked form of blocks.py and their products with activations.
 
-Decode (one token) runs `_matvec`: per row, a 32-wide float accumulator takes scale * q * x group
-by group, so the inner loop is a contiguous int8-to-float multiply-add with no horizontal sum
-until the row ends. Prefill (many tokens) dequantizes tiles of rows to float32 and hands them to
+Decode (one or a few tokens) runs `_matmul_few`: per row, a 32-wide float accumulator takes
+scale * q * x group by group, so the inner loop is a contiguous int8-to-float multiply-add with no
+horizontal sum until the row ends. Prefill (many tokens) dequantizes tiles of rows to float32 and hands them to
 BLAS, which is far faster than any hand loop once the tile is reused across tokens.
 """
 from __future__ import annotations
@@ -14,6 +14,8 @@ from numba import njit, prange
 from .blocks import FLOAT_TYPES, LAYOUTS, float_rows, unpack_row
 
 PREFILL_TILE_ROWS = 512
+# Up to this many tokens, reading each weight row once beats dequantizing tiles for BLAS.
+FEW_TOKENS = 8
 
 
 @njit(cache=True, parallel=True)
@@ -23,30 +25,37 @@ def _unpack_rows(qtype, raw, q, scale, bias):
 
 
 @njit(cache=True, parallel=True, fastmath=True)
-def _matvec(q, scale, bias, x, out):
+def _matmul_few(q, scale, bias, x, out):
+    """out = x @ W.T for a few tokens x (T, K): each weight row is read once, while in L1, for all T."""
     n_rows, k = q.shape
+    n_tokens = x.shape[0]
     n_groups = scale.shape[1]
     g = k // n_groups
-    xsum = np.zeros(n_groups, dtype=np.float32)
-    if bias.shape[1]:
-        for b in range(n_groups):
-            for j in range(g):
-                xsum[b] += x[b * g + j]
+    has_bias = bias.shape[1] > 0
+    xsum = np.zeros((n_tokens, n_groups), dtype=np.float32)
+    if has_bias:
+        for t in range(n_tokens):
+            for b in range(n_groups):
+                for j in range(g):
+                    xsum[t, b] += x[t, b * g + j]
     for r in prange(n_rows):
-        acc = np.zeros(32, dtype=np.float32)
         qr = q[r]
         sr = scale[r]
-        for b in range(n_groups):
-            s = sr[b]
-            o = b * g
-            for j in range(g):
-                acc[j] += s * (np.float32(qr[o + j]) * x[o + j])
-        y = acc.sum()
-        if bias.shape[1]:
-            br = bias[r]
+        acc = np.empty(32, dtype=np.float32)
+        for t in range(n_tokens):
+            xt = x[t]
+            acc[:] = 0.0
             for b in range(n_groups):
-                y += br[b] * xsum[b]
-        out[r] = y
+                s = sr[b]
+                o = b * g
+                for j in range(g):
+                    acc[j] += s * (np.float32(qr[o + j]) * xt[o + j])
+            y = acc.sum()
+            if has_bias:
+                br = bias[r]
+                for b in range(n_groups):
+                    y += br[b] * xsum[t, b]
+            out[t, r] = y
 
 
 @njit(cache=True, parallel=True, fastmath=True)
@@ -80,8 +89,8 @@ class QuantMatrix:
         """x (T, K) float32 -> x @ W.T, (T, N)."""
         n = self.shape[0]
         out = np.empty((x.shape[0], n), dtype=np.float32)
-        if x.shape[0] == 1:
-            _matvec(self.q, self.scale, self.bias, x[0], out[0])
+        if x.shape[0] <= FEW_TOKENS:
+            _matmul_few(self.q, self.scale, self.bias, x, out)
             return out
         tile = np.empty((min(PREFILL_TILE_ROWS, n), self.shape[1]), dtype=np.float32)
         for first in range(0, n, PREFILL_TILE_ROWS):

@@ -40,9 +40,14 @@ def main():
 
 
 def _load(model, threads):
+    from kernels_cpu.compile_cache import kernels_compiled
+
     from .load import load_model
     from .registry import resolve
-    return load_model(resolve(model), threads=threads)
+    path = resolve(model)
+    if not kernels_compiled():
+        click.echo("compiling the Numba kernels (first run only; cached for later runs)...", err=True)
+    return load_model(path, threads=threads)
 
 
 @main.command(cls=Command)

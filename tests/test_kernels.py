@@ -34,7 +34,7 @@ def test_products_match_reference_dequantization(qtype, kind, n, k):
     ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
     m = load_matrix(qtype, raw, k)
     scale = np.abs(ref).max() + 1e-30
-    for tokens in (1, 5):
+    for tokens in (1, 5, 20):  # one token, the few-token kernel, the BLAS tile path
         x = rng.standard_normal((tokens, k)).astype(np.float32)
         got = m.matmul(x)
         want = x.astype(np.float64) @ ref.T

@@ -117,3 +117,8 @@ def test_cli_reports_one_line_and_exit_1(tmp_path, small_gguf):
         assert result.returncode == 1, result.stderr
         assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_gguf_version_2_opens(tmp_path, small_gguf):
+    (tmp_path / "v2.gguf").write_bytes(small_gguf[:4] + struct.pack("<I", 2) + small_gguf[8:])
+    assert GGUFFile(tmp_path / "v2.gguf").version == 2
