@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType
 
 from .errors import GGUFError
 from .parser import Header, MetadataValue, TensorInfo, parse_header
@@ -41,16 +40,11 @@ class GGUFFile:
         field = self.metadata.get(key)
         return default if field is None else field.value
 
-    def require(self, key: str):
-        if key not in self.metadata:
-            raise GGUFError(f"{self.path.name}: required metadata key {key!r} is missing")
-        return self.metadata[key].value
-
     @property
     def architecture(self) -> str:
-        arch = self.require("general.architecture")
+        arch = self.get("general.architecture")
         if not isinstance(arch, str):
-            raise GGUFError(f"{self.path.name}: general.architecture is not a string")
+            raise GGUFError(f"{self.path.name}: general.architecture is missing or not a string")
         return arch
 
     def tensor_bytes(self, name: str) -> np.ndarray:
@@ -58,20 +52,7 @@ class GGUFFile:
         t = self.tensors[name]
         return self._bytes[t.offset:t.offset + t.nbytes].reshape(t.n_rows, t.row_bytes)
 
-    def tensor_f32(self, name: str) -> np.ndarray:
-        """A small F32 tensor (norm weights, biases) as a float32 view, shape in numpy order."""
-        t = self.tensors[name]
-        if t.type != GGMLQuantizationType.F32:
-            raise GGUFError(f"{self.path.name}: tensor {name!r} is {t.type.name}, expected F32")
-        return self._bytes[t.offset:t.offset + t.nbytes].view(np.float32).reshape(tuple(reversed(t.shape)))
-
     def bits_per_weight(self) -> float:
         n = sum(t.n_elements for t in self.tensors.values())
         return 8.0 * sum(t.nbytes for t in self.tensors.values()) / max(n, 1)
 
-    def close(self) -> None:
-        self._bytes = None
-        try:
-            self._map.close()
-        except BufferError:
-            pass  # numpy views into the map are still alive; the OS unmaps at exit

@@ -32,9 +32,6 @@ class CpuBackend:
     def asarray(self, values):
         return np.ascontiguousarray(values)
 
-    def to_numpy(self, x):
-        return x
-
     def zeros(self, shape):
         return np.zeros(shape, dtype=np.float32)
 

@@ -23,10 +23,6 @@ class KVCache:
         self.positions = np.full(n_ctx, -1, dtype=np.int32)
         self.used = 0
 
-    @property
-    def next_position(self) -> int:
-        return self.used
-
     def reserve(self, n_tokens: int) -> tuple[slice, np.ndarray]:
         """Claim slots for the next n_tokens; returns the slots and the tokens' positions."""
         if self.used + n_tokens > self.n_ctx:
@@ -43,6 +39,3 @@ class KVCache:
         self.values[layer][:, slots] = v.transpose(1, 0, 2)
         return self.keys[layer][:, :self.used], self.values[layer][:, :self.used], self.positions[:self.used]
 
-    def clear(self) -> None:
-        self.positions[:] = -1
-        self.used = 0
