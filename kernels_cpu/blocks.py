@@ -88,7 +88,107 @@ def _unpack_q8_0(raw, b, q, scale, bias):  # d:f16 qs[32] int8
         q[b * 32 + j] = np.int8(raw[p + 2 + j])
 
 
+# K-quants: 256-weight super-blocks with one f16 scale (and min) refined per sub-block by
+# small integer scales. Sub-blocks of 16 weights (Q2_K, Q3_K, Q6_K) or 32 (Q4_K, Q5_K) become
+# the groups of the unpacked form.
+
+@njit(cache=True, inline="always")
+def _unpack_q2_k(raw, b, q, scale, bias):  # scales[16] (4-bit scale | 4-bit min << 4), qs[64], d, dmin
+    p = b * 84
+    d = _f16(raw, p + 80)
+    dmin = _f16(raw, p + 82)
+    for g in range(16):
+        sc = np.int32(raw[p + g])
+        scale[b * 16 + g] = d * (sc & 15)
+        bias[b * 16 + g] = -dmin * (sc >> 4)
+    # 128-weight halves; in each, four 2-bit planes of the same 32 bytes, 16 + 16 weights per plane
+    for half in range(2):
+        for plane in range(4):
+            for l in range(32):
+                q[b * 256 + half * 128 + plane * 32 + l] = (np.int32(raw[p + 16 + half * 32 + l]) >> (2 * plane)) & 3
+
+
+@njit(cache=True, inline="always")
+def _unpack_q3_k(raw, b, q, scale, bias):  # hmask[32], qs[64], scales[12] (6-bit, packed), d
+    p = b * 110
+    d = _f16(raw, p + 108)
+    for g in range(16):
+        low = (np.int32(raw[p + 96 + g % 8]) >> (4 * (g // 8))) & 15
+        high = (np.int32(raw[p + 104 + g % 4]) >> (2 * (g // 4))) & 3
+        scale[b * 16 + g] = d * ((low | (high << 4)) - 32)
+    for half in range(2):
+        for plane in range(4):
+            bit = half * 4 + plane  # the high-mask bit that cancels the -4 offset
+            for l in range(32):
+                v = (np.int32(raw[p + 32 + half * 32 + l]) >> (2 * plane)) & 3
+                if not (np.int32(raw[p + l]) >> bit) & 1:
+                    v -= 4
+                q[b * 256 + half * 128 + plane * 32 + l] = v
+
+
+@njit(cache=True, inline="always")
+def _scale_min_k4(raw, p, j):
+    """The j-th 6-bit (scale, min) pair of Q4_K/Q5_K's 12 packed scale bytes at raw[p]."""
+    if j < 4:
+        return np.int32(raw[p + j]) & 63, np.int32(raw[p + j + 4]) & 63
+    sc = (np.int32(raw[p + j + 4]) & 15) | ((np.int32(raw[p + j - 4]) >> 6) << 4)
+    mn = (np.int32(raw[p + j + 4]) >> 4) | ((np.int32(raw[p + j]) >> 6) << 4)
+    return sc, mn
+
+
+@njit(cache=True, inline="always")
+def _unpack_k4_scales(raw, p, b, scale, bias):
+    d = _f16(raw, p)
+    dmin = _f16(raw, p + 2)
+    for g in range(8):
+        sc, mn = _scale_min_k4(raw, p + 4, g)
+        scale[b * 8 + g] = d * sc
+        bias[b * 8 + g] = -dmin * mn
+
+
+@njit(cache=True, inline="always")
+def _unpack_q4_k(raw, b, q, scale, bias):  # d, dmin, scales[12], qs[128]: 64 weights per 32 bytes
+    p = b * 144
+    _unpack_k4_scales(raw, p, b, scale, bias)
+    for chunk in range(4):
+        for l in range(32):
+            v = np.int32(raw[p + 16 + chunk * 32 + l])
+            q[b * 256 + chunk * 64 + l] = v & 15
+            q[b * 256 + chunk * 64 + 32 + l] = v >> 4
+
+
+@njit(cache=True, inline="always")
+def _unpack_q5_k(raw, b, q, scale, bias):  # d, dmin, scales[12], qh[32], qs[128]
+    p = b * 176
+    _unpack_k4_scales(raw, p, b, scale, bias)
+    for chunk in range(4):
+        for l in range(32):
+            v = np.int32(raw[p + 48 + chunk * 32 + l])
+            h = np.int32(raw[p + 16 + l])
+            q[b * 256 + chunk * 64 + l] = (v & 15) | (((h >> (2 * chunk)) & 1) << 4)
+            q[b * 256 + chunk * 64 + 32 + l] = (v >> 4) | (((h >> (2 * chunk + 1)) & 1) << 4)
+
+
+@njit(cache=True, inline="always")
+def _unpack_q6_k(raw, b, q, scale, bias):  # ql[128], qh[64], scales[16] int8, d
+    p = b * 210
+    d = _f16(raw, p + 208)
+    for g in range(16):
+        scale[b * 16 + g] = d * np.int8(raw[p + 192 + g])
+    for half in range(2):
+        for l in range(32):
+            lo0 = np.int32(raw[p + half * 64 + l])
+            lo1 = np.int32(raw[p + half * 64 + 32 + l])
+            h = np.int32(raw[p + 128 + half * 32 + l])
+            o = b * 256 + half * 128 + l
+            q[o] = ((lo0 & 15) | ((h & 3) << 4)) - 32
+            q[o + 32] = ((lo1 & 15) | (((h >> 2) & 3) << 4)) - 32
+            q[o + 64] = ((lo0 >> 4) | (((h >> 4) & 3) << 4)) - 32
+            q[o + 96] = ((lo1 >> 4) | (((h >> 6) & 3) << 4)) - 32
+
+
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1), int(T.Q8_0)
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = int(T.Q2_K), int(T.Q3_K), int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
 
 # type -> (weights per block, weights per scale group, has bias)
 LAYOUTS = {
@@ -97,6 +197,11 @@ LAYOUTS = {
     T.Q5_0: (32, 32, False),
     T.Q5_1: (32, 32, True),
     T.Q8_0: (32, 32, False),
+    T.Q2_K: (256, 16, True),
+    T.Q3_K: (256, 16, False),
+    T.Q4_K: (256, 32, True),
+    T.Q5_K: (256, 32, True),
+    T.Q6_K: (256, 16, False),
 }
 FLOAT_TYPES = frozenset({T.F32, T.F16, T.BF16})
 SUPPORTED_TYPES = frozenset(LAYOUTS) | FLOAT_TYPES
@@ -120,6 +225,21 @@ def unpack_row(qtype, raw, q, scale, bias):
     elif qtype == Q8_0:
         for b in range(q.size // 32):
             _unpack_q8_0(raw, b, q, scale, bias)
+    elif qtype == Q2_K:
+        for b in range(q.size // 256):
+            _unpack_q2_k(raw, b, q, scale, bias)
+    elif qtype == Q3_K:
+        for b in range(q.size // 256):
+            _unpack_q3_k(raw, b, q, scale, bias)
+    elif qtype == Q4_K:
+        for b in range(q.size // 256):
+            _unpack_q4_k(raw, b, q, scale, bias)
+    elif qtype == Q5_K:
+        for b in range(q.size // 256):
+            _unpack_q5_k(raw, b, q, scale, bias)
+    elif qtype == Q6_K:
+        for b in range(q.size // 256):
+            _unpack_q6_k(raw, b, q, scale, bias)
 
 
 def float_rows(qtype: T, raw: np.ndarray) -> np.ndarray:

@@ -1,7 +1,40 @@
-"""Whether Numba's on-disk cache already holds this package's compiled kernels."""
+"""Keeping Numba's on-disk cache of this package's kernels consistent with their sources.
+
+Numba checks a cached function only against its own file, but kernels here inline functions from
+other files (matmul.py calls blocks.py); a change to blocks.py alone would leave matmul.py's
+cached machine code stale. So the whole package's cache is dropped when any source changes.
+"""
+import hashlib
 from pathlib import Path
+
+_PACKAGE = Path(__file__).parent
+_CACHE = _PACKAGE / "__pycache__"
+_STAMP = _CACHE / "ggrun-kernels.sha256"
+
+
+def _sources_digest() -> str:
+    h = hashlib.sha256()
+    for path in sorted(_PACKAGE.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def drop_stale_cache() -> None:
+    digest = _sources_digest()
+    try:
+        if _STAMP.read_text() == digest:
+            return
+    except OSError:
+        pass
+    for path in list(_CACHE.glob("*.nbi")) + list(_CACHE.glob("*.nbc")):
+        path.unlink(missing_ok=True)
+    try:
+        _CACHE.mkdir(exist_ok=True)
+        _STAMP.write_text(digest)
+    except OSError:
+        pass  # a read-only install: Numba then caches elsewhere or not at all
 
 
 def kernels_compiled() -> bool:
     """True once any kernel of this package has been compiled and cached (index files exist)."""
-    return any((Path(__file__).parent / "__pycache__").glob("*.nbi"))
+    return any(_CACHE.glob("*.nbi"))

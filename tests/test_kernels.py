@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
@@ -44,8 +45,40 @@ def test_products_match_reference_dequantization(qtype, kind, n, k):
     assert np.allclose(m.rows(ids), ref[ids], rtol=1e-6, atol=1e-6 * scale)
 
 
-def test_every_real_tensor_decodes_like_reference(smollm_path):
-    f = GGUFFile(smollm_path)
+# Byte offsets of each K-quant block's f16 super-block scale (and min).
+K_QUANT_SCALES = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+
+
+def _random_k_blocks(rng, qtype, n, k, case):
+    """Random bytes (every sub-block scale/min and quant bit pattern), finite f16 super-scales."""
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (n, k // block, block_bytes), dtype=np.uint8)
+    for at in K_QUANT_SCALES[qtype]:
+        d = {"random": rng.uniform(-2, 2, (n, k // block)),
+             "zero": np.zeros((n, k // block)),
+             "extreme": rng.choice([65504.0, -65504.0, 6e-8, 0.0], (n, k // block))}[case]
+        raw[:, :, at:at + 2] = d.astype(np.float16).view(np.uint8).reshape(n, k // block, 2)
+    return raw.reshape(n, -1)
+
+
+@pytest.mark.parametrize("qtype", list(K_QUANT_SCALES), ids=lambda t: t.name)
+@pytest.mark.parametrize("case", ["random", "zero", "extreme"])
+@pytest.mark.parametrize("n,k", [(1, 256), (29, 768)])
+def test_k_quant_products_match_reference(qtype, case, n, k):
+    rng = np.random.default_rng(k + n)
+    raw = _random_k_blocks(rng, qtype, n, k, case)
+    ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
+    m = load_matrix(qtype, raw, k)
+    assert np.allclose(m.rows(np.arange(n)), ref, rtol=1e-6, atol=0)
+    for tokens in (1, 5, 20):
+        x = rng.standard_normal((tokens, k)).astype(np.float32)
+        tol = 1e-5 * np.abs(ref).max() * np.abs(x).sum(axis=1, keepdims=True)
+        assert np.all(np.abs(m.matmul(x) - x.astype(np.float64) @ ref.T) <= tol + 1e-30)
+
+
+@pytest.mark.parametrize("model", ["smollm_path", "gemma_path"])
+def test_every_real_tensor_decodes_like_reference(model, request):
+    f = GGUFFile(request.getfixturevalue(model))
     rng = np.random.default_rng(0)
     for name, t in f.tensors.items():
         if len(t.shape) != 2:
@@ -65,4 +98,4 @@ def test_every_real_tensor_decodes_like_reference(smollm_path):
 
 
 def test_supported_types_cover_the_issue_list():
-    assert set(TYPES) <= SUPPORTED_TYPES
+    assert set(TYPES) | set(K_QUANT_SCALES) <= SUPPORTED_TYPES
