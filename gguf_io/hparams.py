@@ -26,6 +26,8 @@ class ModelParams:
     context_length: int
     vocab_size: int
     sliding_window: int    # 0: no sliding-window layers
+    swa_pattern: int       # every swa_pattern-th layer is global; 0: the architecture's default
+    rope_base_swa: float   # RoPE base of sliding-window layers; 0: the architecture's default
     logit_softcap: float   # 0: none
     attn_softcap: float    # 0: none
 
@@ -83,6 +85,8 @@ def read_params(f: GGUFFile) -> ModelParams:
         context_length=int(f.get(key("context_length"), 2048)),
         vocab_size=int(vocab),
         sliding_window=int(f.get(key("attention.sliding_window"), 0)),
+        swa_pattern=int(f.get(key("attention.sliding_window_pattern"), 0)),
+        rope_base_swa=float(f.get(key("rope.freq_base_swa"), 0.0)),
         logit_softcap=float(f.get(key("final_logit_softcapping"), 0.0)),
         attn_softcap=float(f.get(key("attn_logit_softcapping"), 0.0)),
     )

@@ -57,3 +57,7 @@ class CpuBackend:
     def silu_mul(self, gate, up):
         ops.silu_mul(gate, up)
         return gate
+
+    def gelu_mul(self, gate, up):
+        ops.gelu_mul(gate, up)
+        return gate

@@ -92,6 +92,16 @@ def attention(q, k_cache, v_cache, q_pos, k_pos, scale, window, softcap, out):
 
 
 @njit(cache=True, fastmath=True)
+def gelu_mul(gate, up):
+    """GeGLU with the tanh approximation of GELU: gelu(gate) * up, written into gate."""
+    c = math.sqrt(2.0 / math.pi)
+    for t in range(gate.shape[0]):
+        for i in range(gate.shape[1]):
+            g = gate[t, i]
+            gate[t, i] = 0.5 * g * (1.0 + math.tanh(c * (g + 0.044715 * g * g * g))) * up[t, i]
+
+
+@njit(cache=True, fastmath=True)
 def silu_mul(gate, up):
     """SwiGLU: silu(gate) * up, written into gate."""
     for t in range(gate.shape[0]):

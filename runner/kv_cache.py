@@ -1,4 +1,10 @@
-"""Key/value cache: slots allocated once for the whole context, each slot tagged with its position."""
+"""Key/value cache: slots allocated once, each slot tagged with the position it holds.
+
+Global-attention layers get a slot for every position of the context. A sliding-window layer
+only ever looks `window` positions back, so it gets window + max_batch slots used as a ring
+(slot = position mod capacity): a batch of at most max_batch new tokens then only overwrites
+positions that no query of the batch can see.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -9,33 +15,34 @@ class ContextFullError(Exception):
 
 
 class KVCache:
-    """Keys and values of every layer in (kv heads, slots, head dim) arrays allocated up front.
+    def __init__(self, backend, n_ctx: int, layer_windows: list[int], n_kv_head: int, key_dim: int,
+                 value_dim: int, max_batch: int):
+        self.n_ctx, self.max_batch = n_ctx, max_batch
+        self.capacity = [n_ctx if w == 0 else min(n_ctx, w + max_batch) for w in layer_windows]
+        self.keys = [backend.zeros((n_kv_head, cap, key_dim)) for cap in self.capacity]
+        self.values = [backend.zeros((n_kv_head, cap, value_dim)) for cap in self.capacity]
+        # one position table per distinct capacity: layers of the same kind share it
+        self.positions = {cap: np.full(cap, -1, dtype=np.int32) for cap in set(self.capacity)}
+        self.used = 0  # tokens stored so far, which is also the next token's position
 
-    Slots fill in order; `positions[s]` is the token position held by slot s (-1 when empty),
-    which is all attention needs to apply the causal mask.
-    """
-
-    def __init__(self, backend, n_layer: int, n_kv_head: int, n_ctx: int, key_dim: int, value_dim: int):
-        self.backend = backend
-        self.n_ctx = n_ctx
-        self.keys = [backend.zeros((n_kv_head, n_ctx, key_dim)) for _ in range(n_layer)]
-        self.values = [backend.zeros((n_kv_head, n_ctx, value_dim)) for _ in range(n_layer)]
-        self.positions = np.full(n_ctx, -1, dtype=np.int32)
-        self.used = 0
-
-    def reserve(self, n_tokens: int) -> tuple[slice, np.ndarray]:
-        """Claim slots for the next n_tokens; returns the slots and the tokens' positions."""
+    def reserve(self, n_tokens: int) -> np.ndarray:
+        """Claim slots for the next n_tokens (at most max_batch); returns their positions."""
         if self.used + n_tokens > self.n_ctx:
             raise ContextFullError(f"{self.used} + {n_tokens} tokens exceed the context of {self.n_ctx}")
-        slots = slice(self.used, self.used + n_tokens)
+        if n_tokens > self.max_batch:
+            raise ValueError(f"a batch of {n_tokens} tokens exceeds the cache's max batch {self.max_batch}")
         positions = np.arange(self.used, self.used + n_tokens, dtype=np.int32)
-        self.positions[slots] = positions
+        for cap, table in self.positions.items():
+            table[positions % cap] = positions
         self.used += n_tokens
-        return slots, positions
+        return positions
 
-    def store(self, layer: int, slots: slice, k, v) -> tuple:
-        """Write k, v (tokens, kv heads, dim) into their slots; return the layer's used cache."""
+    def store(self, layer: int, positions: np.ndarray, k, v) -> tuple:
+        """Write k, v (tokens, kv heads, dim) at the positions' slots; return the layer's filled
+        keys, values and slot positions."""
+        cap = self.capacity[layer]
+        slots = positions % cap
         self.keys[layer][:, slots] = k.transpose(1, 0, 2)
         self.values[layer][:, slots] = v.transpose(1, 0, 2)
-        return self.keys[layer][:, :self.used], self.values[layer][:, :self.used], self.positions[:self.used]
-
+        n = min(self.used, cap)
+        return self.keys[layer][:, :n], self.values[layer][:, :n], self.positions[cap][:n]

@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from gguf_io import GGUFError, GGUFFile, ModelParams, read_params, read_vocab
 
 from .backend import make_backend
+from .models.gemma3 import Gemma3
 from .models.llama import Llama
 from .tokenizer import Tokenizer
 from .weights import WeightLoader
 
-ARCHITECTURES = {"llama": Llama}
+ARCHITECTURES = {"llama": Llama, "gemma3": Gemma3}
 
 
 @dataclass

@@ -33,3 +33,16 @@ def hf_smollm_tokenizer(smollm_path):
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     return tok
+
+
+def hf_logits_function(gguf_path):
+    """transformers loading the GGUF, dequantized to fp32: ids -> logits (T, vocab). The oracle."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
+
+    def logits(ids):
+        with torch.no_grad():
+            return model(torch.tensor([ids])).logits[0].numpy()
+    return logits

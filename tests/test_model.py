@@ -2,6 +2,8 @@
 import numpy as np
 import pytest
 
+from .conftest import hf_logits_function
+
 PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
           "combined movable metal type, oil-based inks and a wooden press adapted from wine making. "
           "Within fifty years, printers in more than two hundred European cities had produced millions "
@@ -10,14 +12,8 @@ PROMPT = ("The history of the printing press begins in the fifteenth century, wh
 
 @pytest.fixture(scope="module")
 def hf_logits(smollm_path, smollm):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(smollm_path.parent), gguf_file=smollm_path.name, dtype=torch.float32)
     ids = smollm.tokenizer.encode(PROMPT)
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0].numpy()
-    return ids, logits
+    return ids, hf_logits_function(smollm_path)(ids)
 
 
 def test_logits_match_transformers(smollm, hf_logits):

@@ -1,0 +1,109 @@
+"""What every decoder-only architecture shares: embedding, attention over the KV cache, output.
+
+An architecture subclasses Decoder, loads its layers and writes `block`, the one place where
+architectures really differ. Everything else is declared as class attributes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from gguf_io import ModelParams
+from runner.kv_cache import KVCache
+from runner.weights import WeightLoader
+
+# Tokens per forward pass: longer prompts are run in slices of this size (llama.cpp's ubatch).
+MAX_BATCH = 512
+
+
+@dataclass
+class Attention:
+    wq: object
+    wk: object
+    wv: object
+    wo: object
+    q_norm: object = None  # per-head RMSNorm of queries and keys (Gemma 3, Qwen 3)
+    k_norm: object = None
+    rope_base: float = 10000.0
+    rope_scale: float = 1.0
+    window: int = 0        # sliding window in positions; 0 attends to the whole context
+
+
+class Decoder:
+    rope_neox = False       # rotary pairing: (i, i + d/2) when True, (2i, 2i + 1) when False
+    embed_scale = False     # multiply embeddings by sqrt(hidden size)
+
+    def __init__(self, params: ModelParams, weights: WeightLoader, backend):
+        self.params, self.backend = params, backend
+        p = params
+        self.tok_embd = weights.matrix("token_embd.weight", p.n_embd, p.vocab_size)
+        self.output_norm = weights.vector("output_norm.weight", p.n_embd)
+        self.output = (weights.matrix("output.weight", p.n_embd, p.vocab_size)
+                       if weights.has("output.weight") else self.tok_embd)
+        self.rope_factors = (weights.vector("rope_freqs.weight", p.rope_dim // 2)
+                             if weights.has("rope_freqs.weight") else None)
+        self.layers = [self.load_layer(weights, i) for i in range(p.n_layer)]
+
+    def load_layer(self, weights: WeightLoader, i: int):
+        raise NotImplementedError
+
+    def block(self, layer, x, positions, cache: KVCache, i: int):
+        raise NotImplementedError
+
+    def load_attention(self, weights: WeightLoader, i: int, **kw) -> Attention:
+        p = self.params
+        q_dim, kv_dim, v_dim = p.n_head * p.head_dim, p.n_head_kv * p.head_dim, p.n_head_kv * p.value_dim
+        m = lambda name, n_in, n_out: weights.matrix(f"blk.{i}.{name}.weight", n_in, n_out)  # noqa: E731
+        return Attention(m("attn_q", p.n_embd, q_dim), m("attn_k", p.n_embd, kv_dim),
+                         m("attn_v", p.n_embd, v_dim), m("attn_output", p.n_head * p.value_dim, p.n_embd),
+                         rope_base=p.rope_base, rope_scale=p.rope_scale, **kw)
+
+    def new_cache(self, n_ctx: int) -> KVCache:
+        p = self.params
+        windows = [layer.attn.window for layer in self.layers]
+        return KVCache(self.backend, n_ctx, windows, p.n_head_kv, p.head_dim, p.value_dim, MAX_BATCH)
+
+    def forward(self, tokens, cache: KVCache, all_logits: bool = False):
+        """Run tokens at the cache's next positions; logits of the last token (vocab,) or of all (T, vocab)."""
+        outputs = []
+        for start in range(0, len(tokens), MAX_BATCH):
+            chunk = tokens[start:start + MAX_BATCH]
+            last = start + MAX_BATCH >= len(tokens)
+            logits = self._forward_batch(chunk, cache, all_logits or not last)
+            if all_logits:
+                outputs.append(logits)
+        return np.concatenate(outputs) if all_logits else logits[-1]
+
+    def _forward_batch(self, tokens, cache: KVCache, all_logits: bool):
+        be, p = self.backend, self.params
+        positions = cache.reserve(len(tokens))
+        x = be.embed(self.tok_embd, np.asarray(tokens))
+        if self.embed_scale:
+            x = x * np.float32(math.sqrt(p.n_embd))
+        for i, layer in enumerate(self.layers):
+            x = self.block(layer, x, positions, cache, i)
+        if not all_logits:
+            x = x[-1:]
+        logits = be.matmul(self.output, be.rms_norm(x, self.output_norm, p.rms_eps))
+        if p.logit_softcap > 0:
+            logits = np.tanh(logits / p.logit_softcap) * p.logit_softcap
+        return logits
+
+    def attention(self, a: Attention, h, positions, cache: KVCache, i: int):
+        """Self-attention of h (T, n_embd) through layer i's cache, output projection included."""
+        be, p = self.backend, self.params
+        n = h.shape[0]
+        q = be.matmul(a.wq, h).reshape(n, p.n_head, p.head_dim)
+        k = be.matmul(a.wk, h).reshape(n, p.n_head_kv, p.head_dim)
+        v = be.matmul(a.wv, h).reshape(n, p.n_head_kv, p.value_dim)
+        if a.q_norm is not None:
+            q = be.rms_norm(q.reshape(-1, p.head_dim), a.q_norm, p.rms_eps).reshape(q.shape)
+            k = be.rms_norm(k.reshape(-1, p.head_dim), a.k_norm, p.rms_eps).reshape(k.shape)
+        for t in (q, k):
+            be.rope(t, positions, p.rope_dim, a.rope_base, a.rope_scale, self.rope_neox, self.rope_factors)
+        keys, values, key_pos = cache.store(i, positions, k, v)
+        out = be.attention(q, keys, values, positions, key_pos, 1.0 / math.sqrt(p.head_dim),
+                           a.window, p.attn_softcap)
+        return be.matmul(a.wo, out.reshape(n, p.n_head * p.value_dim))
