@@ -1,0 +1,574 @@
+"""llama.cpp's reference quantizers (ggml-quants.c, the `_ref` paths llama-quantize takes without an
+importance matrix), reimplemented with Numba so that our bytes equal llama.cpp's.
+
+Byte equality needs llama.cpp's float32 arithmetic step by step: every constant is float32,
+integer operands are converted where C converts them, nothing runs with fastmath, and rounding
+follows C (nearest_int: to even; roundf: half away from zero; casts: toward zero).
+"""
+import numpy as np
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from numba import njit, prange
+
+from kernels_cpu.blocks import F16_TABLE
+
+F32 = np.float32
+GROUP_MAX_EPS = F32(1e-15)
+
+
+@njit(cache=True)
+def _f16_bits(f):
+    """float32 -> IEEE half bits, round to nearest even (what F16C's conversion does)."""
+    x = np.array([f], dtype=np.float32).view(np.uint32)[0]
+    sign = np.uint16((x >> 16) & 0x8000)
+    exp = np.int32((x >> 23) & 0xFF)
+    mant = np.uint32(x & 0x7FFFFF)
+    if exp == 0xFF:
+        return sign | np.uint16(0x7C00 | (0x200 if mant else 0))
+    e = exp - 112
+    if e >= 31:
+        return sign | np.uint16(0x7C00)
+    if e <= 0:
+        if e < -10:
+            return sign
+        mant = mant | np.uint32(0x800000)
+        shift = np.uint32(14 - e)
+        rounded = (mant + (np.uint32(1) << (shift - 1)) - 1 + ((mant >> shift) & 1)) >> shift
+        return sign | np.uint16(rounded)
+    rounded = mant + np.uint32(0xFFF) + ((mant >> 13) & 1)
+    if rounded & 0x800000:
+        rounded = np.uint32(0)
+        e += 1
+        if e >= 31:
+            return sign | np.uint16(0x7C00)
+    return sign | np.uint16((e << 10) | (rounded >> 13))
+
+
+@njit(cache=True, inline="always")
+def _put_f16(out, at, f):
+    """Store f as half at out[at:at+2]; return the value the half holds (GGML_FP16_TO_FP32 of it)."""
+    h = _f16_bits(f)
+    out[at] = np.uint8(h & 0xFF)
+    out[at + 1] = np.uint8(h >> 8)
+    return F16_TABLE[np.int32(h)]
+
+
+@njit(cache=True, inline="always")
+def _nearest_int(f):
+    return np.int32(np.rint(f))  # llama.cpp's +12582912 trick is round-to-nearest-even
+
+
+@njit(cache=True, inline="always")
+def _roundf(f):
+    t = np.trunc(f)
+    if abs(f - t) >= F32(0.5):
+        t += F32(1.0) if f > 0 else F32(-1.0)
+    return np.int32(t)
+
+
+# ---- 32-weight blocks ----------------------------------------------------------------------
+
+@njit(cache=True)
+def _absmax_signed(x):
+    amax = F32(0.0)
+    mx = F32(0.0)
+    for v in x:
+        if amax < abs(v):
+            amax = abs(v)
+            mx = v
+    return amax, mx
+
+
+@njit(cache=True)
+def _min_max(x):
+    mn = F32(3.4028234663852886e38)
+    mx = F32(-3.4028234663852886e38)
+    for v in x:
+        if v < mn:
+            mn = v
+        if v > mx:
+            mx = v
+    return mn, mx
+
+
+@njit(cache=True)
+def _q4_0(x, out):
+    _, mx = _absmax_signed(x)
+    d = mx / F32(-8.0)
+    inv = F32(1.0) / d if d != 0 else F32(0.0)
+    _put_f16(out, 0, d)
+    for j in range(16):
+        a = min(15, np.int32(x[j] * inv + F32(8.5)))
+        b = min(15, np.int32(x[j + 16] * inv + F32(8.5)))
+        out[2 + j] = np.uint8(a | (b << 4))
+
+
+@njit(cache=True)
+def _q4_1(x, out):
+    mn, mx = _min_max(x)
+    d = (mx - mn) / F32(15.0)
+    inv = F32(1.0) / d if d != 0 else F32(0.0)
+    _put_f16(out, 0, d)
+    _put_f16(out, 2, mn)
+    for j in range(16):
+        a = min(15, np.int32((x[j] - mn) * inv + F32(0.5)))
+        b = min(15, np.int32((x[j + 16] - mn) * inv + F32(0.5)))
+        out[4 + j] = np.uint8(a | (b << 4))
+
+
+@njit(cache=True)
+def _q5_pack(a, b, j, out, qs_at, qh):
+    out[qs_at + j] = np.uint8((a & 15) | ((b & 15) << 4))
+    return qh | (np.uint32((a >> 4) & 1) << j) | (np.uint32((b >> 4) & 1) << (j + 16))
+
+
+@njit(cache=True)
+def _store_u32(out, at, v):
+    for i in range(4):
+        out[at + i] = np.uint8((v >> (8 * i)) & 0xFF)
+
+
+@njit(cache=True)
+def _q5_0(x, out):
+    _, mx = _absmax_signed(x)
+    d = mx / F32(-16.0)
+    inv = F32(1.0) / d if d != 0 else F32(0.0)
+    _put_f16(out, 0, d)
+    qh = np.uint32(0)
+    for j in range(16):
+        a = min(31, np.int32(x[j] * inv + F32(16.5)))
+        b = min(31, np.int32(x[j + 16] * inv + F32(16.5)))
+        qh = _q5_pack(a, b, j, out, 6, qh)
+    _store_u32(out, 2, qh)
+
+
+@njit(cache=True)
+def _q5_1(x, out):
+    mn, mx = _min_max(x)
+    d = (mx - mn) / F32(31.0)
+    inv = F32(1.0) / d if d != 0 else F32(0.0)
+    _put_f16(out, 0, d)
+    _put_f16(out, 2, mn)
+    qh = np.uint32(0)
+    for j in range(16):
+        a = np.int32((x[j] - mn) * inv + F32(0.5)) & 0xFF
+        b = np.int32((x[j + 16] - mn) * inv + F32(0.5)) & 0xFF
+        qh = _q5_pack(a, b, j, out, 8, qh)
+    _store_u32(out, 4, qh)
+
+
+@njit(cache=True)
+def _q8_0(x, out):
+    amax = F32(0.0)
+    for v in x:
+        amax = max(amax, abs(v))
+    d = amax / F32(127.0)
+    inv = F32(1.0) / d if d != 0 else F32(0.0)
+    _put_f16(out, 0, d)
+    for j in range(32):
+        out[2 + j] = np.uint8(_roundf(x[j] * inv) & 0xFF)
+
+
+# ---- K-quant helpers (make_qx_quants, make_q3_quants, make_qkx2_quants) -----------------------
+
+@njit(cache=True)
+def _make_qx_quants(x, nmax, L):
+    """make_qx_quants with rmse_type 1 and no importance weights (weights x^2): Q6_K's search."""
+    n = x.size
+    amax, mx = _absmax_signed(x)
+    if amax < GROUP_MAX_EPS:
+        L[:] = 0
+        return F32(0.0)
+    fn = F32(nmax)
+    iscale = -fn / mx
+    sumlx = F32(0.0)
+    suml2 = F32(0.0)
+    for i in range(n):
+        l = max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i])))
+        L[i] = l + nmax
+        w = x[i] * x[i]
+        sumlx += w * x[i] * F32(l)
+        suml2 += w * F32(l) * F32(l)
+    scale = sumlx / suml2 if suml2 != 0 else F32(0.0)
+    best = scale * sumlx
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        iscale = -(fn + F32(0.1) * F32(step)) / mx
+        sumlx = F32(0.0)
+        suml2 = F32(0.0)
+        for i in range(n):
+            l = max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i])))
+            w = x[i] * x[i]
+            sumlx += w * x[i] * F32(l)
+            suml2 += w * F32(l) * F32(l)
+        if suml2 > 0 and sumlx * sumlx > best * suml2:
+            for i in range(n):
+                L[i] = nmax + max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i])))
+            scale = sumlx / suml2
+            best = scale * sumlx
+    return scale
+
+
+@njit(cache=True)
+def _make_q3_quants(x, nmax, L):
+    """make_q3_quants with do_rmse: start from the nearest grid, then coordinate descent."""
+    n = x.size
+    amax, mx = _absmax_signed(x)
+    if amax < GROUP_MAX_EPS:
+        L[:] = 0
+        return F32(0.0)
+    iscale = -F32(nmax) / mx
+    sumlx = F32(0.0)
+    suml2 = F32(0.0)
+    for i in range(n):
+        l = max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i])))
+        L[i] = l
+        w = x[i] * x[i]
+        sumlx += w * x[i] * F32(l)
+        suml2 += w * F32(l) * F32(l)
+    for _ in range(5):
+        changed = 0
+        for i in range(n):
+            w = x[i] * x[i]
+            slx = sumlx - w * x[i] * F32(L[i])
+            if slx > 0:
+                sl2 = suml2 - w * F32(L[i]) * F32(L[i])
+                new_l = max(-nmax, min(nmax - 1, _nearest_int(x[i] * sl2 / slx)))
+                if new_l != L[i]:
+                    slx += w * x[i] * F32(new_l)
+                    sl2 += w * F32(new_l) * F32(new_l)
+                    if sl2 > 0 and slx * slx * suml2 > sumlx * sumlx * sl2:
+                        L[i] = new_l
+                        sumlx = slx
+                        suml2 = sl2
+                        changed += 1
+        if changed == 0:
+            break
+    for i in range(n):
+        L[i] += nmax
+    return sumlx / suml2 if suml2 > 0 else F32(0.0)
+
+
+@njit(cache=True)
+def _make_qkx2_quants(x, weights, nmax, L, Laux, rmin, rdelta, nstep, use_mad):
+    """Affine (scale, min) search; returns (scale, -min)."""
+    n = x.size
+    mn = x[0]
+    mx = x[0]
+    sum_w = weights[0]
+    sum_x = sum_w * x[0]
+    for i in range(1, n):
+        if x[i] < mn:
+            mn = x[i]
+        if x[i] > mx:
+            mx = x[i]
+        sum_w += weights[i]
+        sum_x += weights[i] * x[i]
+    if mn > 0:
+        mn = F32(0.0)
+    if mx == mn:
+        L[:] = 0
+        return F32(0.0), -mn
+    iscale = F32(nmax) / (mx - mn)
+    scale = F32(1.0) / iscale
+    best_error = F32(0.0)
+    for i in range(n):
+        L[i] = max(0, min(nmax, _nearest_int(iscale * (x[i] - mn))))
+        diff = scale * F32(L[i]) + mn - x[i]
+        diff = abs(diff) if use_mad else diff * diff
+        best_error += weights[i] * diff
+    for step in range(nstep + 1):
+        iscale = (rmin + rdelta * F32(step) + F32(nmax)) / (mx - mn)
+        sum_l = F32(0.0)
+        sum_l2 = F32(0.0)
+        sum_xl = F32(0.0)
+        for i in range(n):
+            l = max(0, min(nmax, _nearest_int(iscale * (x[i] - mn))))
+            Laux[i] = l
+            w = weights[i]
+            sum_l += w * F32(l)
+            sum_l2 += w * F32(l) * F32(l)
+            sum_xl += w * F32(l) * x[i]
+        D = sum_w * sum_l2 - sum_l * sum_l
+        if D > 0:
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+            if this_min > 0:
+                this_min = F32(0.0)
+                this_scale = sum_xl / sum_l2
+            cur_error = F32(0.0)
+            for i in range(n):
+                diff = this_scale * F32(Laux[i]) + this_min - x[i]
+                diff = abs(diff) if use_mad else diff * diff
+                cur_error += weights[i] * diff
+            if cur_error < best_error:
+                L[:n] = Laux[:n]
+                best_error = cur_error
+                scale = this_scale
+                mn = this_min
+    return scale, -mn
+
+
+@njit(cache=True)
+def _pack_2bit_planes(L, out, at):
+    """Four 2-bit values per byte: byte l of each 128-weight half holds l, l+32, l+64, l+96."""
+    for j in range(0, 256, 128):
+        for l in range(32):
+            out[at + j // 4 + l] = np.uint8(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4)
+                                            | (L[j + l + 96] << 6))
+
+
+# ---- K-quant super-blocks (256 weights) ------------------------------------------------------
+
+@njit(cache=True)
+def _q2_k(x, out):  # scales[16] qs[64] d dmin
+    L = np.zeros(256, np.int32)
+    Laux = np.zeros(16, np.int32)
+    scales = np.zeros(16, np.float32)
+    mins = np.zeros(16, np.float32)
+    max_scale = F32(0.0)
+    max_min = F32(0.0)
+    for j in range(16):
+        xs = x[16 * j:16 * j + 16]
+        scales[j], mins[j] = _make_qkx2_quants(xs, np.abs(xs), 3, L[16 * j:16 * j + 16], Laux,
+                                               F32(-0.5), F32(0.1), 15, True)
+        max_scale = max(max_scale, scales[j])
+        max_min = max(max_min, mins[j])
+    sc = np.zeros(16, np.int32)
+    if max_scale > 0:
+        iscale = F32(15.0) / max_scale
+        for j in range(16):
+            sc[j] = _nearest_int(iscale * scales[j])
+        d = _put_f16(out, 80, max_scale / F32(15.0))
+    else:
+        d = _put_f16(out, 80, F32(0.0))
+    if max_min > 0:
+        iscale = F32(15.0) / max_min
+        for j in range(16):
+            sc[j] |= _nearest_int(iscale * mins[j]) << 4
+        dmin = _put_f16(out, 82, max_min / F32(15.0))
+    else:
+        dmin = _put_f16(out, 82, F32(0.0))
+    for j in range(16):
+        sc[j] &= 0xFF
+        out[j] = np.uint8(sc[j])
+        dl = d * F32(sc[j] & 15)
+        if dl == 0:
+            continue
+        dm = dmin * F32(sc[j] >> 4)
+        for i in range(16):
+            L[16 * j + i] = max(0, min(3, _nearest_int((x[16 * j + i] + dm) / dl)))
+    _pack_2bit_planes(L, out, 16)
+
+
+@njit(cache=True)
+def _q3_k(x, out):  # hmask[32] qs[64] scales[12] d
+    L = np.zeros(256, np.int32)
+    scales = np.zeros(16, np.float32)
+    amax = F32(0.0)
+    max_scale = F32(0.0)
+    for j in range(16):
+        scales[j] = _make_q3_quants(x[16 * j:16 * j + 16], 4, L[16 * j:16 * j + 16])
+        if abs(scales[j]) > amax:
+            amax = abs(scales[j])
+            max_scale = scales[j]
+    packed = np.zeros(12, np.int32)
+    if max_scale != 0:
+        iscale = F32(-32.0) / max_scale
+        for j in range(16):
+            l = max(-32, min(31, np.int32(np.int8(_nearest_int(iscale * scales[j]) & 0xFF)))) + 32
+            if j < 8:
+                packed[j] = l & 15
+            else:
+                packed[j - 8] |= (l & 15) << 4
+            packed[8 + j % 4] |= (l >> 4) << (2 * (j // 4))
+        d = _put_f16(out, 108, F32(1.0) / iscale)
+    else:
+        d = _put_f16(out, 108, F32(0.0))
+    for j in range(12):
+        out[96 + j] = np.uint8(packed[j] & 0xFF)
+    for j in range(16):
+        low = packed[j] & 15 if j < 8 else packed[j - 8] >> 4
+        s = (low | (((packed[8 + j % 4] >> (2 * (j // 4))) & 3) << 4)) - 32
+        dl = d * F32(s)
+        if dl == 0:
+            continue
+        for i in range(16):
+            L[16 * j + i] = max(-4, min(3, _nearest_int(x[16 * j + i] / dl))) + 4
+    for i in range(32):
+        out[i] = 0
+    for j in range(256):  # high bit of weight j goes to hmask[j % 32], bit j // 32
+        if L[j] > 3:
+            out[j % 32] |= np.uint8(1 << (j // 32))
+            L[j] -= 4
+    _pack_2bit_planes(L, out, 32)
+
+
+@njit(cache=True)
+def _k4_scales(x, nmax, rmin, nstep, L, out):
+    """Q4_K/Q5_K: 8 affine sub-blocks of 32, their 6-bit scales and mins packed in out[4:16]."""
+    Laux = np.zeros(32, np.int32)
+    weights = np.zeros(32, np.float32)
+    scales = np.zeros(8, np.float32)
+    mins = np.zeros(8, np.float32)
+    max_scale = F32(0.0)
+    max_min = F32(0.0)
+    for j in range(8):
+        xs = x[32 * j:32 * j + 32]
+        sum_x2 = F32(0.0)
+        for v in xs:
+            sum_x2 += v * v
+        av_x = np.sqrt(sum_x2 / F32(32.0))
+        for i in range(32):
+            weights[i] = av_x + abs(xs[i])
+        scales[j], mins[j] = _make_qkx2_quants(xs, weights, nmax, L[32 * j:32 * j + 32], Laux,
+                                               rmin, F32(0.1), nstep, False)
+        max_scale = max(max_scale, scales[j])
+        max_min = max(max_min, mins[j])
+    inv_scale = F32(63.0) / max_scale if max_scale > 0 else F32(0.0)
+    inv_min = F32(63.0) / max_min if max_min > 0 else F32(0.0)
+    q = np.zeros(12, np.int32)
+    ls_all = np.zeros(8, np.int32)
+    lm_all = np.zeros(8, np.int32)
+    for j in range(8):
+        ls = min(63, _nearest_int(inv_scale * scales[j]) & 0xFF)
+        lm = min(63, _nearest_int(inv_min * mins[j]) & 0xFF)
+        ls_all[j] = ls
+        lm_all[j] = lm
+        if j < 4:
+            q[j] = ls
+            q[j + 4] = lm
+        else:
+            q[j + 4] = (ls & 15) | ((lm & 15) << 4)
+            q[j - 4] |= (ls >> 4) << 6
+            q[j] |= (lm >> 4) << 6
+    for j in range(12):
+        out[4 + j] = np.uint8(q[j] & 0xFF)
+    d = _put_f16(out, 0, max_scale / F32(63.0))
+    dmin = _put_f16(out, 2, max_min / F32(63.0))
+    for j in range(8):
+        dl = d * F32(ls_all[j])
+        if dl == 0:
+            continue
+        dm = dmin * F32(lm_all[j])
+        for i in range(32):
+            L[32 * j + i] = max(0, min(nmax, _nearest_int((x[32 * j + i] + dm) / dl)))
+
+
+@njit(cache=True)
+def _q4_k(x, out):  # d dmin scales[12] qs[128]
+    L = np.zeros(256, np.int32)
+    _k4_scales(x, 15, F32(-1.0), 20, L, out)
+    for j in range(0, 256, 64):
+        for l in range(32):
+            out[16 + j // 2 + l] = np.uint8(L[j + l] | (L[j + l + 32] << 4))
+
+
+@njit(cache=True)
+def _q5_k(x, out):  # d dmin scales[12] qh[32] qs[128]
+    L = np.zeros(256, np.int32)
+    _k4_scales(x, 31, F32(-0.5), 15, L, out)
+    for i in range(32):
+        out[16 + i] = 0
+    for c, n in enumerate(range(0, 256, 64)):
+        for j in range(32):
+            l1 = L[n + j]
+            l2 = L[n + j + 32]
+            if l1 > 15:
+                l1 -= 16
+                out[16 + j] |= np.uint8(1 << (2 * c))
+            if l2 > 15:
+                l2 -= 16
+                out[16 + j] |= np.uint8(2 << (2 * c))
+            out[48 + n // 2 + j] = np.uint8(l1 | (l2 << 4))
+
+
+@njit(cache=True)
+def _q6_k(x, out):  # ql[128] qh[64] scales[16] d
+    L = np.zeros(256, np.int32)
+    scales = np.zeros(16, np.float32)
+    max_scale = F32(0.0)
+    max_abs = F32(0.0)
+    for j in range(16):
+        scales[j] = _make_qx_quants(x[16 * j:16 * j + 16], 32, L[16 * j:16 * j + 16])
+        if abs(scales[j]) > max_abs:
+            max_abs = abs(scales[j])
+            max_scale = scales[j]
+    out[:] = 0
+    if max_abs < GROUP_MAX_EPS:
+        return
+    iscale = F32(-128.0) / max_scale
+    d = _put_f16(out, 208, F32(1.0) / iscale)
+    for j in range(16):
+        s = np.int8(min(127, _nearest_int(iscale * scales[j])) & 0xFF)
+        out[192 + j] = np.uint8(np.int32(s) & 0xFF)
+        dl = d * F32(s)
+        if dl == 0:
+            continue
+        for i in range(16):
+            L[16 * j + i] = max(-32, min(31, _nearest_int(x[16 * j + i] / dl))) + 32
+    for half in range(2):
+        j = half * 128
+        for l in range(32):
+            out[half * 64 + l] = np.uint8((L[j + l] & 15) | ((L[j + l + 64] & 15) << 4))
+            out[half * 64 + l + 32] = np.uint8((L[j + l + 32] & 15) | ((L[j + l + 96] & 15) << 4))
+            out[128 + half * 32 + l] = np.uint8((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2)
+                                                | ((L[j + l + 64] >> 4) << 4) | ((L[j + l + 96] >> 4) << 6))
+
+
+_Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0 = int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1), int(T.Q8_0)
+_Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = int(T.Q2_K), int(T.Q3_K), int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
+
+
+@njit(cache=True, parallel=True)
+def _quantize_rows(qtype, x, out, block, block_bytes):
+    for r in prange(x.shape[0]):
+        for b in range(x.shape[1] // block):
+            xb = x[r, b * block:(b + 1) * block]
+            ob = out[r, b * block_bytes:(b + 1) * block_bytes]
+            if qtype == _Q4_0:
+                _q4_0(xb, ob)
+            elif qtype == _Q4_1:
+                _q4_1(xb, ob)
+            elif qtype == _Q5_0:
+                _q5_0(xb, ob)
+            elif qtype == _Q5_1:
+                _q5_1(xb, ob)
+            elif qtype == _Q8_0:
+                _q8_0(xb, ob)
+            elif qtype == _Q2_K:
+                _q2_k(xb, ob)
+            elif qtype == _Q3_K:
+                _q3_k(xb, ob)
+            elif qtype == _Q4_K:
+                _q4_k(xb, ob)
+            elif qtype == _Q5_K:
+                _q5_k(xb, ob)
+            elif qtype == _Q6_K:
+                _q6_k(xb, ob)
+
+
+BLOCK_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K})
+
+
+def quantize(x: np.ndarray, qtype: T) -> np.ndarray:
+    """Rows of float32 x (N, K) -> raw GGUF rows (N, bytes per row) of type qtype."""
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    if qtype == T.F32:
+        return x.view(np.uint8).copy()
+    if qtype == T.F16:
+        return x.astype(np.float16).view(np.uint8)
+    if qtype == T.BF16:  # round to nearest even on the upper 16 bits, as ggml does (NaN kept quiet)
+        bits = x.view(np.uint32)
+        rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+        rounded = np.where(np.isnan(x), ((bits >> 16) | 64).astype(np.uint16), rounded)
+        return rounded.view(np.uint8)
+    if qtype not in BLOCK_TYPES:
+        raise ValueError(f"cannot quantize to {qtype.name}")
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    if x.shape[1] % block:
+        raise ValueError(f"row length {x.shape[1]} is not a multiple of the {qtype.name} block size {block}")
+    out = np.zeros((x.shape[0], x.shape[1] // block * block_bytes), dtype=np.uint8)
+    _quantize_rows(int(qtype), x, out, block, block_bytes)
+    return out
