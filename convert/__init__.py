@@ -1,4 +1,1 @@
-"""Hugging Face checkpoint to GGUF conversion and quantization: the subject of the converter issue.
-
-Nothing is implemented here yet.
-"""
+"""Hugging Face checkpoints to GGUF, and llama.cpp's quantization formats and mixes."""

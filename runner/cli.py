@@ -9,10 +9,13 @@ import click
 
 from gguf_io import GGUFError
 
+from convert.errors import ConversionError
+from convert.mixes import FILE_TYPES
+
 from .kv_cache import ContextFullError
 from .registry import MODELS, RegistryError
 
-USER_ERRORS = (GGUFError, ContextFullError, RegistryError, OSError)
+USER_ERRORS = (GGUFError, ContextFullError, RegistryError, ConversionError, OSError)
 
 
 class Command(click.Command):
@@ -172,3 +175,30 @@ def bench(model, n_prompt, n_gen, repetitions, threads, as_json):
     for r in rows:
         click.echo(f"{r['model']:<36} {r['size_mib']:>8.1f} MiB {r['params_m']:>7.1f} M  {r['backend']:<4} "
                    f"{r['threads']:>2} thr  {r['test']:>6}  {r['tok_s_mean']:>8.1f} ± {r['tok_s_std']:.1f} tok/s")
+
+
+type_choice = click.Choice(list(FILE_TYPES), case_sensitive=False)
+
+
+@main.command(cls=Command)
+@click.argument("hf_dir", type=click.Path(file_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="GGUF file to write.")
+@click.option("--type", "type_name", default="Q8_0", show_default=True, type=type_choice)
+def convert(hf_dir, output, type_name):
+    """Convert a Hugging Face model folder (safetensors) to a GGUF file of type --type."""
+    from pathlib import Path
+
+    from convert.convert import convert_hf
+    click.echo("\n".join(convert_hf(Path(hf_dir), Path(output), type_name).lines()), err=True)
+
+
+@main.command(cls=Command)
+@click.argument("src", type=click.Path(exists=True, dir_okay=False))
+@click.argument("dst", type=click.Path(dir_okay=False))
+@click.argument("type_name", metavar="TYPE", type=type_choice)
+def quantize(src, dst, type_name):
+    """Requantize an F32/F16/BF16 GGUF file to TYPE (as llama-quantize does)."""
+    from pathlib import Path
+
+    from convert.convert import requantize
+    click.echo("\n".join(requantize(Path(src), Path(dst), type_name).lines()), err=True)

@@ -8,10 +8,11 @@ from gguf_io import GGUFError, GGUFFile, ModelParams, read_params, read_vocab
 from .backend import make_backend
 from .models.gemma3 import Gemma3
 from .models.llama import Llama
+from .models.qwen import Qwen2, Qwen3
 from .tokenizer import Tokenizer
 from .weights import WeightLoader
 
-ARCHITECTURES = {"llama": Llama, "gemma3": Gemma3}
+ARCHITECTURES = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3, "gemma3": Gemma3}
 
 
 @dataclass

@@ -26,6 +26,9 @@ class Attention:
     wo: object
     q_norm: object = None  # per-head RMSNorm of queries and keys (Gemma 3, Qwen 3)
     k_norm: object = None
+    bq: object = None      # projection biases (Qwen 2)
+    bk: object = None
+    bv: object = None
     rope_base: float = 10000.0
     rope_scale: float = 1.0
     window: int = 0        # sliding window in positions; 0 attends to the whole context
@@ -34,6 +37,7 @@ class Attention:
 class Decoder:
     rope_neox = False       # rotary pairing: (i, i + d/2) when True, (2i, 2i + 1) when False
     embed_scale = False     # multiply embeddings by sqrt(hidden size)
+    extra_attention_tensors: tuple[str, ...] = ()  # of "bq", "bk", "bv", "q_norm", "k_norm"
 
     def __init__(self, params: ModelParams, weights: WeightLoader, backend):
         self.params, self.backend = params, backend
@@ -56,9 +60,13 @@ class Decoder:
         p = self.params
         q_dim, kv_dim, v_dim = p.n_head * p.head_dim, p.n_head_kv * p.head_dim, p.n_head_kv * p.value_dim
         m = lambda name, n_in, n_out: weights.matrix(f"blk.{i}.{name}.weight", n_in, n_out)  # noqa: E731
+        extra_tensors = {"bq": ("attn_q.bias", q_dim), "bk": ("attn_k.bias", kv_dim), "bv": ("attn_v.bias", v_dim),
+                         "q_norm": ("attn_q_norm.weight", p.head_dim), "k_norm": ("attn_k_norm.weight", p.head_dim)}
+        extras = {key: weights.vector(f"blk.{i}.{extra_tensors[key][0]}", extra_tensors[key][1])
+                  for key in self.extra_attention_tensors}
         return Attention(m("attn_q", p.n_embd, q_dim), m("attn_k", p.n_embd, kv_dim),
                          m("attn_v", p.n_embd, v_dim), m("attn_output", p.n_head * p.value_dim, p.n_embd),
-                         rope_base=p.rope_base, rope_scale=p.rope_scale, **kw)
+                         rope_base=p.rope_base, rope_scale=p.rope_scale, **extras)
 
     def new_cache(self, n_ctx: int) -> KVCache:
         p = self.params
@@ -95,9 +103,12 @@ class Decoder:
         """Self-attention of h (T, n_embd) through layer i's cache, output projection included."""
         be, p = self.backend, self.params
         n = h.shape[0]
-        q = be.matmul(a.wq, h).reshape(n, p.n_head, p.head_dim)
-        k = be.matmul(a.wk, h).reshape(n, p.n_head_kv, p.head_dim)
-        v = be.matmul(a.wv, h).reshape(n, p.n_head_kv, p.value_dim)
+        q, k, v = be.matmul(a.wq, h), be.matmul(a.wk, h), be.matmul(a.wv, h)
+        if a.bq is not None:
+            q, k, v = q + a.bq, k + a.bk, v + a.bv
+        q = q.reshape(n, p.n_head, p.head_dim)
+        k = k.reshape(n, p.n_head_kv, p.head_dim)
+        v = v.reshape(n, p.n_head_kv, p.value_dim)
         if a.q_norm is not None:
             q = be.rms_norm(q.reshape(-1, p.head_dim), a.q_norm, p.rms_eps).reshape(q.shape)
             k = be.rms_norm(k.reshape(-1, p.head_dim), a.k_norm, p.rms_eps).reshape(k.shape)

@@ -22,6 +22,7 @@ class Gemma3Layer:
 class Gemma3(Decoder):
     rope_neox = True
     embed_scale = True
+    extra_attention_tensors = ("q_norm", "k_norm")
     # Declared by the architecture (llama.cpp hard-codes the same), unless the file says otherwise:
     swa_pattern = 6             # every 6th layer is global, the other five slide
     local_rope_base = 10000.0   # RoPE base of the sliding layers
@@ -34,8 +35,7 @@ class Gemma3(Decoder):
         p = self.params
         vec = lambda name, n: weights.vector(f"blk.{i}.{name}.weight", n)  # noqa: E731
         mat = lambda name, n_in, n_out: weights.matrix(f"blk.{i}.{name}.weight", n_in, n_out)  # noqa: E731
-        attn = self.load_attention(weights, i, q_norm=vec("attn_q_norm", p.head_dim),
-                                   k_norm=vec("attn_k_norm", p.head_dim))
+        attn = self.load_attention(weights, i)
         if self._is_sliding(i):
             attn.window = p.sliding_window
             attn.rope_base = p.rope_base_swa or self.local_rope_base

@@ -1,0 +1,108 @@
+"""`ggrun convert` (Hugging Face folder -> GGUF) and `ggrun quantize` (F32/F16/BF16 GGUF -> type)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFValueType
+
+from gguf_io import GGUFError, GGUFFile, read_params
+
+from .errors import ConversionError
+from .gguf_out import PlannedTensor, Summary, typed_value, write_gguf
+from .hf_model import read_hf_model
+from .hf_tokenizer import read_tokenizer
+from .mixes import FILE_TYPES, chooser_for
+
+QUANTIZATION_VERSION = 2
+
+
+def _file_type(name: str) -> str:
+    key = name.upper()
+    if key not in FILE_TYPES:
+        raise ConversionError(f"unknown type {name!r}; choose one of {', '.join(FILE_TYPES)}")
+    return key
+
+
+def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True) -> Summary:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConversionError(f"{folder} is not a folder")
+    file_type = _file_type(type_name)
+    hf = read_hf_model(folder)
+    tok, special = read_tokenizer(folder, hf.vocab_size, prefer_sentencepiece=hf.spec.gguf_arch == "gemma3")
+    from .safetensors_io import Checkpoint
+    ckpt = Checkpoint(folder)
+
+    planned: list[tuple[str, str, tuple[int, ...]]] = []
+    for hf_name in ckpt.names():
+        name = hf.gguf_name(hf_name)
+        if name is not None:
+            planned.append((name, hf_name, tuple(reversed(ckpt.shape(hf_name)))))
+    if not any(p[0] == "token_embd.weight" for p in planned):
+        raise ConversionError("the checkpoint has no token embedding (model.embed_tokens.weight)")
+    chooser = chooser_for(file_type, [p[0] for p in planned], hf.n_layer, hf.n_head, hf.n_head_kv)
+    tensors = [PlannedTensor(name, shape, chooser.choose(name, shape),
+                             lambda n=name, h=hf_name: hf.transform(n, ckpt.float32(h)))
+               for name, hf_name, shape in planned]
+
+    arch = hf.spec.gguf_arch
+    md = [("general.type", "model"), ("general.name", folder.resolve().name)]
+    md += [(f"{arch}.{k}", v) for k, v in hf.metadata.items()]
+    md += [("general.file_type", int(FILE_TYPES[file_type][1])),
+           ("general.quantization_version", QUANTIZATION_VERSION)]
+    metadata = [(k, *typed_value(v)) for k, v in md] + _tokenizer_metadata(tok, special, arch)
+    return write_gguf(out, arch, metadata, tensors, progress)
+
+
+def _tokenizer_metadata(tok, special: dict, arch: str) -> list:
+    arr = GGUFValueType.ARRAY
+    md = [("tokenizer.ggml.model", tok.model, GGUFValueType.STRING, None)]
+    if tok.pre:
+        md.append(("tokenizer.ggml.pre", tok.pre, GGUFValueType.STRING, None))
+    md.append(("tokenizer.ggml.tokens", tok.tokens, arr, GGUFValueType.STRING))
+    if tok.scores is not None:
+        md.append(("tokenizer.ggml.scores", tok.scores, arr, GGUFValueType.FLOAT32))
+    md.append(("tokenizer.ggml.token_type", [int(t) for t in tok.token_types], arr, GGUFValueType.INT32))
+    if tok.merges is not None:
+        md.append(("tokenizer.ggml.merges", tok.merges, arr, GGUFValueType.STRING))
+    for name in ("bos", "eos", "unk", "pad"):
+        if name in special:
+            key = "unknown" if name == "unk" else "padding" if name == "pad" else name
+            md.append((f"tokenizer.ggml.{key}_token_id", special[name], GGUFValueType.UINT32, None))
+    for name in ("add_bos", "add_eos"):
+        if name in special:
+            md.append((f"tokenizer.ggml.{name}_token", special[name], GGUFValueType.BOOL, None))
+    space_prefix = False if arch == "gemma3" else tok.add_space_prefix
+    if space_prefix is not None:
+        md.append(("tokenizer.ggml.add_space_prefix", space_prefix, GGUFValueType.BOOL, None))
+    if "chat_template" in special:
+        md.append(("tokenizer.chat_template", special["chat_template"], GGUFValueType.STRING, None))
+    return md
+
+
+def requantize(src: Path, out: Path, type_name: str, progress: bool = True) -> Summary:
+    from gguf.quants import dequantize
+    file_type = _file_type(type_name)
+    f = GGUFFile(src)
+    params = read_params(f)
+    chooser = chooser_for(file_type, list(f.tensors), params.n_layer, params.n_head, params.n_head_kv)
+    tensors = []
+    for name, t in f.tensors.items():
+        new_type = chooser.choose(name, t.shape)
+        if t.type != new_type and t.type.name not in ("F32", "F16", "BF16"):
+            raise GGUFError(f"tensor {name} is already quantized ({t.type.name}); requantize from F32, F16 or BF16")
+        load = (lambda n=name, tt=t: dequantize(f.tensor_bytes(n).reshape(-1), tt.type)
+                .astype(np.float32).reshape(tuple(reversed(tt.shape))))
+        tensors.append(PlannedTensor(name, t.shape, new_type, load))
+    metadata = []
+    for key, mv in f.metadata.items():
+        if key in ("general.architecture",):
+            continue
+        value = int(FILE_TYPES[file_type][1]) if key == "general.file_type" else mv.value
+        if isinstance(value, np.ndarray):
+            value = value.tolist()
+        metadata.append((key, value, mv.type, mv.item_type))
+    if "general.file_type" not in f.metadata:
+        metadata.append(("general.file_type", int(FILE_TYPES[file_type][1]), GGUFValueType.UINT32, None))
+    return write_gguf(out, f.architecture, metadata, tensors, progress)

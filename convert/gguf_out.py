@@ -1,0 +1,96 @@
+"""Writing a GGUF file tensor by tensor (gguf.GGUFWriter), atomically: a failure leaves no output."""
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType as T
+from tqdm import tqdm
+
+from .errors import ConversionError
+from .quants import quantize
+
+
+@dataclass
+class PlannedTensor:
+    name: str
+    shape: tuple[int, ...]          # GGML order: shape[0] is the row length
+    type: T
+    load: Callable[[], np.ndarray]  # float32 data in numpy order, read only when written
+
+    @property
+    def nbytes(self) -> int:
+        block, size = GGML_QUANT_SIZES[self.type]
+        return int(np.prod(self.shape, dtype=np.int64)) // block * size
+
+
+@dataclass
+class Summary:
+    path: Path
+    seconds: float
+    n_params: int
+    nbytes: int
+    by_type: Counter = field(default_factory=Counter)
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8.0 * self.nbytes / max(self.n_params, 1)
+
+    def lines(self) -> list[str]:
+        types = ", ".join(f"{n} {t}" for t, n in self.by_type.most_common())
+        return [f"wrote {self.path}",
+                f"tensors: {types}",
+                f"size: {os.path.getsize(self.path) / 2**20:.1f} MiB, {self.n_params / 1e6:.1f} M parameters, "
+                f"{self.bits_per_weight:.2f} bits per weight, {self.seconds:.1f} s"]
+
+
+def typed_value(value) -> tuple[object, GGUFValueType, GGUFValueType | None]:
+    """GGUF value type for a plain Python value (ints are u32, floats f32, as llama.cpp writes)."""
+    if isinstance(value, bool):
+        return value, GGUFValueType.BOOL, None
+    if isinstance(value, int):
+        return value, GGUFValueType.UINT32 if value >= 0 else GGUFValueType.INT32, None
+    if isinstance(value, float):
+        return value, GGUFValueType.FLOAT32, None
+    if isinstance(value, str):
+        return value, GGUFValueType.STRING, None
+    raise TypeError(f"no GGUF type for {value!r}")
+
+
+def write_gguf(path: Path, arch: str, metadata: list[tuple[str, object, GGUFValueType, GGUFValueType | None]],
+               tensors: list[PlannedTensor], progress: bool = True) -> Summary:
+    """metadata: (key, value, type, array item type) in file order; general.architecture is added."""
+    start = time.perf_counter()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial")
+    try:
+        w = GGUFWriter(str(tmp), arch)
+        for key, value, vtype, sub in metadata:
+            w.add_key_value(key, value, vtype, sub)
+        for t in tensors:
+            block, size = GGML_QUANT_SIZES[t.type]
+            byte_shape = tuple(reversed(t.shape[1:])) + (t.shape[0] // block * size,)
+            w.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), t.nbytes, raw_dtype=t.type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for t in tqdm(tensors, desc="quantizing", unit="tensor", disable=not progress):
+            data = np.asarray(t.load(), dtype=np.float32)
+            if not np.isfinite(data).all():
+                raise ConversionError(f"tensor {t.name} contains NaN or Inf values")
+            raw = quantize(data.reshape(-1, t.shape[0]), t.type)
+            w.write_tensor_data(raw.reshape(-1))
+        w.close()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    n_params = sum(int(np.prod(t.shape, dtype=np.int64)) for t in tensors)
+    return Summary(path, time.perf_counter() - start, n_params, sum(t.nbytes for t in tensors),
+                   Counter(t.type.name for t in tensors))

@@ -1,0 +1,191 @@
+"""A Hugging Face tokenizer (tokenizer.json, or SentencePiece's tokenizer.model) as GGUF
+`tokenizer.*` metadata, with llama.cpp's conventions for token types and special ids."""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from gguf import TokenType
+
+
+from .errors import ConversionError
+from .hf_model import _load_json
+
+
+@dataclass
+class TokenizerData:
+    model: str                 # "gpt2" or "llama"
+    tokens: list[str]
+    token_types: list[int]
+    scores: list[float] | None = None
+    merges: list[str] | None = None
+    pre: str | None = None
+    add_space_prefix: bool | None = None
+
+
+# tokenizer.json pre-tokenizer regexes -> the llama.cpp pre-tokenizer name that applies it
+_SPLIT_REGEXES = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
+}
+
+
+def _detect_pre(pre_tokenizer: dict | None) -> str:
+    """llama.cpp identifies a BPE pre-tokenizer by hashing sample output; the tokenizer.json
+    structure says the same for the families supported here."""
+    if not pre_tokenizer:
+        raise ConversionError("tokenizer.json has no pre-tokenizer; cannot tell which splitting rules apply")
+    kind = pre_tokenizer.get("type")
+    steps = pre_tokenizer.get("pretokenizers", []) if kind == "Sequence" else [pre_tokenizer]
+    kinds = [s.get("type") for s in steps]
+    if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
+        return "gpt-2"
+    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits"):
+        return "smollm"
+    if kinds and kinds[0] == "Split":
+        pattern = steps[0].get("pattern", {}).get("Regex")
+        if pattern in _SPLIT_REGEXES:
+            return _SPLIT_REGEXES[pattern]
+    raise ConversionError(f"unsupported pre-tokenizer {json.dumps(pre_tokenizer)[:200]}")
+
+
+def _bpe_from_json(data: dict, vocab_size: int) -> TokenizerData:
+    model = data.get("model", {})
+    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+        raise ConversionError(f"tokenizer.json model {model.get('type')!r} is not supported (BPE is)")
+    if model.get("byte_fallback"):
+        raise ConversionError("byte-fallback BPE tokenizer.json is not supported; provide tokenizer.model")
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    id_to_token = {i: t for t, i in model["vocab"].items()}
+    added = {a["id"]: a for a in data.get("added_tokens", [])}
+    for i, a in added.items():
+        id_to_token[i] = a["content"]
+    n = max(vocab_size, max(id_to_token) + 1)
+    tokens, types = [], []
+    for i in range(n):
+        if i not in id_to_token:
+            tokens.append(f"[PAD{i}]")
+            types.append(TokenType.UNUSED)
+        elif i in added:
+            tokens.append(id_to_token[i])
+            types.append(TokenType.CONTROL if added[i].get("special") else TokenType.USER_DEFINED)
+        else:
+            tokens.append(id_to_token[i])
+            types.append(TokenType.NORMAL)
+    return TokenizerData("gpt2", tokens, types, merges=merges, pre=_detect_pre(data.get("pre_tokenizer")))
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise ConversionError("tokenizer.model is not a valid SentencePiece model")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return value, pos
+
+
+def _protobuf_fields(buf: bytes):
+    """(field number, wire type, value) of a protobuf message: just enough for SentencePiece."""
+    pos = 0
+    while pos < len(buf):
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+        elif wire == 1:
+            value, pos = buf[pos:pos + 8], pos + 8
+        elif wire == 2:
+            length, pos = _varint(buf, pos)
+            value, pos = buf[pos:pos + length], pos + length
+        elif wire == 5:
+            value, pos = buf[pos:pos + 4], pos + 4
+        else:
+            raise ConversionError("tokenizer.model is not a valid SentencePiece model")
+        if pos > len(buf):
+            raise ConversionError("tokenizer.model is truncated")
+        yield number, wire, value
+
+
+_SP_TYPES = {1: TokenType.NORMAL, 2: TokenType.UNKNOWN, 3: TokenType.CONTROL,
+             4: TokenType.USER_DEFINED, 5: TokenType.UNUSED, 6: TokenType.BYTE}
+
+
+def _spm_from_model(path: Path, vocab_size: int) -> TokenizerData:
+    tokens, scores, types = [], [], []
+    add_dummy_prefix = True
+    for number, _, value in _protobuf_fields(path.read_bytes()):
+        if number == 1:  # ModelProto.pieces
+            piece, score, kind = "", 0.0, 1
+            for n, _, v in _protobuf_fields(value):
+                if n == 1:
+                    piece = v.decode("utf-8", errors="replace")
+                elif n == 2:
+                    score = struct.unpack("<f", v)[0]
+                elif n == 3:
+                    kind = v
+            tokens.append(piece)
+            scores.append(score)
+            types.append(_SP_TYPES.get(kind, TokenType.NORMAL))
+        elif number == 3:  # NormalizerSpec
+            for n, _, v in _protobuf_fields(value):
+                if n == 3:
+                    add_dummy_prefix = bool(v)
+    if not tokens:
+        raise ConversionError("tokenizer.model holds no pieces")
+    for i in range(len(tokens), vocab_size):
+        tokens.append(f"[PAD{i}]")
+        scores.append(-1000.0)
+        types.append(TokenType.UNUSED)
+    return TokenizerData("llama", tokens, types, scores=scores, add_space_prefix=add_dummy_prefix)
+
+
+def read_tokenizer(folder: Path, vocab_size: int, prefer_sentencepiece: bool) -> tuple[TokenizerData, dict]:
+    """The vocabulary and the special-token settings (ids, add_bos, chat template)."""
+    spm, tj = folder / "tokenizer.model", folder / "tokenizer.json"
+    if spm.exists() and (prefer_sentencepiece or not tj.exists()):
+        tok = _spm_from_model(spm, vocab_size)
+    elif tj.exists():
+        tok = _bpe_from_json(_load_json(tj), vocab_size)
+    else:
+        raise ConversionError("no tokenizer.json or tokenizer.model in the folder")
+    return tok, _special_settings(folder, tok)
+
+
+def _special_settings(folder: Path, tok: TokenizerData) -> dict:
+    cfg = _load_json(folder / "tokenizer_config.json", required=False)
+    gen = _load_json(folder / "generation_config.json", required=False)
+    ids = {t: i for i, t in enumerate(tok.tokens)}
+
+    def token_id(value):
+        if isinstance(value, dict):
+            value = value.get("content")
+        return ids.get(value) if isinstance(value, str) else None
+
+    out = {}
+    for key, name in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unk"), ("pad_token", "pad")):
+        i = token_id(cfg.get(key))
+        if i is not None:
+            out[name] = i
+    for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos")):
+        value = gen.get(key)
+        if isinstance(value, list) and value:
+            value = value[0]
+        if isinstance(value, int) and 0 <= value < len(tok.tokens) and name not in out:
+            out[name] = value
+    if "add_bos_token" in cfg:
+        out["add_bos"] = bool(cfg["add_bos_token"])
+    if "add_eos_token" in cfg:
+        out["add_eos"] = bool(cfg["add_eos_token"])
+    template = cfg.get("chat_template")
+    jinja = folder / "chat_template.jinja"
+    if jinja.exists():
+        template = jinja.read_text(encoding="utf-8")
+    if isinstance(template, str):
+        out["chat_template"] = template
+    return out

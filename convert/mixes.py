@@ -1,0 +1,135 @@
+"""Which type each tensor gets for a file type (`--type`), following llama.cpp's quantize tool
+(src/llama-quant.cpp, without importance matrix, for dense models).
+
+A mix such as Q4_K_M has a default type (Q4_K) and promotes the tensors that hurt most when
+quantized: the output / tied embedding, attn_v and ffn_down in chosen layers. A type whose block
+does not divide the row length falls back to a 32-block type (SmolLM2's 576-wide rows do this).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gguf import GGML_QUANT_SIZES, LlamaFileType
+from gguf import GGMLQuantizationType as T
+
+# --type name -> (default tensor type, llama.cpp file type written as general.file_type)
+FILE_TYPES: dict[str, tuple[T, LlamaFileType]] = {
+    "F32": (T.F32, LlamaFileType.ALL_F32),
+    "F16": (T.F16, LlamaFileType.MOSTLY_F16),
+    "BF16": (T.BF16, LlamaFileType.MOSTLY_BF16),
+    "Q8_0": (T.Q8_0, LlamaFileType.MOSTLY_Q8_0),
+    "Q4_0": (T.Q4_0, LlamaFileType.MOSTLY_Q4_0),
+    "Q4_1": (T.Q4_1, LlamaFileType.MOSTLY_Q4_1),
+    "Q5_0": (T.Q5_0, LlamaFileType.MOSTLY_Q5_0),
+    "Q5_1": (T.Q5_1, LlamaFileType.MOSTLY_Q5_1),
+    "Q2_K": (T.Q2_K, LlamaFileType.MOSTLY_Q2_K),
+    "Q3_K_S": (T.Q3_K, LlamaFileType.MOSTLY_Q3_K_S),
+    "Q3_K_M": (T.Q3_K, LlamaFileType.MOSTLY_Q3_K_M),
+    "Q3_K_L": (T.Q3_K, LlamaFileType.MOSTLY_Q3_K_L),
+    "Q4_K_S": (T.Q4_K, LlamaFileType.MOSTLY_Q4_K_S),
+    "Q4_K_M": (T.Q4_K, LlamaFileType.MOSTLY_Q4_K_M),
+    "Q5_K_S": (T.Q5_K, LlamaFileType.MOSTLY_Q5_K_S),
+    "Q5_K_M": (T.Q5_K, LlamaFileType.MOSTLY_Q5_K_M),
+    "Q6_K": (T.Q6_K, LlamaFileType.MOSTLY_Q6_K),
+}
+
+_FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+_FLOAT = {T.F32, T.F16, T.BF16}
+
+
+def use_more_bits(i_layer: int, n_layer: int) -> bool:
+    """The layers the _M mixes give more bits: the first and last eighth, and every third between."""
+    return i_layer < n_layer // 8 or i_layer >= 7 * n_layer // 8 or (i_layer - n_layer // 8) % 3 == 2
+
+
+def quantizable(name: str, n_dims: int) -> bool:
+    return n_dims >= 2 and name.endswith("weight") and "_norm.weight" not in name
+
+
+def _category(name: str) -> str:
+    if name == "output.weight":
+        return "output"
+    if name == "token_embd.weight":
+        return "token_embd"
+    for key in ("attn_qkv", "attn_v", "attn_k", "attn_q", "attn_output"):
+        if f"{key}.weight" in name:
+            return key
+    for key in ("ffn_up", "ffn_gate", "ffn_down"):
+        if key in name:
+            return key
+    return "other"
+
+
+@dataclass
+class TypeChooser:
+    """Per-tensor choice for one file; call `choose` for the tensors in file order."""
+
+    file_type: str
+    n_layer: int
+    n_gqa: int            # query heads per KV head
+    tied_embeddings: bool
+    n_attn_v: int         # attn_v tensors in the file
+    i_attn_v: int = 0
+    i_ffn_down: int = 0
+
+    def choose(self, name: str, shape: tuple[int, ...]) -> T:
+        """shape in GGML order (shape[0] = row length)."""
+        default = FILE_TYPES[self.file_type][0]
+        if not quantizable(name, len(shape)):
+            return T.F32
+        if default in _FLOAT:
+            return default
+        return self._fallback(self._mix(name, shape[0], default), shape[0])
+
+    def _mix(self, name: str, n_cols: int, t: T) -> T:
+        ft, cat = self.file_type, _category(name)
+        if cat == "output" or (cat == "token_embd" and self.tied_embeddings):
+            if n_cols % GGML_QUANT_SIZES[t][0]:
+                return T.Q8_0
+            return t if t == T.Q8_0 else T.Q6_K
+        if cat == "token_embd":
+            return t
+        if cat in ("attn_v", "attn_qkv"):
+            i = self.i_attn_v
+            self.i_attn_v += 1
+            if ft == "Q2_K":
+                t = T.Q4_K if self.n_gqa >= 4 else T.Q3_K
+            elif ft == "Q3_K_M":
+                t = T.Q5_K if i < 2 else T.Q4_K
+            elif ft == "Q3_K_L":
+                t = T.Q5_K
+            elif ft in ("Q4_K_M", "Q5_K_M") and use_more_bits(i, self.n_attn_v):
+                t = T.Q6_K
+            elif ft == "Q4_K_S" and i < 4:
+                t = T.Q5_K
+            return t
+        if cat == "ffn_down":
+            i, n = self.i_ffn_down, self.n_layer
+            self.i_ffn_down += 1
+            if ft == "Q2_K":
+                t = T.Q3_K
+            elif ft == "Q3_K_M":
+                t = T.Q5_K if i < n // 16 else T.Q4_K
+            elif ft == "Q3_K_L":
+                t = T.Q5_K
+            elif ft in ("Q4_K_M", "Q5_K_M") and use_more_bits(i, n):
+                t = T.Q6_K
+            elif ft == "Q4_K_S" and i < n // 8:
+                t = T.Q5_K
+            return t
+        if cat == "attn_output":
+            return {"Q2_K": T.Q3_K, "Q3_K_M": T.Q4_K, "Q3_K_L": T.Q5_K}.get(ft, t)
+        return t
+
+    @staticmethod
+    def _fallback(t: T, n_cols: int) -> T:
+        if n_cols % GGML_QUANT_SIZES[t][0] == 0:
+            return t
+        t = _FALLBACK.get(t, t)
+        return t if n_cols % GGML_QUANT_SIZES[t][0] == 0 else T.F16
+
+
+def chooser_for(file_type: str, tensor_names: list[str], n_layer: int, n_head: int, n_head_kv: int) -> TypeChooser:
+    names = set(tensor_names)
+    return TypeChooser(file_type, n_layer, n_head // max(n_head_kv, 1), "output.weight" not in names,
+                       sum(_category(n) in ("attn_v", "attn_qkv") for n in tensor_names))
