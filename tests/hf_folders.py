@@ -1,0 +1,85 @@
+"""Hugging Face model folders for converter tests: the real SmolLM2 weights, and small
+randomly initialized models of every supported architecture (made with transformers)."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+def smollm_folder(gguf_path: Path, folder: Path) -> Path:
+    """The real SmolLM2 weights as a safetensors checkpoint, via transformers' GGUF loader."""
+    import torch
+    from tokenizers import pre_tokenizers
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    # SmolLM2's published tokenizer.json splits digits before the byte-level step
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
+    model = LlamaForCausalLM(loaded.config)  # a plain copy: the GGUF-loaded model refuses to save itself
+    model.load_state_dict(loaded.state_dict())
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _gemma_tokenizer_model(gemma_gguf: Path, folder: Path, n_pieces: int) -> None:
+    """A SentencePiece tokenizer.model holding the first n_pieces of Gemma 3's real vocabulary."""
+    from sentencepiece import sentencepiece_model_pb2 as sp
+
+    from gguf_io import GGUFFile, read_vocab
+    vocab = read_vocab(GGUFFile(gemma_gguf))
+    proto = sp.ModelProto()
+    for i in range(n_pieces):
+        piece = proto.pieces.add()
+        piece.piece, piece.score = vocab.tokens[i], float(vocab.scores[i])
+        piece.type = {1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 6}.get(int(vocab.token_types[i]), 1)
+    proto.trainer_spec.model_type = sp.TrainerSpec.BPE
+    proto.normalizer_spec.add_dummy_prefix = False
+    (folder / "tokenizer.model").write_bytes(proto.SerializeToString())
+    (folder / "tokenizer_config.json").write_text('{"bos_token": "<bos>", "eos_token": "<eos>", "add_bos_token": true}')
+
+
+def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) -> Path:
+    """A small random model of `arch`, its weights scaled so that logits are far from uniform."""
+    import torch
+    import transformers as tf
+    common = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.2)
+    if arch == "gemma3":
+        config = tf.Gemma3TextConfig(vocab_size=1024, num_hidden_layers=7, head_dim=64, query_pre_attn_scalar=64,
+                                     sliding_window=16, **common)
+        model_class = tf.Gemma3ForCausalLM
+    else:
+        config_class, model_class = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+                                     "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+                                     "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM)}[arch]
+        extra = {"head_dim": 64} if arch == "qwen3" else {}
+        config = config_class(vocab_size=49152, num_hidden_layers=3, tie_word_embeddings=False, **extra, **common)
+    torch.manual_seed(0)
+    model = model_class(config).eval()
+    with torch.no_grad():  # random norms too, so that a missed +1 or permutation shows
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(torch.randn_like(p) * 0.3 + (0.0 if arch == "gemma3" else 1.0))
+    model.save_pretrained(folder)
+    if arch == "gemma3":
+        _gemma_tokenizer_model(gemma_gguf, folder, 1024)
+    else:
+        for name in TOKENIZER_FILES:
+            if (smollm_hf / name).exists():
+                shutil.copy(smollm_hf / name, folder / name)
+    return folder
+
+
+def transformers_logits(folder: Path, ids: list[int]) -> np.ndarray:
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()

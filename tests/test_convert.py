@@ -1,0 +1,182 @@
+"""`ggrun convert` and `ggrun quantize`: real SmolLM2 weights, random models of every architecture,
+llama.cpp's type choices, and refusals of broken folders."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize
+
+from convert.convert import convert_hf, requantize
+from convert.errors import ConversionError
+from convert.mixes import chooser_for
+from gguf_io import GGUFFile, read_params, read_vocab
+
+from .hf_folders import random_folder, smollm_folder, transformers_logits
+
+pytest.importorskip("transformers")
+libgguf = pytest.importorskip("libgguf")
+
+
+@pytest.fixture(scope="module")
+def smollm_hf(smollm_path, tmp_path_factory):
+    return smollm_folder(smollm_path, tmp_path_factory.mktemp("smollm2-hf"))
+
+
+@pytest.fixture(scope="module")
+def smollm_f32(smollm_hf, tmp_path_factory):
+    out = tmp_path_factory.mktemp("out") / "smollm2-f32.gguf"
+    convert_hf(smollm_hf, out, "F32", progress=False)
+    return out
+
+
+def test_f32_conversion_reproduces_the_source(smollm_path, smollm_f32):
+    src, out = GGUFFile(smollm_path), GGUFFile(smollm_f32)
+    assert list(out.tensors) == list(src.tensors)  # llama.cpp's converter order, name for name
+    for name, t in src.tensors.items():
+        assert out.tensors[name].type == T.F32 and out.tensors[name].shape == t.shape
+        want = dequantize(src.tensor_bytes(name).reshape(-1), t.type).reshape(-1)
+        assert np.array_equal(out.tensor_bytes(name).reshape(-1).view(np.float32), want), name
+    assert read_params(out) == read_params(src)
+    a, b = read_vocab(src), read_vocab(out)
+    for field in ("model", "pre", "tokens", "merges", "bos_id", "eos_id", "unk_id", "add_bos",
+                  "chat_template", "end_of_generation"):
+        assert getattr(a, field) == getattr(b, field), field
+    assert np.array_equal(a.token_types, b.token_types)
+
+
+def test_f32_conversion_gives_the_same_logits(smollm, smollm_f32):
+    from runner.load import load_model
+    converted = load_model(smollm_f32)
+    ids = smollm.tokenizer.encode("The history of the printing press begins in the fifteenth century")
+    a = smollm.model.forward(ids, smollm.model.new_cache(64), all_logits=True)
+    b = converted.model.forward(ids, converted.model.new_cache(64), all_logits=True)
+    assert np.array_equal(a.argmax(1), b.argmax(1)) and np.abs(a - b).max() < 1e-3
+
+
+# llama.cpp's rules for SmolLM2 (30 layers, 576-wide rows, tied embeddings), derived by hand:
+# rows of 576 cannot hold 256-blocks, so Q4_K -> Q5_0 and Q6_K -> Q8_0; ffn_down rows are 1536 wide.
+# The _M mixes give Q6_K to attn_v / ffn_down when use_more_bits(i, 30): i < 3, i >= 26, (i - 3) % 3 == 2.
+# Counters follow file order, which is llama.cpp's converter order: layers 0, 1, 10, 11, ..., 19, 2, 20, ...
+FILE_ORDER = [0, 1] + list(range(10, 20)) + [2] + list(range(20, 30)) + list(range(3, 10))
+MORE_BITS = {i for i in range(30) if i < 3 or i >= 26 or (i - 3) % 3 == 2}
+
+
+def _expected(file_type: str) -> dict[str, T]:
+    promoted = {layer for n, layer in enumerate(FILE_ORDER) if n in MORE_BITS}
+    table = {"token_embd.weight": T.Q8_0}
+    for layer in range(30):
+        b = f"blk.{layer}."
+        for norm in ("attn_norm", "ffn_norm"):
+            table[b + norm + ".weight"] = T.F32
+        if file_type == "Q4_K_M":
+            for name in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"):
+                table[b + name + ".weight"] = T.Q5_0
+            table[b + "attn_v.weight"] = T.Q8_0 if layer in promoted else T.Q5_0
+            table[b + "ffn_down.weight"] = T.Q6_K if layer in promoted else T.Q4_K
+        else:  # Q6_K: everything Q6_K, falling back to Q8_0 on 576-wide rows
+            for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up"):
+                table[b + name + ".weight"] = T.Q8_0
+            table[b + "ffn_down.weight"] = T.Q6_K
+    table["output_norm.weight"] = T.F32
+    return table
+
+
+@pytest.mark.parametrize("file_type", ["Q4_K_M", "Q6_K"])
+def test_mix_types_and_bytes_match_llama_cpp(smollm_hf, smollm_f32, tmp_path, file_type):
+    out = tmp_path / f"{file_type}.gguf"
+    convert_hf(smollm_hf, out, file_type, progress=False)
+    f, f32 = GGUFFile(out), GGUFFile(smollm_f32)
+    assert {n: t.type for n, t in f.tensors.items()} == _expected(file_type)
+    for name, t in f.tensors.items():
+        x = f32.tensor_bytes(name).view(np.float32).reshape(t.n_rows, t.shape[0])
+        ref = np.ascontiguousarray(libgguf.quantize_rows(x, int(t.type))).view(np.uint8)
+        assert np.array_equal(f.tensor_bytes(name).reshape(-1), ref.reshape(-1)), name
+    # llama-quantize's path: F32 file -> requantize gives the very same file
+    requantized = tmp_path / "requantized.gguf"
+    requantize(smollm_f32, requantized, file_type, progress=False)
+    assert requantized.read_bytes() == out.read_bytes()
+
+
+def test_chooser_reproduces_a_llama_cpp_quantized_file(gemma_path):
+    """The real Gemma 3 Q4_K_M file was typed by llama.cpp; our rules give every tensor the same type."""
+    f = GGUFFile(gemma_path)
+    p = read_params(f)
+    chooser = chooser_for("Q4_K_M", list(f.tensors), p.n_layer, p.n_head, p.n_head_kv)
+    assert {n: chooser.choose(n, t.shape) for n, t in f.tensors.items()} == {n: t.type for n, t in f.tensors.items()}
+
+
+@pytest.fixture(scope="module")
+def random_models(smollm_hf, gemma_path, tmp_path_factory):
+    root = tmp_path_factory.mktemp("random")
+    return {arch: random_folder(arch, root / arch, smollm_hf, gemma_path)
+            for arch in ("llama", "qwen2", "qwen3", "gemma3")}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+def test_random_models_match_transformers(random_models, tmp_path, arch):
+    from runner.load import load_model
+    folder = random_models[arch]
+    out = tmp_path / f"{arch}.gguf"
+    convert_hf(folder, out, "F32", progress=False)
+    lm = load_model(out)
+    assert lm.params.arch == arch
+    ids = np.random.default_rng(1).integers(0, lm.params.vocab_size, 40).tolist()
+    want = transformers_logits(folder, ids)
+    got = lm.model.forward(ids, lm.model.new_cache(64), all_logits=True)
+    assert np.array_equal(got.argmax(1), want.argmax(1))
+    assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
+    # quantized to Q8_0 it computes nearly the same function (random weights leave top-1 margins thin,
+    # so the logits are compared as a whole)
+    q8 = tmp_path / f"{arch}-q8.gguf"
+    convert_hf(folder, q8, "Q8_0", progress=False)
+    lq = load_model(q8)
+    quantized = lq.model.forward(ids, lq.model.new_cache(64), all_logits=True)
+    assert np.corrcoef(quantized.ravel(), want.ravel())[0, 1] > 0.99
+
+
+def _broken(folder, tmp_path, change):
+    copy = tmp_path / "broken"
+    shutil.copytree(folder, copy)
+    change(copy)
+    return copy
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: (d / "config.json").unlink(), "config.json is missing"),
+    (lambda d: (d / "config.json").write_text('{"model_type": "mamba", "hidden_size": 8}'), "model_type 'mamba'"),
+    (lambda d: (d / "config.json").write_text("{not json"), "not valid JSON"),
+    (lambda d: (d / "model.safetensors").unlink(), "no .safetensors"),
+    (lambda d: (d / "model.safetensors").write_bytes(b"\xff" * 64), "corrupt safetensors header"),
+    (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:100_000]),
+     "out-of-file"),
+    (lambda d: ((d / "model.safetensors").rename(d / "model-00001-of-00002.safetensors"),
+                (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+                    "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                    "model.norm.weight": "model-00002-of-00002.safetensors"}}))), "missing checkpoint shard"),
+    (lambda d: (d / "model.safetensors.index.json").write_text("[]"), "not a valid safetensors index"),
+    (lambda d: ((d / "model.safetensors").unlink(), (d / "pytorch_model.bin").write_bytes(b"pickle")),
+     "pickle checkpoint"),
+    (lambda d: (d / "tokenizer.json").unlink(), "no tokenizer"),
+])
+def test_broken_folders_are_refused_and_leave_nothing(random_models, tmp_path, change, message):
+    folder = _broken(random_models["llama"], tmp_path, change)
+    out = tmp_path / "out.gguf"
+    with pytest.raises(ConversionError, match=message):
+        convert_hf(folder, out, "Q4_K_M", progress=False)
+    assert not out.exists() and not list(tmp_path.glob(".out.gguf*"))
+
+
+def test_nan_weight_is_reported_with_its_name(random_models, tmp_path):
+    from safetensors.numpy import load_file, save_file
+    folder = _broken(random_models["llama"], tmp_path, lambda d: None)
+    weights = load_file(folder / "model.safetensors")
+    weights["model.layers.1.mlp.up_proj.weight"][3, 5] = np.nan
+    save_file(weights, folder / "model.safetensors")
+    out = tmp_path / "out.gguf"
+    with pytest.raises(ConversionError, match=r"blk\.1\.ffn_up\.weight contains NaN"):
+        convert_hf(folder, out, "Q8_0", progress=False)
+    assert not out.exists()
