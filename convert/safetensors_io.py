@@ -55,8 +55,15 @@ class SafetensorsFile:
         dtype, shape, offset, count = self.entries[name]
         raw = np.frombuffer(self._map, _DTYPES[dtype], count, offset)
         if dtype == "BF16":
-            return (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
-        return raw.astype(np.float32).reshape(shape)
+            out = (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
+        else:
+            out = raw.astype(np.float32).reshape(shape)
+        del raw
+        # The copy is all we need: let the kernel drop the mapped pages so resident memory stays
+        # about one tensor, not the whole checkpoint.
+        start = offset - offset % mmap.PAGESIZE
+        self._map.madvise(mmap.MADV_DONTNEED, start, offset + count * _DTYPES[dtype].itemsize - start)
+        return out
 
 
 class Checkpoint:

@@ -180,3 +180,29 @@ def test_nan_weight_is_reported_with_its_name(random_models, tmp_path):
     with pytest.raises(ConversionError, match=r"blk\.1\.ffn_up\.weight contains NaN"):
         convert_hf(folder, out, "Q8_0", progress=False)
     assert not out.exists()
+
+
+def test_merges_as_strings_convert_like_merges_as_pairs(smollm_hf, smollm_f32, tmp_path):
+    """tokenizer.json from older tokenizers writes each merge as "a b", newer ones as ["a", "b"]."""
+    folder = _broken(smollm_hf, tmp_path, lambda d: None)
+    data = json.loads((folder / "tokenizer.json").read_text())
+    data["model"]["merges"] = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    out = tmp_path / "strings.gguf"
+    convert_hf(folder, out, "F32", progress=False)
+    assert read_vocab(GGUFFile(out)).merges == read_vocab(GGUFFile(smollm_f32)).merges
+
+
+def test_unsupported_dtype_and_tensor_name_are_refused(random_models, tmp_path):
+    from safetensors.numpy import load_file, save_file
+    for change, message in ((lambda w: w.update(extra=np.zeros(4, np.int8)), "dtype I8"),
+                            (lambda w: w.update({"model.vision_tower.weight": np.zeros(4, np.float32)}),
+                             "vision_tower.weight' is not part of")):
+        folder = tmp_path / message.split()[0].strip("'")
+        shutil.copytree(random_models["llama"], folder)
+        weights = load_file(folder / "model.safetensors")
+        change(weights)
+        save_file(weights, folder / "model.safetensors")
+        with pytest.raises(ConversionError, match=message):
+            convert_hf(folder, tmp_path / "out.gguf", "Q8_0", progress=False)
+        assert not (tmp_path / "out.gguf").exists()
