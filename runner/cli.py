@@ -131,13 +131,21 @@ def tokenize(model, text, as_json, no_special):
 
 @main.command(cls=Command)
 @model_argument
-def info(model):
+@click.option("--fit", is_flag=True, help="Show the memory needed for weights and KV cache.")
+@click.option("--ctx", type=click.IntRange(1), help="Context length for --fit (default: min(trained, 4096)).")
+@click.option("--mem", help="Memory budget for --fit, e.g. 8G: prints the longest context that fits.")
+@click.option("--users", default=1, show_default=True, type=click.IntRange(1), help="Concurrent sequences.")
+@click.option("--kv-type", default="f16", show_default=True, type=click.Choice(["f16", "q8_0", "f32"]))
+def info(model, fit, ctx, mem, users, kv_type):
     """Architecture, hyperparameters, tensor types, size and bits per weight of MODEL."""
     from gguf_io import GGUFFile, read_params
 
     from .registry import resolve
     f = GGUFFile(resolve(model))
     p = read_params(f)
+    if fit:
+        _print_fit(f, p, ctx or min(p.context_length, 4096), mem, users, kv_type)
+        return
     click.echo(f"file:          {f.path}")
     click.echo(f"architecture:  {p.arch}   name: {f.get('general.name', '?')}")
     click.echo(f"size:          {f.size / 2**20:.1f} MiB, {sum(t.n_elements for t in f.tensors.values()) / 1e6:.1f} M "
@@ -147,6 +155,35 @@ def info(model):
         click.echo(f"{field + ':':<15}{getattr(p, field)}")
     counts = Counter(t.type.name for t in f.tensors.values())
     click.echo("tensors:       " + ", ".join(f"{n} {k}" for k, n in counts.most_common()))
+
+
+def _print_fit(f, p, n_ctx, mem, users, kv_type):
+    from .load import ARCHITECTURES
+    from .memory_fit import MemoryFit, parse_size
+    if p.arch not in ARCHITECTURES:
+        raise GGUFError(f"architecture {p.arch!r} is not supported")
+    fit = MemoryFit.of(f, p, ARCHITECTURES[p.arch].layer_windows(p), kv_type)
+    mib = 2**20
+    click.echo(f"weights: {fit.weight_bytes / mib:.1f} MiB (" + ", ".join(
+        f"{t} {b / mib:.1f}" for t, b in sorted(fit.weight_bytes_by_type.items(), key=lambda kv: -kv[1])) + ")")
+    windows = sorted({w for w in fit.layer_windows if w})
+    click.echo(f"KV cache ({kv_type}): {fit.kv_bytes_per_token_per_layer():.0f} bytes per token per layer, "
+               f"{fit.kv_bytes_per_token() / 1024:.1f} KiB per token over {fit.layer_windows.count(0)} global layers"
+               + (f"; {len(fit.layer_windows) - fit.layer_windows.count(0)} layers capped at their "
+                  f"{'/'.join(map(str, windows))}-token window" if windows else ""))
+    click.echo(f"context {n_ctx} x {users} user(s): KV {fit.kv_bytes(n_ctx, users) / mib:.1f} MiB, "
+               f"total {fit.total_bytes(n_ctx, users) / mib:.1f} MiB")
+    if mem:
+        try:
+            budget = parse_size(mem)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--mem") from None
+        best = fit.max_context(budget, users)
+        if fit.weight_bytes > budget:
+            click.echo(f"does not fit in {budget / mib:.0f} MiB: the weights alone need {fit.weight_bytes / mib:.1f} MiB")
+        else:
+            click.echo(f"longest context in {budget / mib:.0f} MiB with {users} user(s): {best} tokens"
+                       + (" (the trained length)" if best == p.context_length else ""))
 
 
 @main.command(cls=Command)
@@ -173,7 +210,7 @@ def bench(model, n_prompt, n_gen, repetitions, threads, as_json):
         click.echo(json.dumps(rows, indent=1))
         return
     for r in rows:
-        click.echo(f"{r['model']:<36} {r['size_mib']:>8.1f} MiB {r['params_m']:>7.1f} M  {r['backend']:<4} "
+        click.echo(f"{r['model']:<36} {r['quant']:<7} {r['size_mib']:>8.1f} MiB {r['params_m']:>7.1f} M  {r['backend']:<4} "
                    f"{r['threads']:>2} thr  {r['test']:>6}  {r['tok_s_mean']:>8.1f} ± {r['tok_s_std']:.1f} tok/s")
 
 
@@ -202,3 +239,71 @@ def quantize(src, dst, type_name):
 
     from convert.convert import requantize
     click.echo("\n".join(requantize(Path(src), Path(dst), type_name).lines()), err=True)
+
+
+@main.command(cls=Command)
+@click.argument("model")
+@click.option("-f", "--file", "text_file", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Text to score.")
+@click.option("-c", "--ctx-size", default=512, show_default=True, type=click.IntRange(8))
+@click.option("--save-logits", type=click.Path(dir_okay=False), help="Store log-probabilities for --kl-base.")
+@click.option("--kl-base", type=click.Path(exists=True, dir_okay=False),
+              help="Compare with logits saved from another model with the same tokenizer.")
+@threads_option
+@click.option("--json", "as_json", is_flag=True)
+def perplexity(model, text_file, ctx_size, save_logits, kl_base, threads, as_json):
+    """Perplexity of MODEL on a text, computed as llama.cpp's perplexity tool does."""
+    from pathlib import Path
+
+    from . import perplexity as ppl
+    lm = _load(model, threads)
+    text = Path(text_file).read_text(encoding="utf-8", errors="replace")
+    try:
+        base = ppl.load_base(kl_base) if kl_base else None
+        result = ppl.perplexity(lm, text, ctx_size, base=base)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    if save_logits:
+        ppl.save_logits(result, save_logits, len(lm.tokenizer.vocab))
+    kl = ppl.compare_to_base(result, base) if base else None
+    if as_json:
+        click.echo(json.dumps({"model": lm.file.path.name, **result.as_dict(), "kl": kl}))
+        return
+    click.echo(f"PPL = {result.ppl:.4f} +/- {result.ppl_stderr:.4f} over {result.tokens_scored} tokens "
+               f"({result.chunks} chunks of {result.n_ctx}), {result.seconds:.1f} s")
+    if kl:
+        click.echo(f"KLD mean {kl['kld_mean']:.5f}, median {kl['kld_p50']:.5f}, p90 {kl['kld_p90']:.5f}, "
+                   f"p99 {kl['kld_p99']:.5f}, max {kl['kld_max']:.5f}")
+        click.echo(f"top-1 agreement {100 * kl['top1_agreement']:.2f}%, PPL ratio {kl['ppl_ratio']:.4f} "
+                   f"(base PPL {kl['ppl_base']:.4f})")
+
+
+@main.command("quant-report", cls=Command)
+@click.argument("source", type=click.Path(exists=True))
+@click.option("-f", "--file", "text_file", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--types", default="Q8_0,Q6_K,Q5_K_M,Q4_K_M,Q3_K_M,Q2_K", show_default=True)
+@click.option("-c", "--ctx-size", default=512, show_default=True, type=click.IntRange(8))
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="Also draw bits per weight vs KLD (PNG).")
+@threads_option
+@click.option("--json", "as_json", is_flag=True)
+def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json):
+    """Size, PPL, KLD, top-1 agreement and decode speed per quantization type of SOURCE
+    (a Hugging Face folder, or an F32/F16/BF16 GGUF)."""
+    from pathlib import Path
+
+    from .quant_report import format_table, plot, quant_report as report
+    names = [t.strip().upper() for t in types.split(",") if t.strip()]
+    unknown = [t for t in names if t not in FILE_TYPES]
+    if unknown:
+        raise click.BadParameter(f"unknown type {unknown[0]}", param_hint="--types")
+    text = Path(text_file).read_text(encoding="utf-8", errors="replace")
+    try:
+        rows = report(Path(source), text, names, ctx_size, threads)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    click.echo(json.dumps(rows, indent=1) if as_json else format_table(rows))
+    if plot_file:
+        try:
+            plot(rows, Path(plot_file), Path(source).name)
+        except RuntimeError as e:
+            raise click.UsageError(str(e)) from None

@@ -35,6 +35,23 @@ def hf_smollm_tokenizer(smollm_path):
     return tok
 
 
+@pytest.fixture(scope="session")
+def smollm_hf(smollm_path, tmp_path_factory):
+    """The real SmolLM2 weights as a Hugging Face folder."""
+    pytest.importorskip("transformers")
+    from .hf_folders import smollm_folder
+    return smollm_folder(smollm_path, tmp_path_factory.mktemp("smollm2-hf"))
+
+
+@pytest.fixture(scope="session")
+def smollm_f32(smollm_hf, tmp_path_factory):
+    """That folder converted to an F32 GGUF by ggrun."""
+    from convert.convert import convert_hf
+    out = tmp_path_factory.mktemp("smollm2-f32") / "smollm2-f32.gguf"
+    convert_hf(smollm_hf, out, "F32", progress=False)
+    return out
+
+
 def hf_logits_function(gguf_path):
     """transformers loading the GGUF, dequantized to fp32: ids -> logits (T, vocab). The oracle."""
     torch = pytest.importorskip("torch")

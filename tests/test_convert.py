@@ -15,22 +15,10 @@ from convert.errors import ConversionError
 from convert.mixes import chooser_for
 from gguf_io import GGUFFile, read_params, read_vocab
 
-from .hf_folders import random_folder, smollm_folder, transformers_logits
+from .hf_folders import random_folder, transformers_logits
 
 pytest.importorskip("transformers")
 libgguf = pytest.importorskip("libgguf")
-
-
-@pytest.fixture(scope="module")
-def smollm_hf(smollm_path, tmp_path_factory):
-    return smollm_folder(smollm_path, tmp_path_factory.mktemp("smollm2-hf"))
-
-
-@pytest.fixture(scope="module")
-def smollm_f32(smollm_hf, tmp_path_factory):
-    out = tmp_path_factory.mktemp("out") / "smollm2-f32.gguf"
-    convert_hf(smollm_hf, out, "F32", progress=False)
-    return out
 
 
 def test_f32_conversion_reproduces_the_source(smollm_path, smollm_f32):

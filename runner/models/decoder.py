@@ -50,6 +50,11 @@ class Decoder:
                              if weights.has("rope_freqs.weight") else None)
         self.layers = [self.load_layer(weights, i) for i in range(p.n_layer)]
 
+    @classmethod
+    def layer_windows(cls, params: ModelParams) -> list[int]:
+        """Each layer's sliding window (0: global attention). Known from the file alone."""
+        return [0] * params.n_layer
+
     def load_layer(self, weights: WeightLoader, i: int):
         raise NotImplementedError
 
@@ -70,7 +75,7 @@ class Decoder:
 
     def new_cache(self, n_ctx: int) -> KVCache:
         p = self.params
-        windows = [layer.attn.window for layer in self.layers]
+        windows = self.layer_windows(p)
         return KVCache(self.backend, n_ctx, windows, p.n_head_kv, p.head_dim, p.value_dim, MAX_BATCH)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False):

@@ -27,17 +27,19 @@ class Gemma3(Decoder):
     swa_pattern = 6             # every 6th layer is global, the other five slide
     local_rope_base = 10000.0   # RoPE base of the sliding layers
 
-    def _is_sliding(self, i: int) -> bool:
-        pattern = self.params.swa_pattern or self.swa_pattern
-        return self.params.sliding_window > 0 and i % pattern < pattern - 1
+    @classmethod
+    def layer_windows(cls, params):
+        pattern = params.swa_pattern or cls.swa_pattern
+        return [params.sliding_window if params.sliding_window > 0 and i % pattern < pattern - 1 else 0
+                for i in range(params.n_layer)]
 
     def load_layer(self, weights, i):
         p = self.params
         vec = lambda name, n: weights.vector(f"blk.{i}.{name}.weight", n)  # noqa: E731
         mat = lambda name, n_in, n_out: weights.matrix(f"blk.{i}.{name}.weight", n_in, n_out)  # noqa: E731
         attn = self.load_attention(weights, i)
-        if self._is_sliding(i):
-            attn.window = p.sliding_window
+        attn.window = self.layer_windows(p)[i]
+        if attn.window:
             attn.rope_base = p.rope_base_swa or self.local_rope_base
             attn.rope_scale = 1.0  # position scaling applies to the global layers only
         return Gemma3Layer(

@@ -1,0 +1,66 @@
+"""The memory arithmetic of local inference, from the file alone: weights, KV cache, what fits."""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from gguf_io import GGUFFile, ModelParams
+
+# bytes per cached key/value element; q8_0 stores 32 int8 values and one f16 scale per block
+KV_ELEMENT_BYTES = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
+
+
+def parse_size(text: str) -> int:
+    """'8G', '512MiB', '1.5GB', '1000000' -> bytes (K/M/G/T are powers of 1024, as RAM is sold)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
+    if not m:
+        raise ValueError(f"cannot read {text!r} as a size (examples: 8G, 512M, 1.5GiB)")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+
+
+@dataclass
+class MemoryFit:
+    params: ModelParams
+    layer_windows: list[int]
+    weight_bytes_by_type: dict[str, int]
+    kv_type: str
+
+    @classmethod
+    def of(cls, f: GGUFFile, params: ModelParams, layer_windows: list[int], kv_type: str = "f16") -> MemoryFit:
+        by_type = Counter()
+        for t in f.tensors.values():
+            by_type[t.type.name] += t.nbytes  # the blocks' scales and mins included
+        return cls(params, layer_windows, dict(by_type), kv_type)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.weight_bytes_by_type.values())
+
+    def kv_bytes_per_token_per_layer(self) -> float:
+        """Keys and values of one token in one layer: (key dim + value dim) x KV heads x element size."""
+        p = self.params
+        return (p.head_dim + p.value_dim) * p.n_head_kv * KV_ELEMENT_BYTES[self.kv_type]
+
+    def kv_bytes_per_token(self) -> float:
+        """What one more token of context costs once every sliding window is full (global layers only)."""
+        return self.kv_bytes_per_token_per_layer() * sum(1 for w in self.layer_windows if w == 0)
+
+    def kv_bytes(self, n_ctx: int, users: int = 1) -> float:
+        per_layer = self.kv_bytes_per_token_per_layer()
+        tokens = sum(min(n_ctx, w) if w else n_ctx for w in self.layer_windows)
+        return users * per_layer * tokens
+
+    def total_bytes(self, n_ctx: int, users: int = 1) -> float:
+        return self.weight_bytes + self.kv_bytes(n_ctx, users)
+
+    def max_context(self, memory: int, users: int = 1) -> int:
+        """The longest context (up to the trained length) whose weights + KV cache fit in memory."""
+        lo, hi = 0, self.params.context_length
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.total_bytes(mid, users) <= memory:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo

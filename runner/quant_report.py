@@ -1,0 +1,80 @@
+"""Which quantization to pick: size, bits per weight, perplexity, KL divergence and top-1
+agreement against the full-precision model, and decode speed, for each type."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from .bench import time_decode
+from .load import load_model
+from .perplexity import compare_to_base, load_base, perplexity, save_logits
+
+DEFAULT_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
+
+
+def quant_report(source: Path, text: str, types, n_ctx: int, threads: int | None = None,
+                 progress: bool = True) -> list[dict]:
+    """source: a Hugging Face folder (converted to F32 first) or an F32/F16/BF16 GGUF."""
+    from convert.convert import convert_hf, requantize
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ggrun-report-") as tmp:
+        tmp = Path(tmp)
+        if source.is_dir():
+            base_path = tmp / "F32.gguf"
+            convert_hf(source, base_path, "F32", progress=progress)
+            make = lambda t, out: convert_hf(source, out, t, progress=progress)  # noqa: E731
+        else:
+            base_path = source
+            make = lambda t, out: requantize(source, out, t, progress=progress)  # noqa: E731
+        for type_name in ("base", *types):
+            path = base_path if type_name == "base" else tmp / f"{type_name}.gguf"
+            if type_name != "base":
+                make(type_name, path)
+            lm = load_model(path, threads=threads)
+            if type_name == "base":
+                result = perplexity(lm, text, n_ctx, progress=progress)
+                save_logits(result, tmp / "base.npz", len(lm.tokenizer.vocab))
+                base = load_base(tmp / "base.npz")
+                kl = compare_to_base(perplexity(lm, text, n_ctx, base=base, progress=False), base)
+            else:
+                result = perplexity(lm, text, n_ctx, base=base, progress=progress)
+                kl = compare_to_base(result, base)
+            time_decode(lm, 4)  # warm-up outside the measurement
+            rows.append({"type": "F32 (base)" if type_name == "base" else type_name,
+                         "size_mib": lm.file.size / 2**20, "bits_per_weight": lm.file.bits_per_weight(),
+                         "ppl": result.ppl, "ppl_stderr": result.ppl_stderr, "kld_mean": kl["kld_mean"],
+                         "top1_agreement": kl["top1_agreement"], "decode_tok_s": time_decode(lm, 32)})
+            lm.file = lm.model = None
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = f"{'type':<12} {'size MiB':>9} {'bpw':>6} {'PPL':>16} {'KLD mean':>9} {'top-1':>7} {'decode tok/s':>13}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['type']:<12} {r['size_mib']:>9.1f} {r['bits_per_weight']:>6.2f} "
+                     f"{r['ppl']:>8.3f} ± {r['ppl_stderr']:<5.3f} {r['kld_mean']:>9.4f} "
+                     f"{100 * r['top1_agreement']:>6.1f}% {r['decode_tok_s']:>13.1f}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("--plot needs matplotlib: pip install 'ggrun[plot]'") from None
+    quantized = [r for r in rows if not r["type"].endswith("(base)")]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot([r["bits_per_weight"] for r in quantized], [r["kld_mean"] for r in quantized], "o-")
+    for r in quantized:
+        ax.annotate(r["type"], (r["bits_per_weight"], r["kld_mean"]), textcoords="offset points", xytext=(5, 5))
+    ax.set_xlabel("bits per weight")
+    ax.set_ylabel("mean KL divergence from the F32 model")
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

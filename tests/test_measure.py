@@ -1,0 +1,133 @@
+"""perplexity, KL divergence, memory fit, bench and quant-report."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from convert.convert import requantize
+from gguf_io import GGUFFile, read_params
+from runner.load import ARCHITECTURES, load_model
+from runner.memory_fit import MemoryFit, parse_size
+from runner.perplexity import compare_to_base, load_base, perplexity, save_logits
+
+TEXT_PATH = Path(__file__).parent / "data" / "ppl_text.txt"
+TEXT = TEXT_PATH.read_text()
+
+
+def ggrun(*args):
+    return subprocess.run([sys.executable, "-m", "runner", *map(str, args)], capture_output=True, text=True,
+                          timeout=900)
+
+
+@pytest.fixture(scope="module")
+def quantized(smollm_f32, tmp_path_factory):
+    root = tmp_path_factory.mktemp("quantized")
+    out = {}
+    for t in ("Q4_K_M", "Q2_K"):
+        out[t] = root / f"{t}.gguf"
+        requantize(smollm_f32, out[t], t, progress=False)
+    return out
+
+
+def test_perplexity_orders_the_quantizations(smollm_f32, quantized):
+    ppl = {name: perplexity(load_model(path), TEXT, 256, progress=False)
+           for name, path in [("F32", smollm_f32), *quantized.items()]}
+    assert ppl["F32"].tokens_scored == 4 * 127  # 1063 tokens: four chunks, second halves scored
+    assert ppl["F32"].ppl < ppl["Q4_K_M"].ppl < ppl["Q2_K"].ppl
+    assert 1 < ppl["F32"].ppl < 50 and ppl["F32"].ppl_stderr > 0
+
+
+def test_perplexity_matches_a_direct_computation(smollm):
+    """Scoring by hand: log-softmax of full logits, second half of each chunk."""
+    result = perplexity(smollm, TEXT, 128, progress=False)
+    ids = smollm.tokenizer.encode(TEXT)
+    nll = []
+    for c in range(len(ids) // 128):
+        chunk = ids[c * 128:(c + 1) * 128]
+        logits = smollm.model.forward(chunk, smollm.model.new_cache(128), all_logits=True).astype(np.float64)
+        logp = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) - logits.max(1, keepdims=True)
+        nll += [-logp[j, chunk[j + 1]] for j in range(64, 127)]
+    assert np.isclose(result.ppl, np.exp(np.mean(nll)), rtol=1e-6)
+
+
+def test_kl_against_itself_is_zero(smollm, tmp_path):
+    first = perplexity(smollm, TEXT, 128, progress=False)
+    save_logits(first, tmp_path / "base.npz", len(smollm.tokenizer.vocab))
+    assert (tmp_path / "base.npz").stat().st_size < 200 * first.tokens_scored  # top-k only, compressed
+    base = load_base(tmp_path / "base.npz")
+    kl = compare_to_base(perplexity(smollm, TEXT, 128, base=base, progress=False), base)
+    assert kl["kld_mean"] < 1e-4 and kl["kld_max"] < 1e-3
+    assert kl["top1_agreement"] == 1.0 and abs(kl["ppl_ratio"] - 1) < 1e-6
+
+
+def test_kl_of_a_quantization_is_positive(smollm_f32, quantized, tmp_path):
+    r = ggrun("perplexity", smollm_f32, "-f", TEXT_PATH, "-c", "256", "--save-logits", tmp_path / "f32.npz", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc) == {"model", "ppl", "ppl_stderr", "tokens_scored", "chunks", "n_ctx", "seconds", "kl"}
+    assert doc["kl"] is None and doc["chunks"] == 4 and doc["n_ctx"] == 256
+    r = ggrun("perplexity", quantized["Q2_K"], "-f", TEXT_PATH, "-c", "256", "--kl-base", tmp_path / "f32.npz", "--json")
+    assert r.returncode == 0, r.stderr
+    kl = json.loads(r.stdout)["kl"]
+    assert set(kl) == {"kld_mean", "kld_p50", "kld_p90", "kld_p99", "kld_max", "top1_agreement", "ppl_base", "ppl_ratio"}
+    assert kl["kld_mean"] > 0.01 and 0.3 < kl["top1_agreement"] < 1.0 and kl["ppl_ratio"] > 1
+    r = ggrun("perplexity", quantized["Q2_K"], "-f", TEXT_PATH, "-c", "128", "--kl-base", tmp_path / "f32.npz")
+    assert r.returncode == 2 and "different" in r.stderr
+
+
+def test_fit_figures_by_hand(smollm_path, gemma_path):
+    # SmolLM2: 30 layers, 3 KV heads of 64 for keys and values, f16 -> 2 x 30 x 3 x 64 x 2 bytes per token
+    f = GGUFFile(smollm_path)
+    p = read_params(f)
+    fit = MemoryFit.of(f, p, ARCHITECTURES["llama"].layer_windows(p), "f16")
+    assert fit.kv_bytes_per_token() == 2 * 30 * 3 * 64 * 2 == 23040
+    assert fit.weight_bytes == sum(t.nbytes for t in f.tensors.values())
+    # Q4_1 blocks: 32 weights in 20 bytes; per layer q, o (576x576), k, v (576x192), gate, up, down (576x1536)
+    per_layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536
+    assert fit.weight_bytes_by_type["Q4_1"] == 30 * per_layer // 32 * 20 == 66_355_200
+    assert fit.weight_bytes_by_type["Q8_0"] == 49152 * 576 // 32 * 34  # the tied embedding
+    assert fit.kv_bytes(4096, users=2) == 2 * 4096 * 23040
+    assert fit.max_context(fit.weight_bytes + 1000 * 23040) == 1000
+    assert MemoryFit.of(f, p, fit.layer_windows, "q8_0").kv_bytes_per_token() == 2 * 30 * 3 * 64 * 34 / 32
+    # Gemma 3 270M: 18 layers, 1 KV head of 256; 15 sliding layers never hold more than 512 tokens
+    g = GGUFFile(gemma_path)
+    q = read_params(g)
+    gfit = MemoryFit.of(g, q, ARCHITECTURES["gemma3"].layer_windows(q), "f16")
+    per_layer = 2 * 1 * 256 * 2
+    assert gfit.kv_bytes_per_token() == 3 * per_layer
+    assert gfit.kv_bytes(8192) == 3 * 8192 * per_layer + 15 * 512 * per_layer
+    assert gfit.kv_bytes(300) == 18 * 300 * per_layer
+    assert gfit.max_context(10**12) == 32768
+    assert parse_size("8G") == 8 * 2**30 and parse_size("512MiB") == 512 * 2**20
+
+
+def test_fit_command(gemma_path):
+    r = ggrun("info", gemma_path, "--fit", "--ctx", "8192", "--users", "2", "--mem", "300M")
+    assert r.returncode == 0, r.stderr
+    assert "3.0 KiB per token over 3 global layers" in r.stdout and "15 layers capped" in r.stdout
+    assert "KV 63.0 MiB" in r.stdout and "longest context in 300 MiB" in r.stdout
+
+
+def test_bench_json_schema(smollm_path):
+    r = ggrun("bench", smollm_path, "-p", "16", "-n", "4", "-r", "2", "-t", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["test"] for row in rows] == ["pp16", "tg4"]
+    assert set(rows[0]) == {"model", "arch", "quant", "size_mib", "params_m", "bits_per_weight", "backend",
+                            "threads", "test", "n_tokens", "repetitions", "tok_s_mean", "tok_s_std", "tok_s"}
+    assert rows[0]["quant"] == "Q4_1" and rows[0]["threads"] == 2 and len(rows[1]["tok_s"]) == 2
+
+
+def test_quant_report(smollm_f32, tmp_path):
+    png = tmp_path / "report.png"
+    r = ggrun("quant-report", smollm_f32, "-f", TEXT_PATH, "-c", "256", "--types", "Q8_0,Q2_K", "--plot", png)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].split()[:3] == ["type", "size", "MiB"]
+    assert [line.split()[0] for line in lines[2:]] == ["F32", "Q8_0", "Q2_K"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
