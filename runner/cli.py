@@ -12,10 +12,11 @@ from gguf_io import GGUFError
 from convert.errors import ConversionError
 from convert.mixes import FILE_TYPES
 
-from .kv_cache import ContextFullError
+from .chat_template import ChatTemplateError
+from .kv_cache import SINK_TOKENS, ContextFullError
 from .registry import MODELS, RegistryError
 
-USER_ERRORS = (GGUFError, ContextFullError, RegistryError, ConversionError, OSError)
+USER_ERRORS = (GGUFError, ContextFullError, RegistryError, ConversionError, ChatTemplateError, OSError)
 
 
 class Command(click.Command):
@@ -33,6 +34,19 @@ class Command(click.Command):
 
 
 model_argument = click.argument("model", required=False)
+
+
+def sampling_options(f):
+    for option in reversed([
+            click.option("--temp", default=0.8, show_default=True, help="Temperature; 0 is greedy."),
+            click.option("--top-k", default=40, show_default=True),
+            click.option("--top-p", default=0.95, show_default=True),
+            click.option("--min-p", default=0.05, show_default=True),
+            click.option("--repeat-penalty", default=1.0, show_default=True),
+            click.option("--repeat-last-n", default=64, show_default=True, help="Window of the repeat penalty."),
+            click.option("--seed", type=int, help="Random seed; the same seed gives the same text.")]):
+        f = option(f)
+    return f
 threads_option = click.option("-t", "--threads", type=click.IntRange(1), help="CPU threads (default: all cores).")
 
 
@@ -57,18 +71,14 @@ def _load(model, threads):
 @model_argument
 @click.option("-p", "--prompt", required=True, help="Prompt text; '-' reads it from stdin.")
 @click.option("-n", "--n-predict", default=128, show_default=True, type=click.IntRange(0), help="Tokens to generate.")
-@click.option("--temp", default=0.8, show_default=True, help="Temperature; 0 is greedy.")
-@click.option("--top-k", default=40, show_default=True)
-@click.option("--top-p", default=0.95, show_default=True)
-@click.option("--min-p", default=0.05, show_default=True)
-@click.option("--repeat-penalty", default=1.0, show_default=True)
-@click.option("--repeat-last-n", default=64, show_default=True, help="Window of the repeat penalty.")
-@click.option("--seed", type=int, help="Random seed; the same seed gives the same text.")
-@click.option("-c", "--ctx-size", type=click.IntRange(1), help="Context size (default: min(trained, 4096)).")
+@sampling_options
+@click.option("-c", "--ctx-size", type=click.IntRange(16), help="Context size (default: min(trained, 4096)).")
+@click.option("--ring/--no-ring", default=True, show_default=True,
+              help="Past the context, keep BOS and overwrite the oldest tokens; --no-ring makes that an error.")
 @threads_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
 def run(model, prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
-        ctx_size, threads, as_json):
+        ctx_size, ring, threads, as_json):
     """Complete PROMPT with MODEL (a GGUF path or a registry name)."""
     from .generate import GenerationStats, generate
     from .sampler import Sampler, SamplingOptions
@@ -79,12 +89,17 @@ def run(model, prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, rep
     lm = _load(model, threads)
     n_ctx = ctx_size or lm.default_context()
     ids = lm.tokenizer.encode(prompt)
-    cache = lm.model.new_cache(n_ctx)
+    if not ring and len(ids) + n_predict > n_ctx:
+        raise ContextFullError(f"the prompt ({len(ids)} tokens) plus -n {n_predict} exceed the context of "
+                               f"{n_ctx}; use a larger -c, a smaller -n, or --ring")
+    cache = lm.model.new_cache(n_ctx, ring=ring)
+    vocab = lm.tokenizer.vocab
+    pin = min(SINK_TOKENS, len(ids) - 1) if ring else 0  # BOS included, these stay for good
     sampler = Sampler(SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed))
     stats = GenerationStats()
     stream = StreamDecoder(lm.tokenizer)
     text = []
-    tokens = generate(lm.model, cache, ids, sampler, n_predict, lm.tokenizer.vocab.end_of_generation, stats)
+    tokens = generate(lm.model, cache, ids, sampler, n_predict, vocab.end_of_generation, stats, pin=pin)
     try:
         for token in tokens:
             piece = stream.push(token)
@@ -246,12 +261,13 @@ def quantize(src, dst, type_name):
 @click.option("-f", "--file", "text_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="Text to score.")
 @click.option("-c", "--ctx-size", default=512, show_default=True, type=click.IntRange(8))
+@click.option("--ring", type=click.IntRange(16), help="Stream the text through a ring of N slots instead of chunks.")
 @click.option("--save-logits", type=click.Path(dir_okay=False), help="Store log-probabilities for --kl-base.")
 @click.option("--kl-base", type=click.Path(exists=True, dir_okay=False),
               help="Compare with logits saved from another model with the same tokenizer.")
 @threads_option
 @click.option("--json", "as_json", is_flag=True)
-def perplexity(model, text_file, ctx_size, save_logits, kl_base, threads, as_json):
+def perplexity(model, text_file, ctx_size, ring, save_logits, kl_base, threads, as_json):
     """Perplexity of MODEL on a text, computed as llama.cpp's perplexity tool does."""
     from pathlib import Path
 
@@ -260,7 +276,8 @@ def perplexity(model, text_file, ctx_size, save_logits, kl_base, threads, as_jso
     text = Path(text_file).read_text(encoding="utf-8", errors="replace")
     try:
         base = ppl.load_base(kl_base) if kl_base else None
-        result = ppl.perplexity(lm, text, ctx_size, base=base)
+        result = (ppl.ring_perplexity(lm, text, ring, base=base) if ring
+                  else ppl.perplexity(lm, text, ctx_size, base=base))
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if save_logits:
@@ -269,8 +286,9 @@ def perplexity(model, text_file, ctx_size, save_logits, kl_base, threads, as_jso
     if as_json:
         click.echo(json.dumps({"model": lm.file.path.name, **result.as_dict(), "kl": kl}))
         return
+    how = f"through a ring of {ring}" if ring else f"{result.chunks} chunks of {result.n_ctx}"
     click.echo(f"PPL = {result.ppl:.4f} +/- {result.ppl_stderr:.4f} over {result.tokens_scored} tokens "
-               f"({result.chunks} chunks of {result.n_ctx}), {result.seconds:.1f} s")
+               f"({how}), {result.seconds:.1f} s")
     if kl:
         click.echo(f"KLD mean {kl['kld_mean']:.5f}, median {kl['kld_p50']:.5f}, p90 {kl['kld_p90']:.5f}, "
                    f"p99 {kl['kld_p99']:.5f}, max {kl['kld_max']:.5f}")
@@ -307,3 +325,23 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
             plot(rows, Path(plot_file), Path(source).name)
         except RuntimeError as e:
             raise click.UsageError(str(e)) from None
+
+
+@main.command(cls=Command)
+@model_argument
+@click.option("--system", help="System prompt.")
+@click.option("-c", "--ctx-size", type=click.IntRange(16), help="Context size (default: min(trained, 4096)).")
+@click.option("--chat-template", type=click.Choice(["chatml", "llama3", "gemma"]),
+              help="Use a built-in template instead of the file's own.")
+@sampling_options
+@threads_option
+def chat(model, system, ctx_size, chat_template, temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
+         seed, threads):
+    """Talk with MODEL in the terminal; the context never runs out (ring window)."""
+    from .chat import ChatSession, repl
+    from .registry import cache_dir
+    from .sampler import SamplingOptions
+    lm = _load(model, threads)
+    options = SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
+    session = ChatSession(lm, ctx_size or lm.default_context(), options, system, chat_template)
+    repl(session, sys.stdout, cache_dir() / "chat_history")

@@ -15,7 +15,7 @@ class GenerationStats:
     prefill_s: float = 0.0        # prompt processing, ends with the first token's logits
     time_to_first_token_s: float = 0.0
     decode_s: float = 0.0
-    stop_reason: str = ""         # "eos", "length" or "interrupted"
+    stop_reason: str = ""         # "eos", "length", "context" or "interrupted"
     tokens: list[int] = field(default_factory=list)
 
     @property
@@ -24,27 +24,36 @@ class GenerationStats:
 
     @property
     def decode_tok_s(self) -> float:
-        # the first generated token comes from the prefill's logits; the rest cost a decode step each
-        steps = self.generated_tokens - 1
-        return steps / self.decode_s if steps > 0 and self.decode_s else 0.0
+        # the first generated token comes from the prefill's logits; each one then costs a decode step
+        return self.generated_tokens / self.decode_s if self.generated_tokens and self.decode_s else 0.0
 
 
 def generate(model, cache, prompt: list[int], sampler: Sampler, max_tokens: int, stop_ids,
-             stats: GenerationStats | None = None):
-    """Yield generated token ids; fills `stats` as it goes. Raises ContextFullError up front
-    when the prompt does not fit, and stops at the context end, at a stop id or at max_tokens."""
+             stats: GenerationStats | None = None, history: list[int] | None = None, pin: int = 0,
+             should_stop=None):
+    """Yield generated token ids; fills `stats` as it goes. Without a ring, raises ContextFullError
+    up front when the prompt does not fit, and stops at the context end; always stops at a stop id
+    or at max_tokens. `history` (tokens already in the cache) feeds the repetition penalty; the
+    first `pin` prompt tokens are pinned in the cache, never overwritten by its ring. `should_stop`
+    is polled between tokens (Ctrl-C sets it), so a forward pass is never cut in half."""
     stats = stats if stats is not None else GenerationStats()
-    if len(prompt) > cache.n_ctx - cache.used:
+    if not cache.ring and len(prompt) > cache.n_ctx - cache.used:
         raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds "
-                               f"{cache.n_ctx - cache.used}; use a larger -c or a shorter prompt")
+                               f"{cache.n_ctx - cache.used}; use a larger -c, a shorter prompt or --ring")
     stats.prompt_tokens = len(prompt)
     start = time.perf_counter()
-    logits = model.forward(prompt, cache)
-    history = list(prompt)
+    if pin:
+        model.forward(prompt[:pin], cache)
+        cache.pin()
+    logits = model.forward(prompt[pin:], cache)
+    history = list(history or []) + list(prompt)
     stats.prefill_s = time.perf_counter() - start
     decode_start = None
     stats.stop_reason = "length"
     while stats.generated_tokens < max_tokens:
+        if should_stop is not None and should_stop():
+            stats.stop_reason = "interrupted"
+            break
         token = sampler.sample(logits, history)
         if stats.generated_tokens == 0:
             stats.time_to_first_token_s = time.perf_counter() - start
@@ -52,12 +61,13 @@ def generate(model, cache, prompt: list[int], sampler: Sampler, max_tokens: int,
         if token in stop_ids:
             stats.stop_reason = "eos"
             break
+        if not cache.ring and cache.used >= cache.n_ctx:
+            stats.stop_reason = "context"
+            break
         stats.generated_tokens += 1
         stats.tokens.append(token)
         history.append(token)
         yield token
-        if stats.generated_tokens >= max_tokens or cache.used >= cache.n_ctx:
-            stats.stop_reason = "length" if stats.generated_tokens >= max_tokens else "context"
-            break
+        # every token handed out is also in the cache, so a caller can continue from it
         logits = model.forward([token], cache)
         stats.decode_s = time.perf_counter() - decode_start

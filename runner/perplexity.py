@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
+from .kv_cache import SINK_TOKENS
+
 TOP_K = 32
 
 
@@ -44,6 +46,47 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
+class _Scores:
+    """Accumulates what a run keeps per scored position."""
+
+    def __init__(self, base: dict | None):
+        self.base = base
+        self.nll, self.top_ids, self.top_lp, self.target_lp, self.at_base = [], [], [], [], []
+        self.count = 0
+
+    def add(self, logits: np.ndarray, targets) -> None:
+        logp = _log_softmax(logits)
+        targets = np.asarray(targets)
+        lp = logp[np.arange(len(targets)), targets]
+        self.nll.append(-lp)
+        best = np.argpartition(-logp, TOP_K - 1, axis=1)[:, :TOP_K]
+        order = np.argsort(-np.take_along_axis(logp, best, axis=1), axis=1, kind="stable")
+        best = np.take_along_axis(best, order, axis=1)
+        self.top_ids.append(best.astype(np.int32))
+        self.top_lp.append(np.take_along_axis(logp, best, axis=1).astype(np.float32))
+        self.target_lp.append(lp.astype(np.float32))
+        if self.base is not None:
+            rows = self.base["top_ids"][self.count:self.count + len(targets)]
+            self.at_base.append(np.take_along_axis(logp, rows, axis=1))
+        self.count += len(targets)
+
+    def result(self, chunks: int, n_ctx: int, seconds: float) -> PerplexityResult:
+        nll = np.concatenate(self.nll)
+        mean = nll.mean()
+        var = (nll ** 2).mean() - mean ** 2
+        ppl = float(np.exp(mean))
+        stderr = float(np.sqrt(var / (len(nll) - 1)) * ppl) if len(nll) > 1 and var > 0 else 0.0
+        return PerplexityResult(ppl, stderr, len(nll), chunks, n_ctx, seconds, np.concatenate(self.top_ids),
+                                np.concatenate(self.top_lp), np.concatenate(self.target_lp),
+                                np.concatenate(self.at_base) if self.at_base else None)
+
+
+def _check_base(base, vocab_size: int, n_ctx: int, n_positions: int) -> None:
+    if base is not None and (base["vocab_size"] != vocab_size or base["n_ctx"] != n_ctx
+                             or len(base["top_ids"]) != n_positions):
+        raise ValueError("the base logits come from a different vocabulary, context size or text")
+
+
 def perplexity(lm, text: str, n_ctx: int, base: dict | None = None, progress: bool = True) -> PerplexityResult:
     """`base` (from load_base) makes the run also record what KL divergence needs."""
     tokens = lm.tokenizer.encode(text)
@@ -52,37 +95,41 @@ def perplexity(lm, text: str, n_ctx: int, base: dict | None = None, progress: bo
         raise ValueError(f"the text has {len(tokens)} tokens; at least {n_ctx} (one chunk of -c) are needed")
     vocab = lm.tokenizer.vocab
     first = n_ctx // 2
-    nll, top_ids, top_lp, target_lp, at_base = [], [], [], [], []
-    if base is not None and (base["vocab_size"] != len(vocab) or base["n_ctx"] != n_ctx
-                             or len(base["top_ids"]) != n_chunks * (n_ctx - 1 - first)):
-        raise ValueError("the base logits come from a different vocabulary, context size or text")
+    _check_base(base, len(vocab), n_ctx, n_chunks * (n_ctx - 1 - first))
+    scores = _Scores(base)
     start = time.perf_counter()
     for c in tqdm(range(n_chunks), desc="perplexity", unit="chunk", disable=not progress):
         chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
         if vocab.add_bos and vocab.bos_id >= 0:
             chunk[0] = vocab.bos_id
         logits = lm.model.forward(chunk, lm.model.new_cache(n_ctx), all_logits=True)
-        logp = _log_softmax(logits[first:n_ctx - 1])
-        targets = np.asarray(chunk[first + 1:n_ctx])
-        lp = logp[np.arange(len(targets)), targets]
-        nll.append(-lp)
-        best = np.argpartition(-logp, TOP_K - 1, axis=1)[:, :TOP_K]
-        order = np.argsort(-np.take_along_axis(logp, best, axis=1), axis=1, kind="stable")
-        best = np.take_along_axis(best, order, axis=1)
-        top_ids.append(best.astype(np.int32))
-        top_lp.append(np.take_along_axis(logp, best, axis=1).astype(np.float32))
-        target_lp.append(lp.astype(np.float32))
-        if base is not None:
-            rows = slice(c * len(targets), (c + 1) * len(targets))
-            at_base.append(np.take_along_axis(logp, base["top_ids"][rows], axis=1))
-    nll = np.concatenate(nll)
-    mean = nll.mean()
-    var = (nll ** 2).mean() - mean ** 2
-    ppl = float(np.exp(mean))
-    stderr = float(np.sqrt(var / (len(nll) - 1)) * ppl) if len(nll) > 1 and var > 0 else 0.0
-    return PerplexityResult(ppl, stderr, len(nll), n_chunks, n_ctx, time.perf_counter() - start,
-                            np.concatenate(top_ids), np.concatenate(top_lp), np.concatenate(target_lp),
-                            np.concatenate(at_base) if at_base else None)
+        scores.add(logits[first:n_ctx - 1], chunk[first + 1:n_ctx])
+    return scores.result(n_chunks, n_ctx, time.perf_counter() - start)
+
+
+def ring_perplexity(lm, text: str, n_ring: int, base: dict | None = None, progress: bool = True,
+                    step: int = 256) -> PerplexityResult:
+    """Stream the whole text through one ring of n_ring slots, scoring every token once
+    (from the second on). The first tokens are pinned, as chat and run pin them."""
+    tokens = lm.tokenizer.encode(text)
+    if len(tokens) < 2:
+        raise ValueError("the text is too short to score")
+    _check_base(base, len(lm.tokenizer.vocab), n_ring, len(tokens) - 1)
+    cache = lm.model.new_cache(n_ring, ring=True)
+    pin = min(SINK_TOKENS, len(tokens) - 1, n_ring // 2)
+    scores = _Scores(base)
+    start = time.perf_counter()
+    bounds = [0, pin] + list(range(pin + step, len(tokens), step)) + [len(tokens)]
+    for lo, hi in tqdm(list(zip(bounds, bounds[1:])), desc="ring perplexity", unit="step", disable=not progress):
+        if hi <= lo:
+            continue
+        logits = lm.model.forward(tokens[lo:hi], cache, all_logits=True)
+        if hi == pin:
+            cache.pin()
+        targets = tokens[lo + 1:hi + 1]
+        if targets:
+            scores.add(logits[:len(targets)], targets)
+    return scores.result(1, n_ring, time.perf_counter() - start)
 
 
 def save_logits(result: PerplexityResult, path, vocab_size: int) -> None:

@@ -73,18 +73,18 @@ class Decoder:
                          m("attn_v", p.n_embd, v_dim), m("attn_output", p.n_head * p.value_dim, p.n_embd),
                          rope_base=p.rope_base, rope_scale=p.rope_scale, **extras)
 
-    def new_cache(self, n_ctx: int) -> KVCache:
+    def new_cache(self, n_ctx: int, ring: bool = False) -> KVCache:
         p = self.params
-        windows = self.layer_windows(p)
-        return KVCache(self.backend, n_ctx, windows, p.n_head_kv, p.head_dim, p.value_dim, MAX_BATCH)
+        return KVCache(self.backend, n_ctx, self.layer_windows(p), p.n_head_kv, p.head_dim, p.value_dim,
+                       MAX_BATCH, ring=ring)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False):
         """Run tokens at the cache's next positions; logits of the last token (vocab,) or of all (T, vocab)."""
-        outputs = []
-        for start in range(0, len(tokens), MAX_BATCH):
-            chunk = tokens[start:start + MAX_BATCH]
-            last = start + MAX_BATCH >= len(tokens)
-            logits = self._forward_batch(chunk, cache, all_logits or not last)
+        outputs, start = [], 0
+        while start < len(tokens):
+            chunk = tokens[start:start + cache.batch_limit(len(tokens) - start)]
+            start += len(chunk)
+            logits = self._forward_batch(chunk, cache, all_logits)
             if all_logits:
                 outputs.append(logits)
         return np.concatenate(outputs) if all_logits else logits[-1]
@@ -120,6 +120,11 @@ class Decoder:
         for t in (q, k):
             be.rope(t, positions, p.rope_dim, a.rope_base, a.rope_scale, self.rope_neox, self.rope_factors)
         keys, values, key_pos = cache.store(i, positions, k, v)
+        if cache.shift and cache.pinned and not a.window:
+            pinned = cache.pinned_source(i)  # rotated at 0..P-1; move them to shift..shift+P-1
+            be.rope(pinned, np.full(cache.pinned, cache.shift, dtype=np.int32), p.rope_dim, a.rope_base,
+                    a.rope_scale, self.rope_neox, self.rope_factors)
+            cache.set_pinned_keys(i, pinned)
         out = be.attention(q, keys, values, positions, key_pos, 1.0 / math.sqrt(p.head_dim),
                            a.window, p.attn_softcap)
         return be.matmul(a.wo, out.reshape(n, p.n_head * p.value_dim))

@@ -1,0 +1,234 @@
+"""A conversation with a model: the chat template, the KV cache carried across turns (each turn
+prefills only its own tokens), a ring-style context that never runs out, and the REPL around it."""
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import asdict
+from pathlib import Path
+
+from .chat_template import ChatTemplateError, choose_template
+from .generate import GenerationStats, generate
+from .kv_cache import SINK_TOKENS
+from .sampler import Sampler, SamplingOptions
+from .tokenizer import StreamDecoder
+
+
+class ChatSession:
+    def __init__(self, lm, n_ctx: int, options: SamplingOptions, system: str | None = None,
+                 template_name: str | None = None, max_reply: int = 4096):
+        self.lm, self.n_ctx, self.options, self.max_reply = lm, n_ctx, options, max_reply
+        self.template, self.warning = choose_template(lm.tokenizer.vocab, template_name)
+        self.system = system
+        self.last = GenerationStats()
+        self.interrupted = False
+        self.reset()
+
+    # -- the conversation and the cache -------------------------------------------------------
+
+    def reset(self) -> None:
+        """A new conversation: empty cache, then the pinned prefix (BOS and the system prompt)."""
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.cache = self.lm.model.new_cache(self.n_ctx, ring=True)
+        self.fed_text = ""     # the rendered conversation as far as it is in the cache
+        self.fed_tokens = 0
+        prefix = self.template.render(self.messages, add_generation_prompt=False) if self.messages else ""
+        ids = self._tokens(prefix, first=True)
+        if ids:
+            self.lm.model.forward(ids, self.cache)
+            self.fed_text, self.fed_tokens = prefix, len(ids)
+            self.cache.pin()
+
+    def _tokens(self, text: str, first: bool) -> list[int]:
+        tok = self.lm.tokenizer
+        ids = tok.encode(text, add_special=False)
+        vocab = tok.vocab
+        if first and vocab.add_bos and vocab.bos_id >= 0 and (not ids or ids[0] != vocab.bos_id):
+            ids = [vocab.bos_id] + ids
+        return ids
+
+    def _catch_up(self, rendered: str) -> list[int]:
+        """Tokens that bring the cache from fed_text to `rendered`; rebuilds from scratch in the rare
+        case that a template renders history differently once more turns follow it."""
+        if not rendered.startswith(self.fed_text):
+            messages = self.messages
+            self.reset()
+            self.messages = messages
+        first = self.fed_tokens == 0
+        return self._tokens(rendered[len(self.fed_text):], first=first)
+
+    def send(self, user_text: str, on_text=None) -> str:
+        """One turn: returns the reply (also the partial one, when interrupted)."""
+        self.messages.append({"role": "user", "content": user_text})
+        rendered = self.template.render(self.messages, add_generation_prompt=True)
+        prompt = self._catch_up(rendered)
+        stream = StreamDecoder(self.lm.tokenizer)
+        self.last = GenerationStats()
+        self.interrupted = False
+        pieces = []
+        pin = min(SINK_TOKENS, len(prompt) - 1) if self.cache.pinned == 0 else 0  # no BOS, no system
+        for token in generate(self.lm.model, self.cache, prompt, Sampler(self.options), self.max_reply,
+                              self.lm.tokenizer.vocab.end_of_generation, self.last, pin=pin,
+                              should_stop=lambda: self.interrupted):
+            piece = stream.push(token)
+            pieces.append(piece)
+            if on_text:
+                on_text(piece)
+        pieces.append(stream.flush())
+        reply = "".join(pieces)
+        self.fed_text = rendered + self.lm.tokenizer.decode(self.last.tokens)
+        self.fed_tokens += len(prompt) + len(self.last.tokens)
+        self.messages.append({"role": "assistant", "content": reply})
+        return reply
+
+    def stats(self) -> dict:
+        s = self.last
+        return {"context_used": min(self.cache.used, self.n_ctx), "context_size": self.n_ctx,
+                "pinned": self.cache.pinned, "tokens_evicted": self.cache.evicted,
+                "tokens_total": self.cache.used, "last_prompt_tokens": s.prompt_tokens,
+                "last_generated_tokens": s.generated_tokens, "time_to_first_token_s": s.time_to_first_token_s,
+                "prefill_tok_s": s.prefill_tok_s, "decode_tok_s": s.decode_tok_s}
+
+    # -- saving and loading --------------------------------------------------------------------
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"format": "ggrun-chat/1", "system": self.system, "messages": self.messages,
+                                    "sampling": asdict(self.options)}, indent=1, ensure_ascii=False))
+
+    def load(self, path: Path) -> None:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            messages = data["messages"]
+            if data.get("format") != "ggrun-chat/1" or not all(
+                    isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+                    and isinstance(m.get("content"), str) for m in messages):
+                raise ValueError
+        except (OSError, ValueError, KeyError, TypeError):
+            raise ValueError(f"{path} is not a conversation saved by /save") from None
+        self.system = data.get("system")
+        self.reset()
+        self.messages = messages
+        rendered = self.template.render(messages, add_generation_prompt=False)
+        ids = self._catch_up(rendered)
+        if ids:
+            self.lm.model.forward(ids, self.cache)
+        self.fed_text, self.fed_tokens = rendered, self.fed_tokens + len(ids)
+
+
+HELP = """commands:
+  /help                 this help
+  /system TEXT          set the system prompt (starts a new conversation)
+  /clear                start a new conversation
+  /save FILE, /load FILE  keep a conversation, resume it later
+  /set NAME VALUE       temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed
+  /stats                context use, evictions, last turn's speed
+  /bye                  leave (so do Ctrl-D, and Ctrl-C at the prompt)
+end a line with \\ to continue it on the next; Ctrl-C during a reply stops it."""
+
+SETTABLE = {"temp": ("temperature", float), "temperature": ("temperature", float), "top_k": ("top_k", int),
+            "top_p": ("top_p", float), "min_p": ("min_p", float), "repeat_penalty": ("repeat_penalty", float),
+            "repeat_last_n": ("repeat_last_n", int), "seed": ("seed", int)}
+
+
+def format_stats(s: dict) -> str:
+    return (f"context {s['context_used']}/{s['context_size']} tokens ({s['pinned']} pinned), "
+            f"{s['tokens_evicted']} evicted so far, {s['tokens_total']} processed\n"
+            f"last turn: {s['last_prompt_tokens']} prompt tokens prefilled at {s['prefill_tok_s']:.1f} tok/s, "
+            f"time to first token {s['time_to_first_token_s']:.3f} s, "
+            f"{s['last_generated_tokens']} tokens at {s['decode_tok_s']:.1f} tok/s")
+
+
+def command(session: ChatSession, line: str, echo) -> bool:
+    """Run a slash command; False when the chat should end."""
+    name, _, arg = line[1:].partition(" ")
+    arg = arg.strip()
+    if name in ("bye", "exit", "quit"):
+        return False
+    if name == "help":
+        echo(HELP)
+    elif name == "clear":
+        session.reset()
+        echo("new conversation")
+    elif name == "system":
+        session.system = arg or None
+        session.reset()
+        echo("system prompt set; new conversation" if arg else "system prompt cleared; new conversation")
+    elif name == "stats":
+        echo(format_stats(session.stats()))
+    elif name in ("save", "load") and arg:
+        try:
+            if name == "save":
+                session.save(Path(arg).expanduser())
+                echo(f"saved {len(session.messages)} messages to {arg}")
+            else:
+                session.load(Path(arg).expanduser())
+                echo(f"loaded {len(session.messages)} messages from {arg}")
+        except (OSError, ValueError, ChatTemplateError) as e:
+            echo(f"error: {e}")
+    elif name == "set" and arg:
+        key, _, value = arg.partition(" ")
+        if key not in SETTABLE:
+            echo(f"cannot set {key!r}; settable: {', '.join(sorted(SETTABLE))}")
+        else:
+            field, kind = SETTABLE[key]
+            try:
+                setattr(session.options, field, kind(value))
+                echo(f"{field} = {getattr(session.options, field)}")
+            except ValueError:
+                echo(f"{key} needs a {kind.__name__} value")
+    else:
+        echo(f"unknown command {line!r}\n{HELP}")
+    return True
+
+
+def read_message(prompt: str = ">>> ", more: str = "... ") -> str:
+    """One message from the terminal; lines ending in a backslash continue."""
+    lines = [input(prompt)]
+    while lines[-1].endswith("\\"):
+        lines[-1] = lines[-1][:-1]
+        lines.append(input(more))
+    return "\n".join(lines)
+
+
+def repl(session: ChatSession, out, history_file: Path | None = None) -> None:
+    try:
+        import readline  # line editing and history, where the platform has it
+        if history_file:
+            history_file.parent.mkdir(parents=True, exist_ok=True)
+            if history_file.exists():
+                readline.read_history_file(history_file)
+    except (ImportError, OSError):
+        readline = None
+
+    def echo(text):
+        out.write(text + "\n")
+        out.flush()
+
+    if session.warning:
+        echo(f"warning: {session.warning}")
+    echo("ggrun chat: /help for commands, /bye to leave")
+    try:
+        while True:
+            try:
+                line = read_message()
+            except (EOFError, KeyboardInterrupt):
+                echo("")
+                break
+            if not line.strip():
+                continue
+            if line.startswith("/"):
+                if not command(session, line.strip(), echo):
+                    break
+                continue
+            previous = signal.signal(signal.SIGINT, lambda *_: setattr(session, "interrupted", True))
+            try:
+                session.send(line, on_text=lambda piece: (out.write(piece), out.flush()))
+            finally:
+                signal.signal(signal.SIGINT, previous)
+            echo("\n[interrupted]" if session.interrupted else "")
+    finally:
+        if readline is not None and history_file:
+            try:
+                readline.write_history_file(history_file)
+            except OSError:
+                pass

@@ -1,0 +1,142 @@
+"""ggrun chat through a real pseudo-terminal, and chat templates from untrusted files."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFWriter
+
+from gguf_io import GGUFFile, read_vocab
+from runner.chat_template import choose_template
+
+pexpect = pytest.importorskip("pexpect")
+
+PROMPT = ">>> "
+
+
+def start_chat(*args, env_dir: Path):
+    child = pexpect.spawn(sys.executable, ["-m", "runner", "chat", *map(str, args)], encoding="utf-8",
+                          timeout=300, dimensions=(40, 200),
+                          env={"GGRUN_CACHE_DIR": str(env_dir), "PATH": "/usr/bin:/bin", "HOME": str(env_dir),
+                               "PYTHONPATH": str(Path(__file__).parents[1])})
+    child.expect_exact(PROMPT)
+    return child
+
+
+def stats(child) -> str:
+    child.sendline("/stats")
+    child.expect_exact(PROMPT)
+    return child.before
+
+
+@pytest.fixture
+def home(smollm_path, tmp_path):
+    """A cache dir that already holds the default model (a link, nothing downloaded)."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / smollm_path.name).symlink_to(smollm_path)
+    return tmp_path
+
+
+def test_two_turns_save_load_interrupt_clear_bye(home, tmp_path):
+    child = start_chat("--temp", "0", env_dir=home)
+    child.sendline("What is the capital of France?")
+    child.expect_exact(PROMPT)
+    assert "Paris" in child.before and "<|im_end|>" not in child.before
+    first = stats(child)
+    child.sendline("And the capital of Germany?")
+    child.expect_exact(PROMPT)
+    assert "Berlin" in child.before
+    second = stats(child)
+    used_1 = int(first.split("context ")[1].split("/")[0])
+    prompt_2 = int(second.split("last turn: ")[1].split(" prompt")[0])
+    assert prompt_2 < 25 < used_1  # the second turn prefilled only its own tokens
+
+    saved = tmp_path / "conversation.json"
+    child.sendline(f"/save {saved}")
+    child.expect_exact(PROMPT)
+    assert [m["role"] for m in json.loads(saved.read_text())["messages"]] == ["user", "assistant"] * 2
+
+    child.sendline("Write a very long essay about the history of bread, with many chapters.")
+    child.expect(r"\w+ \w+ \w+")  # the reply has started streaming
+    child.sendintr()
+    child.expect_exact("[interrupted]")
+    child.expect_exact(PROMPT)
+    child.sendline("/clear")
+    child.expect_exact(PROMPT)
+    assert "new conversation" in child.before
+    assert "context 0/" in stats(child)
+
+    child.sendline(f"/load {saved}")
+    child.expect_exact(PROMPT)
+    assert "loaded 4 messages" in child.before
+    child.sendline("Which of the two cities did I ask about first?")
+    child.expect_exact(PROMPT)
+    assert "Paris" in child.before or "France" in child.before
+    child.sendline("/nonsense")
+    child.expect_exact(PROMPT)
+    assert "unknown command" in child.before and "/help" in child.before
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_ctrl_d_and_ctrl_c_at_the_prompt_exit_cleanly(home):
+    for key in ("\x04", "\x03"):
+        child = start_chat(env_dir=home)
+        child.send(key)
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0 and "Traceback" not in (child.before or "")
+
+
+def _with_template(src: Path, dst: Path, template: str) -> Path:
+    """A copy of a GGUF file with another chat template (tensors copied as raw bytes)."""
+    f = GGUFFile(src)
+    w = GGUFWriter(str(dst), f.architecture)
+    for key, mv in f.metadata.items():
+        if key == "general.architecture":
+            continue
+        value = template if key == "tokenizer.chat_template" else mv.value
+        w.add_key_value(key, value.tolist() if isinstance(value, np.ndarray) else value, mv.type, mv.item_type)
+    for name, t in f.tensors.items():
+        raw = f.tensor_bytes(name)
+        w.add_tensor_info(name, tuple(reversed(t.shape[1:])) + (t.row_bytes,), np.dtype(np.uint8), t.nbytes,
+                          raw_dtype=t.type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name in f.tensors:
+        w.write_tensor_data(np.ascontiguousarray(f.tensor_bytes(name)).reshape(-1))
+    w.close()
+    return dst
+
+
+HOSTILE = ("{% for m in messages %}{{ cycler.__init__.__globals__.os.system('touch PWNED') }}"
+           "{{ m['content'] }}{% endfor %}")
+
+
+def test_hostile_template_runs_nothing_and_chat_still_works(smollm_path, home, tmp_path):
+    evil = _with_template(smollm_path, tmp_path / "evil.gguf", HOSTILE)
+    template, warning = choose_template(read_vocab(GGUFFile(evil)))
+    assert template.name == "chatml" and "unsafe" in warning
+    child = start_chat(evil, "--temp", "0", env_dir=home)
+    assert "warning:" in child.before and "built-in chatml" in child.before
+    child.sendline("What is the capital of France?")
+    child.expect_exact(PROMPT)
+    assert "Paris" in child.before
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)
+    assert not (Path.cwd() / "PWNED").exists() and not (home / "PWNED").exists()
+
+
+@pytest.mark.parametrize("name", ["chatml", "llama3", "gemma"])
+def test_builtin_templates(smollm_path, name):
+    template, warning = choose_template(read_vocab(GGUFFile(smollm_path)), name)
+    text = template.render([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}], True)
+    assert warning is None and "S" in text and "U" in text
+    assert text.endswith({"chatml": "<|im_start|>assistant\n", "gemma": "<start_of_turn>model\n",
+                          "llama3": "<|start_header_id|>assistant<|end_header_id|>\n\n"}[name])
