@@ -103,7 +103,6 @@ def _with_template(src: Path, dst: Path, template: str) -> Path:
         value = template if key == "tokenizer.chat_template" else mv.value
         w.add_key_value(key, value.tolist() if isinstance(value, np.ndarray) else value, mv.type, mv.item_type)
     for name, t in f.tensors.items():
-        raw = f.tensor_bytes(name)
         w.add_tensor_info(name, tuple(reversed(t.shape[1:])) + (t.row_bytes,), np.dtype(np.uint8), t.nbytes,
                           raw_dtype=t.type)
     w.write_header_to_file()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from runner.chat import ChatSession
 from runner.perplexity import ring_perplexity
