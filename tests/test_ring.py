@@ -2,6 +2,7 @@
 close to that of a freshly computed window."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -95,3 +96,21 @@ def test_5000_tokens_through_a_256_slot_ring(smollm):
     assert stats["context_used"] == 256 and stats["tokens_evicted"] > 4000
     assert stats["pinned"] == session.cache.pinned > 0
     assert _rss_mib() - rss_start < 30, "memory grew while the ring wrapped"
+
+
+def test_run_uses_the_ring_unless_told_not_to(smollm_path):
+    import subprocess
+    import sys
+    args = [sys.executable, "-m", "runner", "run", str(smollm_path), "-p", "Once upon a time", "--temp", "0",
+            "-n", "60", "-c", "32", "--json"]
+    ring = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert ring.returncode == 0, ring.stderr
+    assert json.loads(ring.stdout)["generated_tokens"] > 28  # more than the context holds
+    no_ring = subprocess.run(args + ["--no-ring"], capture_output=True, text=True, timeout=600)
+    assert no_ring.returncode == 1 and "exceed the context of 32" in no_ring.stderr
+    ppl = subprocess.run([sys.executable, "-m", "runner", "perplexity", str(smollm_path), "-f",
+                          str(Path(__file__).parent / "data" / "ppl_text.txt"), "--ring", "64", "--json"],
+                         capture_output=True, text=True, timeout=900)
+    assert ppl.returncode == 0, ppl.stderr
+    doc = json.loads(ppl.stdout)
+    assert doc["tokens_scored"] == 1062 and doc["n_ctx"] == 64  # every token but the first, once
