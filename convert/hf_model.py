@@ -85,7 +85,7 @@ class HFModel:
         return w
 
 
-def _load_json(path: Path, required: bool = True) -> dict:
+def load_json(path: Path, required: bool = True) -> dict:
     if not path.exists():
         if required:
             raise ConversionError(f"{path.name} is missing from {path.parent}")
@@ -100,7 +100,7 @@ def _load_json(path: Path, required: bool = True) -> dict:
 
 
 def read_hf_model(folder: Path) -> HFModel:
-    cfg = _load_json(folder / "config.json")
+    cfg = load_json(folder / "config.json")
     cfg = {**cfg, **cfg.get("text_config", {})}  # multimodal wrappers keep the decoder's config inside
     model_type = cfg.get("model_type")
     if model_type not in ARCHITECTURES:

@@ -11,7 +11,7 @@ from gguf import TokenType
 
 
 from .errors import ConversionError
-from .hf_model import _load_json
+from .hf_model import load_json
 
 
 @dataclass
@@ -151,15 +151,15 @@ def read_tokenizer(folder: Path, vocab_size: int, prefer_sentencepiece: bool) ->
     if spm.exists() and (prefer_sentencepiece or not tj.exists()):
         tok = _spm_from_model(spm, vocab_size)
     elif tj.exists():
-        tok = _bpe_from_json(_load_json(tj), vocab_size)
+        tok = _bpe_from_json(load_json(tj), vocab_size)
     else:
         raise ConversionError("no tokenizer.json or tokenizer.model in the folder")
     return tok, _special_settings(folder, tok)
 
 
 def _special_settings(folder: Path, tok: TokenizerData) -> dict:
-    cfg = _load_json(folder / "tokenizer_config.json", required=False)
-    gen = _load_json(folder / "generation_config.json", required=False)
+    cfg = load_json(folder / "tokenizer_config.json", required=False)
+    gen = load_json(folder / "generation_config.json", required=False)
     ids = {t: i for i, t in enumerate(tok.tokens)}
 
     def token_id(value):
