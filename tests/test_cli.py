@@ -38,7 +38,8 @@ def test_same_seed_same_text_and_json_schema(smollm_path):
 
 
 def test_prompt_longer_than_context_is_a_clear_error(smollm_path):
-    r = ggrun("run", smollm_path, "-p", "word " * 100, "-c", "32")
+    """Without the ring (which otherwise streams a long prompt through the context)."""
+    r = ggrun("run", smollm_path, "-p", "word " * 100, "-c", "32", "--no-ring")
     assert r.returncode == 1 and r.stderr.startswith("error: ") and "context" in r.stderr
     assert "Traceback" not in r.stderr
 
