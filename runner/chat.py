@@ -220,11 +220,15 @@ def repl(session: ChatSession, out, history_file: Path | None = None) -> None:
                 if not command(session, line.strip(), echo):
                     break
                 continue
-            previous = signal.signal(signal.SIGINT, lambda *_: setattr(session, "interrupted", True))
             try:
-                session.send(line, on_text=lambda piece: (out.write(piece), out.flush()))
-            finally:
-                signal.signal(signal.SIGINT, previous)
+                # during a reply Ctrl-C only raises a flag that generation checks between tokens
+                previous = signal.signal(signal.SIGINT, lambda *_: setattr(session, "interrupted", True))
+                try:
+                    session.send(line, on_text=lambda piece: (out.write(piece), out.flush()))
+                finally:
+                    signal.signal(signal.SIGINT, previous)
+            except KeyboardInterrupt:  # pressed as the line was sent, before the flag took over
+                session.interrupted = True
             echo("\n[interrupted]" if session.interrupted else "")
     finally:
         if readline is not None and history_file:

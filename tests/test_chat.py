@@ -60,7 +60,8 @@ def test_two_turns_save_load_interrupt_clear_bye(home, tmp_path):
     assert [m["role"] for m in json.loads(saved.read_text())["messages"]] == ["user", "assistant"] * 2
 
     child.sendline("Write a very long essay about the history of bread, with many chapters.")
-    child.expect(r"\w+ \w+ \w+")  # the reply has started streaming
+    child.expect_exact("many chapters.")  # the terminal's echo of the line
+    child.expect(r"\w+ \w+ \w+ \w+")  # the reply has started streaming
     child.sendintr()
     child.expect_exact("[interrupted]")
     child.expect_exact(PROMPT)
