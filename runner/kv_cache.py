@@ -37,15 +37,13 @@ class KVCache:
         self.capacity = [min(n_ctx, w + max_batch) if w else n_ctx for w in layer_windows]
         self.keys = [backend.zeros((n_kv_head, cap, key_dim)) for cap in self.capacity]
         self.values = [backend.zeros((n_kv_head, cap, value_dim)) for cap in self.capacity]
-        # one slot-position table per kind of layer: layers of the same kind share it
-        self.positions = {kind: np.full(kind[1], -1, dtype=np.int32) for kind in set(self._kinds())}
+        # each layer's kind: ("window" or "global", capacity); layers of one kind share a position table
+        self.kinds = [("window", cap) if w else ("global", cap) for w, cap in zip(self.windowed, self.capacity)]
+        self.positions = {kind: np.full(kind[1], -1, dtype=np.int32) for kind in set(self.kinds)}
         self.used = 0       # tokens stored so far, which is also the next token's position
         self.pinned = 0     # leading tokens the ring never overwrites
         self.evicted = 0    # tokens the ring has overwritten in the global layers
         self._pinned_keys: dict[int, np.ndarray] = {}
-
-    def _kinds(self):
-        return [(("window", cap) if w else ("global", cap)) for w, cap in zip(self.windowed, self.capacity)]
 
     def _slots(self, kind, positions: np.ndarray) -> np.ndarray:
         if kind[0] == "window":
@@ -87,7 +85,7 @@ class KVCache:
     def store(self, layer: int, positions: np.ndarray, k, v) -> tuple:
         """Write k, v (tokens, kv heads, dim) at the positions' slots; return the layer's filled
         keys, values and slot positions."""
-        kind = self._kinds()[layer]
+        kind = self.kinds[layer]
         slots = self._slots(kind, positions)
         self.keys[layer][:, slots] = k.transpose(1, 0, 2)
         self.values[layer][:, slots] = v.transpose(1, 0, 2)
