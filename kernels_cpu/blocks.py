@@ -1,16 +1,14 @@
-"""GGUF block layouts, unpacked at load into one SIMD-friendly form shared by every type.
+"""GGUF block layouts unpacked row by row, for dequantization (prefill tiles, embedding rows).
 
 Every quantized type stores a row as blocks of small integers with per-(sub)block scales and,
-for the affine types, mins. At load each row becomes three contiguous arrays:
+for the affine types, mins. A row unpacks into three arrays:
 
     q      int8 [K]          the integer of every weight
     scale  float32 [K / G]   per group of G weights (G = 32, or 16 for types with 16-wide sub-blocks)
-    bias   float32 [K / G]   per-group offset (empty for the symmetric types)
+    bias   float32 [K / G]   per-group offset (left untouched for the symmetric types)
 
-so that weight[k] = scale[k // G] * q[k] + bias[k // G]. One product kernel serves all types, and
-its inner loop runs over contiguous int8 (block-by-block decoding ran five times slower).
-A new block type is one `_unpack_*` function here plus its entry in `LAYOUTS`.
-Byte layouts follow ggml's ggml-common.h.
+so that weight[k] = scale[k // G] * q[k] + bias[k // G]. Products with a few tokens do not come
+here: rowdot.py reads the blocks directly. Byte layouts follow ggml's ggml-common.h.
 """
 import numpy as np
 from gguf import GGMLQuantizationType as T

@@ -1,9 +1,9 @@
-"""Weight matrices in the unpacked form of blocks.py and their products with activations.
+"""Weight matrices kept as the file's raw blocks, and their products with activations.
 
-Decode (one or a few tokens) runs `_matmul_few`: per row, a 32-wide float accumulator takes
-scale * q * x group by group, so the inner loop is a contiguous int8-to-float multiply-add with no
-horizontal sum until the row ends. Prefill (many tokens) dequantizes tiles of rows to float32 and hands them to
-BLAS, which is far faster than any hand loop once the tile is reused across tokens.
+A quantized matrix is a view of its rows in the memory-mapped file: nothing is unpacked or
+copied at load. A few tokens (decode) go through rowdot.py, which reads every row once for all
+of them. Many tokens (prefill) dequantize tiles of rows to float32 and hand them to BLAS, which
+beats any hand loop once a tile is reused across tokens.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
 from .blocks import FLOAT_TYPES, LAYOUTS, float_rows, unpack_row
+from .rowdot import row_dot
 
 PREFILL_TILE_ROWS = 512
 # Up to this many tokens, reading each weight row once beats dequantizing tiles for BLAS.
@@ -19,90 +20,59 @@ FEW_TOKENS = 8
 
 
 @njit(cache=True, parallel=True)
-def _unpack_rows(qtype, raw, q, scale, bias):
+def _products(qtype, raw, x, xsum, out):
+    """out = x @ W.T; row r is read once, while in L1, for every token."""
     for r in prange(raw.shape[0]):
-        unpack_row(qtype, raw[r], q[r], scale[r], bias[r])
+        for t in range(x.shape[0]):
+            out[t, r] = row_dot(qtype, raw, r, x, t, xsum)
 
 
-@njit(cache=True, parallel=True, fastmath=True)
-def _matmul_few(q, scale, bias, x, out):
-    """out = x @ W.T for a few tokens x (T, K): each weight row is read once, while in L1, for all T."""
-    n_rows, k = q.shape
-    n_tokens = x.shape[0]
-    n_groups = scale.shape[1]
-    g = k // n_groups
-    has_bias = bias.shape[1] > 0
-    xsum = np.zeros((n_tokens, n_groups), dtype=np.float32)
-    if has_bias:
-        for t in range(n_tokens):
-            for b in range(n_groups):
-                for j in range(g):
-                    xsum[t, b] += x[t, b * g + j]
-    for r in prange(n_rows):
-        qr = q[r]
-        sr = scale[r]
-        acc = np.empty(32, dtype=np.float32)
-        for t in range(n_tokens):
-            xt = x[t]
-            acc[:] = 0.0
-            for b in range(n_groups):
-                s = sr[b]
-                o = b * g
-                for j in range(g):
-                    acc[j] += s * (np.float32(qr[o + j]) * xt[o + j])
-            y = acc.sum()
-            if has_bias:
-                br = bias[r]
-                for b in range(n_groups):
-                    y += br[b] * xsum[t, b]
-            out[t, r] = y
-
-
-@njit(cache=True, parallel=True, fastmath=True)
-def _dequantize_rows(q, scale, bias, first, out):
-    """out[i] = weights of row first + i, as float32."""
-    n_groups = scale.shape[1]
-    g = q.shape[1] // n_groups
-    has_bias = bias.shape[1] > 0
-    for i in prange(out.shape[0]):
-        r = first + i
-        for b in range(n_groups):
-            s = scale[r, b]
-            m = bias[r, b] if has_bias else np.float32(0.0)
-            for j in range(b * g, b * g + g):
-                out[i, j] = s * np.float32(q[r, j]) + m
+@njit(cache=True, parallel=True)
+def _dequantize_rows(qtype, raw, rows, group, out):
+    """out[i] = row rows[i] of the matrix as float32."""
+    k = out.shape[1]
+    for i in prange(rows.shape[0]):
+        q = np.empty(k, dtype=np.int8)
+        scale = np.empty(k // group, dtype=np.float32)
+        bias = np.zeros(k // group, dtype=np.float32)  # stays zero for the symmetric types
+        unpack_row(qtype, raw[rows[i]], q, scale, bias)
+        for g in range(k // group):
+            for j in range(g * group, g * group + group):
+                out[i, j] = scale[g] * np.float32(q[j]) + bias[g]
 
 
 class QuantMatrix:
-    """An (N, K) quantized weight matrix, unpacked once at load from its raw GGUF rows."""
+    """An (N, K) quantized weight matrix: its raw GGUF rows (N, bytes per row), used in place."""
 
     def __init__(self, qtype: GGMLQuantizationType, raw: np.ndarray, k: int):
-        _, group, has_bias = LAYOUTS[qtype]
-        n = raw.shape[0]
-        self.qtype, self.shape = qtype, (n, k)
-        self.q = np.empty((n, k), dtype=np.int8)
-        self.scale = np.empty((n, k // group), dtype=np.float32)
-        self.bias = np.empty((n, k // group if has_bias else 0), dtype=np.float32)
-        _unpack_rows(int(qtype), raw, self.q, self.scale, self.bias)
+        self.qtype, self.shape, self.raw = qtype, (raw.shape[0], k), raw
+        _, self.group, self.has_bias = LAYOUTS[qtype]
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """x (T, K) float32 -> x @ W.T, (T, N)."""
-        n = self.shape[0]
+        n, k = self.shape
+        if x.ndim != 2 or x.shape[1] != k:  # the kernels read x[t, :k] unchecked
+            raise ValueError(f"activations of shape {x.shape} for a matrix of {k} columns")
+        x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty((x.shape[0], n), dtype=np.float32)
         if x.shape[0] <= FEW_TOKENS:
-            _matmul_few(self.q, self.scale, self.bias, x, out)
+            xsum = (x.reshape(x.shape[0], -1, self.group).sum(axis=2) if self.has_bias
+                    else np.empty((x.shape[0], 0), dtype=np.float32))
+            _products(int(self.qtype), self.raw, x, xsum, out)
             return out
-        tile = np.empty((min(PREFILL_TILE_ROWS, n), self.shape[1]), dtype=np.float32)
+        tile = np.empty((min(PREFILL_TILE_ROWS, n), k), dtype=np.float32)
         for first in range(0, n, PREFILL_TILE_ROWS):
             rows = tile[:min(PREFILL_TILE_ROWS, n - first)]
-            _dequantize_rows(self.q, self.scale, self.bias, first, rows)
+            _dequantize_rows(int(self.qtype), self.raw, np.arange(first, first + len(rows)), self.group, rows)
             np.matmul(x, rows.T, out=out[:, first:first + rows.shape[0]])
         return out
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.shape[0]):
+            raise IndexError(f"row ids outside 0..{self.shape[0] - 1}")
         out = np.empty((len(ids), self.shape[1]), dtype=np.float32)
-        for i, r in enumerate(ids):
-            _dequantize_rows(self.q, self.scale, self.bias, int(r), out[i:i + 1])
+        _dequantize_rows(int(self.qtype), self.raw, ids, self.group, out)
         return out
 
 

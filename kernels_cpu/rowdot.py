@@ -1,0 +1,103 @@
+"""Dot products of quantized weight rows with float32 activations, straight from GGUF blocks.
+
+One skeleton serves every type: for each block, its decoder (block_ir.py) yields scale groups;
+each group's values multiply the activations lane-wise and join a 16-lane accumulator through
+the group's scale, so the only horizontal sum is the one at the end of the row. Mins of the
+affine types use the activation sums of their group (xsum), computed once per product.
+The row is read where the file maps it: nothing is unpacked or copied at load.
+"""
+from gguf import GGML_QUANT_SIZES
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
+
+from .block_ir import DECODERS
+from .blocks import LAYOUTS
+from .ir import (F32, FAST, I64, LANES, array_data, array_strides, horizontal_sum, load_floats, mul_add, offset,
+                 prefetch, splat)
+
+
+# Independent accumulator chains, so that consecutive groups' multiply-adds need not wait for one
+# another (an FMA takes 4 cycles, a group's other work about as long); 32-weight blocks are also
+# unrolled in pairs to give each loop step enough groups to spread.
+ACCUMULATORS = 4
+# Rows stream from memory; asking for the bytes ~2 KiB ahead measured 10-25% faster than the
+# hardware prefetcher alone on the 96 MB of SmolLM2's matrices (2 threads).
+PREFETCH_AHEAD = 2048
+BLOCKS_PER_STEP = {32: 2}
+
+
+def _emit_row(b, qtype, row_ptr, row_bytes, x_ptr, xsum_ptr):
+    """IR for the dot product of one row of qtype blocks; returns the float32 sum."""
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    group = LAYOUTS[qtype][1]
+    decode = DECODERS[qtype]
+    n_blocks = b.udiv(row_bytes, ir.Constant(I64, block_bytes))
+    accs = [cgutils.alloca_once_value(b, ir.Constant(ir.VectorType(F32, LANES), [0.0] * LANES))
+            for _ in range(ACCUMULATORS)]
+    bias_accs = [cgutils.alloca_once_value(b, ir.Constant(F32, 0.0)) for _ in range(ACCUMULATORS)]
+
+    def emit_block(i, slot):
+        """Block i's groups, each added into the next accumulator in turn."""
+        first_weight = b.mul(i, ir.Constant(I64, block))
+        position = 0
+        block_ptr = offset(b, row_ptr, b.mul(i, ir.Constant(I64, block_bytes)))
+        prefetch(b, offset(b, block_ptr, PREFETCH_AHEAD))
+        for g, grp in enumerate(decode(b, block_ptr)):
+            products = None
+            for values in grp.values:
+                xs = load_floats(b, x_ptr, b.add(first_weight, ir.Constant(I64, position)))
+                position += LANES
+                products = b.fmul(values, xs, flags=FAST) if products is None else mul_add(b, values, xs, products)
+            acc = accs[slot % ACCUMULATORS]
+            b.store(mul_add(b, products, splat(b, grp.scale), b.load(acc)), acc)
+            if grp.bias is not None:
+                at = b.add(b.mul(i, ir.Constant(I64, block // group)), ir.Constant(I64, g))
+                xsum_g = b.load(b.gep(b.bitcast(xsum_ptr, F32.as_pointer()), [at]))
+                bias_acc = bias_accs[slot % ACCUMULATORS]
+                b.store(mul_add(b, grp.bias, xsum_g, b.load(bias_acc)), bias_acc)
+            slot += 1
+        return slot
+
+    unroll = BLOCKS_PER_STEP.get(block, 1)
+    steps = b.udiv(n_blocks, ir.Constant(I64, unroll))
+    with cgutils.for_range(b, steps) as loop:
+        slot = 0
+        for u in range(unroll):
+            slot = emit_block(b.add(b.mul(loop.index, ir.Constant(I64, unroll)), ir.Constant(I64, u)), slot)
+    with cgutils.for_range(b, b.urem(n_blocks, ir.Constant(I64, unroll))) as loop:
+        emit_block(b.add(b.mul(steps, ir.Constant(I64, unroll)), loop.index), 0)
+    total, bias_total = b.load(accs[0]), b.load(bias_accs[0])
+    for acc, bias_acc in zip(accs[1:], bias_accs[1:]):
+        total = b.fadd(total, b.load(acc), flags=FAST)
+        bias_total = b.fadd(bias_total, b.load(bias_acc), flags=FAST)
+    return b.fadd(horizontal_sum(b, total), bias_total, flags=FAST)
+
+
+@intrinsic
+def row_dot(typingctx, qtype, w, row, x, t, xsum):
+    """Row `row` of the raw blocks w (rows, bytes per row) of type qtype dotted with x[t]; xsum[t]
+    holds x's sums per scale group. Callers guarantee row < len(w), x[t] as long as a row, and a
+    qtype in DECODERS. The type is dispatched by one IR switch, outside the block loop."""
+    def codegen(context, b, signature, args):
+        _, w_type, _, x_type, _, xsum_type = signature.args
+        qtype_v, wv, rowv, xv, tv, xsumv = args
+
+        def row_of(array_type, value, index):
+            stride = array_strides(context, b, array_type, value)[0]
+            return offset(b, array_data(context, b, array_type, value), b.mul(index, stride))
+        row_ptr, x_ptr, xsum_ptr = row_of(w_type, wv, rowv), row_of(x_type, xv, tv), row_of(xsum_type, xsumv, tv)
+        row_bytes = cgutils.unpack_tuple(b, cgutils.create_struct_proxy(w_type)(context, b, value=wv).shape, 2)[1]
+        result = cgutils.alloca_once_value(b, ir.Constant(F32, float("nan")))
+        done = b.append_basic_block("row_dot.done")
+        switch = b.switch(b.sext(qtype_v, I64) if qtype_v.type != I64 else qtype_v, done)
+        for qt in DECODERS:
+            case = b.append_basic_block(f"row_dot.{qt.name}")
+            switch.add_case(ir.Constant(I64, int(qt)), case)
+            b.position_at_end(case)
+            b.store(_emit_row(b, qt, row_ptr, row_bytes, x_ptr, xsum_ptr), result)
+            b.branch(done)
+        b.position_at_end(done)
+        return b.load(result)
+    return types.float32(qtype, w, row, x, t, xsum), codegen
