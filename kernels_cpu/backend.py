@@ -8,7 +8,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from . import ops
-from .matmul import load_matrix
+from .matmul import load_matrix, matmuls
 
 _EMPTY = np.zeros(0, dtype=np.float32)
 
@@ -37,6 +37,9 @@ class CpuBackend:
 
     def matmul(self, w, x):
         return w.matmul(x)
+
+    def matmuls(self, ws, x):
+        return matmuls(ws, x)
 
     def embed(self, w, ids):
         return w.rows(ids)

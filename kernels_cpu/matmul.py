@@ -17,14 +17,45 @@ from .rowdot import row_dot
 PREFILL_TILE_ROWS = 512
 # Up to this many tokens, reading each weight row once beats dequantizing tiles for BLAS.
 FEW_TOKENS = 8
+# Rows are visited round-robin from this many far-apart places of the matrix, so that several
+# memory streams are in flight at once: one sequential stream per thread read ~13 GB/s here,
+# four ~20 GB/s.
+STREAMS = 8
 
 
 @njit(cache=True, parallel=True)
-def _products(qtype, raw, x, xsum, out):
-    """out = x @ W.T; row r is read once, while in L1, for every token."""
-    for r in prange(raw.shape[0]):
-        for t in range(x.shape[0]):
-            out[t, r] = row_dot(qtype, raw, r, x, t, xsum)
+def _products(qtypes, raws, x, out, streams):
+    """out = x @ [W_0; W_1; ...].T for matrices stacked by rows (raws: a tuple of raw rows).
+
+    One parallel loop covers all the matrices that share an input (Q, K and V; gate and up), and
+    row r is read once, while in L1, for every token.
+    """
+    n_tokens, k = x.shape
+    xsum = np.empty((n_tokens, k // 16), dtype=np.float32)  # for the mins of affine types
+    for t in range(n_tokens):
+        for g in range(k // 16):
+            s = np.float32(0.0)
+            for j in range(g * 16, g * 16 + 16):
+                s += x[t, j]
+            xsum[t, g] = s
+    ends = np.empty(len(raws), dtype=np.int64)
+    total = 0
+    for m in range(len(raws)):
+        total += raws[m].shape[0]
+        ends[m] = total
+    stride = (total + streams - 1) // streams
+    for c in prange(stride):
+        for s in range(streams):
+            r = s * stride + c
+            if r >= total:
+                break
+            m = 0
+            while r >= ends[m]:
+                m += 1
+            raw = raws[m]
+            row = r - ends[m] + raw.shape[0]
+            for t in range(n_tokens):
+                out[t, r] = row_dot(qtypes[m], raw, row, x, t, xsum)
 
 
 @njit(cache=True, parallel=True)
@@ -46,20 +77,15 @@ class QuantMatrix:
 
     def __init__(self, qtype: GGMLQuantizationType, raw: np.ndarray, k: int):
         self.qtype, self.shape, self.raw = qtype, (raw.shape[0], k), raw
-        _, self.group, self.has_bias = LAYOUTS[qtype]
+        self.group = LAYOUTS[qtype][1]
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """x (T, K) float32 -> x @ W.T, (T, N)."""
-        n, k = self.shape
-        if x.ndim != 2 or x.shape[1] != k:  # the kernels read x[t, :k] unchecked
-            raise ValueError(f"activations of shape {x.shape} for a matrix of {k} columns")
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        out = np.empty((x.shape[0], n), dtype=np.float32)
         if x.shape[0] <= FEW_TOKENS:
-            xsum = (x.reshape(x.shape[0], -1, self.group).sum(axis=2) if self.has_bias
-                    else np.empty((x.shape[0], 0), dtype=np.float32))
-            _products(int(self.qtype), self.raw, x, xsum, out)
-            return out
+            return matmuls([self], x)[0]
+        n, k = self.shape
+        x = _checked(x, k)
+        out = np.empty((x.shape[0], n), dtype=np.float32)
         tile = np.empty((min(PREFILL_TILE_ROWS, n), k), dtype=np.float32)
         for first in range(0, n, PREFILL_TILE_ROWS):
             rows = tile[:min(PREFILL_TILE_ROWS, n - first)]
@@ -74,6 +100,29 @@ class QuantMatrix:
         out = np.empty((len(ids), self.shape[1]), dtype=np.float32)
         _dequantize_rows(int(self.qtype), self.raw, ids, self.group, out)
         return out
+
+
+def _checked(x: np.ndarray, k: int) -> np.ndarray:
+    if x.ndim != 2 or x.shape[1] != k:  # the kernels read x[t, :k] unchecked
+        raise ValueError(f"activations of shape {x.shape} for a matrix of {k} columns")
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def matmuls(matrices: list, x: np.ndarray) -> list:
+    """[x @ W.T for W in matrices], for matrices that take the same input.
+
+    Quantized matrices and a few tokens share one kernel call; anything else goes one by one.
+    """
+    if x.shape[0] > FEW_TOKENS or not all(isinstance(m, QuantMatrix) for m in matrices):
+        return [m.matmul(x) for m in matrices]
+    x = _checked(x, matrices[0].shape[1])
+    if any(m.shape[1] != x.shape[1] for m in matrices):
+        raise ValueError("matrices of one product must take inputs of the same size")
+    out = np.empty((x.shape[0], sum(m.shape[0] for m in matrices)), dtype=np.float32)
+    qtypes = np.array([int(m.qtype) for m in matrices], dtype=np.int64)
+    _products(qtypes, tuple(m.raw for m in matrices), x, out, STREAMS)
+    bounds = np.cumsum([0] + [m.shape[0] for m in matrices])
+    return [out[:, a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 class FloatMatrix:

@@ -3,7 +3,7 @@
 One skeleton serves every type: for each block, its decoder (block_ir.py) yields scale groups;
 each group's values multiply the activations lane-wise and join a 16-lane accumulator through
 the group's scale, so the only horizontal sum is the one at the end of the row. Mins of the
-affine types use the activation sums of their group (xsum), computed once per product.
+affine types use sums of the activations (xsum), computed once per product.
 The row is read where the file maps it: nothing is unpacked or copied at load.
 """
 from gguf import GGML_QUANT_SIZES
@@ -52,9 +52,11 @@ def _emit_row(b, qtype, row_ptr, row_bytes, x_ptr, xsum_ptr):
                 products = b.fmul(values, xs, flags=FAST) if products is None else mul_add(b, values, xs, products)
             acc = accs[slot % ACCUMULATORS]
             b.store(mul_add(b, products, splat(b, grp.scale), b.load(acc)), acc)
-            if grp.bias is not None:
-                at = b.add(b.mul(i, ir.Constant(I64, block // group)), ir.Constant(I64, g))
-                xsum_g = b.load(b.gep(b.bitcast(xsum_ptr, F32.as_pointer()), [at]))
+            if grp.bias is not None:  # xsum holds sums of 16 activations; a 32-group takes two
+                first_sum = b.add(b.mul(i, ir.Constant(I64, block // 16)), ir.Constant(I64, g * group // 16))
+                sums = [b.load(b.gep(b.bitcast(xsum_ptr, F32.as_pointer()), [b.add(first_sum, ir.Constant(I64, j))]))
+                        for j in range(group // 16)]
+                xsum_g = sums[0] if len(sums) == 1 else b.fadd(sums[0], sums[1], flags=FAST)
                 bias_acc = bias_accs[slot % ACCUMULATORS]
                 b.store(mul_add(b, grp.bias, xsum_g, b.load(bias_acc)), bias_acc)
             slot += 1
@@ -78,7 +80,7 @@ def _emit_row(b, qtype, row_ptr, row_bytes, x_ptr, xsum_ptr):
 @intrinsic
 def row_dot(typingctx, qtype, w, row, x, t, xsum):
     """Row `row` of the raw blocks w (rows, bytes per row) of type qtype dotted with x[t]; xsum[t]
-    holds x's sums per scale group. Callers guarantee row < len(w), x[t] as long as a row, and a
+    holds the sums of x[t]'s consecutive 16-weight runs. Callers guarantee row < len(w), x[t] as long as a row, and a
     qtype in DECODERS. The type is dispatched by one IR switch, outside the block loop."""
     def codegen(context, b, signature, args):
         _, w_type, _, x_type, _, xsum_type = signature.args

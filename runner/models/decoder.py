@@ -108,7 +108,7 @@ class Decoder:
         """Self-attention of h (T, n_embd) through layer i's cache, output projection included."""
         be, p = self.backend, self.params
         n = h.shape[0]
-        q, k, v = be.matmul(a.wq, h), be.matmul(a.wk, h), be.matmul(a.wv, h)
+        q, k, v = be.matmuls([a.wq, a.wk, a.wv], h)
         if a.bq is not None:
             q, k, v = q + a.bq, k + a.bk, v + a.bv
         q = q.reshape(n, p.n_head, p.head_dim)

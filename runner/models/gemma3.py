@@ -53,5 +53,6 @@ class Gemma3(Decoder):
         a = self.attention(layer.attn, be.rms_norm(x, layer.attn_norm, eps), positions, cache, i)
         x = x + be.rms_norm(a, layer.post_attn_norm, eps)
         h = be.rms_norm(x, layer.ffn_norm, eps)
-        f = be.matmul(layer.w_down, be.gelu_mul(be.matmul(layer.w_gate, h), be.matmul(layer.w_up, h)))
+        gate, up = be.matmuls([layer.w_gate, layer.w_up], h)
+        f = be.matmul(layer.w_down, be.gelu_mul(gate, up))
         return x + be.rms_norm(f, layer.post_ffn_norm, eps)

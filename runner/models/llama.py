@@ -33,4 +33,5 @@ class Llama(Decoder):
         be, eps = self.backend, self.params.rms_eps
         x = x + self.attention(layer.attn, be.rms_norm(x, layer.attn_norm, eps), positions, cache, i)
         h = be.rms_norm(x, layer.ffn_norm, eps)
-        return x + be.matmul(layer.w_down, be.silu_mul(be.matmul(layer.w_gate, h), be.matmul(layer.w_up, h)))
+        gate, up = be.matmuls([layer.w_gate, layer.w_up], h)
+        return x + be.matmul(layer.w_down, be.silu_mul(gate, up))
