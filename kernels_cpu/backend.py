@@ -8,6 +8,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from . import ops
+from .attention import as_kernel_array, attention
 from .matmul import load_matrix, matmuls
 
 _EMPTY = np.zeros(0, dtype=np.float32)
@@ -32,9 +33,6 @@ class CpuBackend:
     def asarray(self, values):
         return np.ascontiguousarray(values)
 
-    def zeros(self, shape):
-        return np.zeros(shape, dtype=np.float32)
-
     def matmul(self, w, x):
         return w.matmul(x)
 
@@ -52,10 +50,15 @@ class CpuBackend:
     def rope(self, x, positions, n_rot, base, pos_scale, neox, freq_factors):
         ops.rope(x, positions, n_rot, base, pos_scale, neox, _EMPTY if freq_factors is None else freq_factors)
 
-    def attention(self, q, k, v, q_pos, k_pos, scale, window, softcap):
-        out = np.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=np.float32)
-        ops.attention(q, k, v, q_pos, k_pos, np.float32(scale), window, np.float32(softcap), out)
-        return out
+    def kv_zeros(self, shape, kv_type):
+        return np.zeros(shape, dtype={"f16": np.float16, "f32": np.float32}[kv_type])
+
+    def store_kv(self, keys, values, slots, k, v):
+        ops.store_kv(as_kernel_array(keys), as_kernel_array(values), slots, np.ascontiguousarray(k),
+                     np.ascontiguousarray(v))
+
+    def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap):
+        return attention(np.ascontiguousarray(q), keys, values, q_pos, k_pos, scale, window, softcap)
 
     def silu_mul(self, gate, up):
         ops.silu_mul(gate, up)

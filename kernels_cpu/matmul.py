@@ -13,8 +13,8 @@ from numba import njit, prange
 
 from .blocks import FLOAT_TYPES, LAYOUTS, float_rows, unpack_row
 from .rowdot import row_dot
+from .threads import in_parallel
 
-PREFILL_TILE_ROWS = 512
 # Up to this many tokens, reading each weight row once beats dequantizing tiles for BLAS.
 FEW_TOKENS = 8
 # Rows are visited round-robin from this many far-apart places of the matrix, so that several
@@ -58,11 +58,12 @@ def _products(qtypes, raws, x, out, streams):
                 out[t, r] = row_dot(qtypes[m], raw, row, x, t, xsum)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True)
 def _dequantize_rows(qtype, raw, rows, group, out):
-    """out[i] = row rows[i] of the matrix as float32."""
+    """out[i] = row rows[i] of the matrix as float32 (serial, and without the GIL: prefill runs
+    it from several Python threads at once)."""
     k = out.shape[1]
-    for i in prange(rows.shape[0]):
+    for i in range(rows.shape[0]):
         q = np.empty(k, dtype=np.int8)
         scale = np.empty(k // group, dtype=np.float32)
         bias = np.zeros(k // group, dtype=np.float32)  # stays zero for the symmetric types
@@ -78,6 +79,7 @@ class QuantMatrix:
     def __init__(self, qtype: GGMLQuantizationType, raw: np.ndarray, k: int):
         self.qtype, self.shape, self.raw = qtype, (raw.shape[0], k), raw
         self.group = LAYOUTS[qtype][1]
+        self.stacks = {}  # see _stack
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """x (T, K) float32 -> x @ W.T, (T, N)."""
@@ -86,11 +88,12 @@ class QuantMatrix:
         n, k = self.shape
         x = _checked(x, k)
         out = np.empty((x.shape[0], n), dtype=np.float32)
-        tile = np.empty((min(PREFILL_TILE_ROWS, n), k), dtype=np.float32)
-        for first in range(0, n, PREFILL_TILE_ROWS):
-            rows = tile[:min(PREFILL_TILE_ROWS, n - first)]
-            _dequantize_rows(int(self.qtype), self.raw, np.arange(first, first + len(rows)), self.group, rows)
-            np.matmul(x, rows.T, out=out[:, first:first + rows.shape[0]])
+
+        def tile_product(first, last):
+            w = np.empty((last - first, k), dtype=np.float32)
+            _dequantize_rows(int(self.qtype), self.raw, np.arange(first, last), self.group, w)
+            np.matmul(x, w.T, out=out[:, first:last])
+        in_parallel(tile_product, n)
         return out
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
@@ -108,6 +111,30 @@ def _checked(x: np.ndarray, k: int) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
+class _Stack:
+    """Quantized matrices that take one input, prepared once for `_products`."""
+
+    def __init__(self, matrices):
+        self.matrices = tuple(matrices)
+        self.k = matrices[0].shape[1]
+        if any(m.shape[1] != self.k for m in matrices):
+            raise ValueError("matrices of one product must take inputs of the same size")
+        self.qtypes = np.array([int(m.qtype) for m in matrices], dtype=np.int64)
+        self.raws = tuple(m.raw for m in matrices)
+        ends = np.cumsum([m.shape[0] for m in matrices]).tolist()
+        self.n, self.spans = ends[-1], list(zip([0] + ends[:-1], ends))
+
+
+def _stack(matrices) -> _Stack:
+    """The stack of these matrices, kept on the first one (so it lives as long as the model)."""
+    stacks = matrices[0].stacks
+    key = tuple(map(id, matrices[1:]))
+    found = stacks.get(key)
+    if found is None or any(a is not b for a, b in zip(found.matrices, matrices)):
+        found = stacks[key] = _Stack(matrices)
+    return found
+
+
 def matmuls(matrices: list, x: np.ndarray) -> list:
     """[x @ W.T for W in matrices], for matrices that take the same input.
 
@@ -115,14 +142,11 @@ def matmuls(matrices: list, x: np.ndarray) -> list:
     """
     if x.shape[0] > FEW_TOKENS or not all(isinstance(m, QuantMatrix) for m in matrices):
         return [m.matmul(x) for m in matrices]
-    x = _checked(x, matrices[0].shape[1])
-    if any(m.shape[1] != x.shape[1] for m in matrices):
-        raise ValueError("matrices of one product must take inputs of the same size")
-    out = np.empty((x.shape[0], sum(m.shape[0] for m in matrices)), dtype=np.float32)
-    qtypes = np.array([int(m.qtype) for m in matrices], dtype=np.int64)
-    _products(qtypes, tuple(m.raw for m in matrices), x, out, STREAMS)
-    bounds = np.cumsum([0] + [m.shape[0] for m in matrices])
-    return [out[:, a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    stack = _stack(matrices)
+    x = _checked(x, stack.k)
+    out = np.empty((x.shape[0], stack.n), dtype=np.float32)
+    _products(stack.qtypes, stack.raws, x, out, STREAMS)
+    return [out[:, a:b] for a, b in stack.spans]
 
 
 class FloatMatrix:

@@ -1,13 +1,13 @@
-"""The non-matrix operations of a decoder layer: norms, rotary embedding, attention, activations.
+"""The non-matrix operations of a decoder layer: norms, rotary embedding, KV writes, activations.
 
-Activations are float32 arrays of shape (tokens, features); attention reads a KV cache laid out
-as (kv heads, slots, head dim) with a position per slot, so any slot order (including a ring)
-works: the mask is computed from positions, not from slot indices.
+Activations are float32 arrays of shape (tokens, features). Attention is in attention.py.
 """
 import math
 
 import numpy as np
 from numba import njit, prange
+
+from .intrinsics import from_f32
 
 
 @njit(cache=True, fastmath=True)
@@ -48,63 +48,42 @@ def rope(x, positions, n_rot, base, pos_scale, neox, freq_factors):
                 x[t, h, b] = x0 * s + x1 * c
 
 
-@njit(cache=True, parallel=True, fastmath=True)
-def attention(q, k_cache, v_cache, q_pos, k_pos, scale, window, softcap, out):
-    """Causal grouped-query attention of queries q (T, H, D) over cached keys and values.
-
-    Slot s is visible to query t when 0 <= k_pos[s] <= q_pos[t] and, with a sliding window,
-    q_pos[t] - k_pos[s] < window. Empty slots carry position -1.
-    """
-    n_tokens, n_head, _ = q.shape
-    n_kv, n_slots, _ = k_cache.shape
-    group = n_head // n_kv
-    for th in prange(n_tokens * n_head):
-        t = th // n_head
-        h = th % n_head
-        kv = h // group
-        scores = np.empty(n_slots, dtype=np.float32)
-        best = -np.inf
-        for s in range(n_slots):
-            kp = k_pos[s]
-            if kp < 0 or kp > q_pos[t] or (window > 0 and q_pos[t] - kp >= window):
-                scores[s] = -np.inf
-                continue
-            dot = np.float32(0.0)
-            for i in range(q.shape[2]):
-                dot += q[t, h, i] * k_cache[kv, s, i]
-            dot *= scale
-            if softcap > 0:
-                dot = softcap * math.tanh(dot / softcap)
-            scores[s] = dot
-            best = max(best, dot)
-        total = np.float32(0.0)
-        for s in range(n_slots):
-            e = np.float32(math.exp(scores[s] - best)) if scores[s] > -np.inf else np.float32(0.0)
-            scores[s] = e
-            total += e
-        for i in range(out.shape[2]):
-            out[t, h, i] = 0.0
-        for s in range(n_slots):
-            if scores[s] > 0:
-                w = scores[s] / total
-                for i in range(out.shape[2]):
-                    out[t, h, i] += w * v_cache[kv, s, i]
+@njit(cache=True)
+def store_kv(keys, values, slots, k, v):
+    """Write token t's k[t] (kv heads, dim) into column slots[t] of keys (kv heads, dim, slots)
+    and its v[t] into row slots[t] of values (kv heads, slots, dim); caches hold float32 or
+    float16 bits (uint16)."""
+    for t in range(slots.shape[0]):
+        s = slots[t]
+        for h in range(keys.shape[0]):
+            for i in range(keys.shape[1]):
+                keys[h, i, s] = from_f32(k[t, h, i], keys)
+            for i in range(values.shape[2]):
+                values[h, s, i] = from_f32(v[t, h, i], values)
 
 
-@njit(cache=True, fastmath=True)
+# Activations use numpy's ufuncs: their exp and tanh are SIMD, where Numba's call libm per element.
+_GELU_C = np.float32(math.sqrt(2.0 / math.pi))
+
+
 def gelu_mul(gate, up):
     """GeGLU with the tanh approximation of GELU: gelu(gate) * up, written into gate."""
-    c = math.sqrt(2.0 / math.pi)
-    for t in range(gate.shape[0]):
-        for i in range(gate.shape[1]):
-            g = gate[t, i]
-            gate[t, i] = 0.5 * g * (1.0 + math.tanh(c * (g + 0.044715 * g * g * g))) * up[t, i]
+    inner = gate * gate
+    inner *= np.float32(0.044715)
+    inner += np.float32(1.0)
+    inner *= gate
+    inner *= _GELU_C
+    np.tanh(inner, out=inner)
+    inner += np.float32(1.0)
+    inner *= np.float32(0.5)
+    gate *= inner
+    gate *= up
 
 
-@njit(cache=True, fastmath=True)
 def silu_mul(gate, up):
-    """SwiGLU: silu(gate) * up, written into gate."""
-    for t in range(gate.shape[0]):
-        for i in range(gate.shape[1]):
-            g = gate[t, i]
-            gate[t, i] = g / (1.0 + math.exp(-g)) * up[t, i]
+    """SwiGLU: silu(gate) * up = gate / (1 + exp(-gate)) * up, written into gate."""
+    denominator = np.negative(gate)
+    np.exp(denominator, out=denominator)
+    denominator += np.float32(1.0)
+    gate /= denominator
+    gate *= up

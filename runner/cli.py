@@ -48,6 +48,9 @@ def sampling_options(f):
         f = option(f)
     return f
 threads_option = click.option("-t", "--threads", type=click.IntRange(1), help="CPU threads (default: all cores).")
+kv_type_option = click.option("--cache-type", "kv_type", default="f16", show_default=True,
+                              type=click.Choice(["f16", "f32"]),
+                              help="KV cache precision, as llama.cpp's -ctk/-ctv (f32: exact, twice the memory).")
 
 
 @click.group()
@@ -56,7 +59,7 @@ def main():
     """Run GGUF language models locally."""
 
 
-def _load(model, threads):
+def _load(model, threads, kv_type="f16"):
     from kernels_cpu.compile_cache import kernels_compiled
 
     from .load import load_model
@@ -64,7 +67,7 @@ def _load(model, threads):
     path = resolve(model)
     if not kernels_compiled():
         click.echo("compiling the Numba kernels (first run only; cached for later runs)...", err=True)
-    return load_model(path, threads=threads)
+    return load_model(path, threads=threads, kv_type=kv_type)
 
 
 @main.command(cls=Command)
@@ -76,9 +79,10 @@ def _load(model, threads):
 @click.option("--ring/--no-ring", default=True, show_default=True,
               help="Past the context, keep BOS and overwrite the oldest tokens; --no-ring makes that an error.")
 @threads_option
+@kv_type_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
 def run(model, prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
-        ctx_size, ring, threads, as_json):
+        ctx_size, ring, threads, kv_type, as_json):
     """Complete PROMPT with MODEL (a GGUF path or a registry name)."""
     from .generate import GenerationStats, generate
     from .sampler import Sampler, SamplingOptions
@@ -86,7 +90,7 @@ def run(model, prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, rep
 
     if prompt == "-":
         prompt = sys.stdin.read()
-    lm = _load(model, threads)
+    lm = _load(model, threads, kv_type)
     n_ctx = ctx_size or lm.default_context()
     ids = lm.tokenizer.encode(prompt)
     if not ring and len(ids) + n_predict > n_ctx:
@@ -215,11 +219,12 @@ def pull(name):
 @click.option("-n", "--n-gen", default=128, show_default=True, type=click.IntRange(1))
 @click.option("-r", "--repetitions", default=3, show_default=True, type=click.IntRange(1))
 @threads_option
+@kv_type_option
 @click.option("--json", "as_json", is_flag=True)
-def bench(model, n_prompt, n_gen, repetitions, threads, as_json):
+def bench(model, n_prompt, n_gen, repetitions, threads, kv_type, as_json):
     """Prefill and decode speed, like llama-bench: mean ± std over repetitions after a warm-up."""
     from .bench import run_bench
-    lm = _load(model, threads)
+    lm = _load(model, threads, kv_type)
     rows = run_bench(lm, n_prompt, n_gen, repetitions)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
@@ -266,13 +271,14 @@ def quantize(src, dst, type_name):
 @click.option("--kl-base", type=click.Path(exists=True, dir_okay=False),
               help="Compare with logits saved from another model with the same tokenizer.")
 @threads_option
+@kv_type_option
 @click.option("--json", "as_json", is_flag=True)
-def perplexity(model, text_file, ctx_size, ring, save_logits, kl_base, threads, as_json):
+def perplexity(model, text_file, ctx_size, ring, save_logits, kl_base, threads, kv_type, as_json):
     """Perplexity of MODEL on a text, computed as llama.cpp's perplexity tool does."""
     from pathlib import Path
 
     from . import perplexity as ppl
-    lm = _load(model, threads)
+    lm = _load(model, threads, kv_type)
     text = Path(text_file).read_text(encoding="utf-8", errors="replace")
     try:
         base = ppl.load_base(kl_base) if kl_base else None
@@ -335,13 +341,14 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
               help="Use a built-in template instead of the file's own.")
 @sampling_options
 @threads_option
+@kv_type_option
 def chat(model, system, ctx_size, chat_template, temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
-         seed, threads):
+         seed, threads, kv_type):
     """Talk with MODEL in the terminal; the context never runs out (ring window)."""
     from .chat import ChatSession, repl
     from .registry import cache_dir
     from .sampler import SamplingOptions
-    lm = _load(model, threads)
+    lm = _load(model, threads, kv_type)
     options = SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
     session = ChatSession(lm, ctx_size or lm.default_context(), options, system, chat_template)
     repl(session, sys.stdout, cache_dir() / "chat_history")

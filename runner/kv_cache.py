@@ -31,12 +31,14 @@ class ContextFullError(Exception):
 
 class KVCache:
     def __init__(self, backend, n_ctx: int, layer_windows: list[int], n_kv_head: int, key_dim: int,
-                 value_dim: int, max_batch: int, ring: bool = False):
+                 value_dim: int, max_batch: int, ring: bool = False, kv_type: str = "f32"):
+        self.backend = backend
         self.n_ctx, self.max_batch, self.ring = n_ctx, max_batch, ring
         self.windowed = [w > 0 for w in layer_windows]
         self.capacity = [min(n_ctx, w + max_batch) if w else n_ctx for w in layer_windows]
-        self.keys = [backend.zeros((n_kv_head, cap, key_dim)) for cap in self.capacity]
-        self.values = [backend.zeros((n_kv_head, cap, value_dim)) for cap in self.capacity]
+        # keys are stored transposed, (kv heads, dim, slots), so that a query's scores run along slots
+        self.keys = [backend.kv_zeros((n_kv_head, key_dim, cap), kv_type) for cap in self.capacity]
+        self.values = [backend.kv_zeros((n_kv_head, cap, value_dim), kv_type) for cap in self.capacity]
         # each layer's kind: ("window" or "global", capacity); layers of one kind share a position table
         self.kinds = [("window", cap) if w else ("global", cap) for w, cap in zip(self.windowed, self.capacity)]
         self.positions = {kind: np.full(kind[1], -1, dtype=np.int32) for kind in set(self.kinds)}
@@ -44,6 +46,7 @@ class KVCache:
         self.pinned = 0     # leading tokens the ring never overwrites
         self.evicted = 0    # tokens the ring has overwritten in the global layers
         self._pinned_keys: dict[int, np.ndarray] = {}
+        self._batch_slots: dict = {}  # kind -> slots of the batch being run (set by reserve)
 
     def _slots(self, kind, positions: np.ndarray) -> np.ndarray:
         if kind[0] == "window":
@@ -75,29 +78,28 @@ class KVCache:
             raise ValueError(f"a batch of {n_tokens} tokens exceeds what the cache takes at once")
         positions = np.arange(self.used, self.used + n_tokens, dtype=np.int32)
         for kind, table in self.positions.items():
-            slots = self._slots(kind, positions)
+            slots = self._batch_slots[kind] = self._slots(kind, positions).astype(np.int64)
             if kind[0] == "global":
                 self.evicted += int(np.count_nonzero(table[slots] >= 0))
             table[slots] = positions
         self.used += n_tokens
         return positions
 
-    def store(self, layer: int, positions: np.ndarray, k, v) -> tuple:
-        """Write k, v (tokens, kv heads, dim) at the positions' slots; return the layer's filled
-        keys, values and slot positions."""
+    def store(self, layer: int, k, v) -> tuple:
+        """Write k, v (tokens, kv heads, dim) of the batch just reserved into its slots; return
+        the layer's keys and values and the positions of its filled slots, which come first."""
         kind = self.kinds[layer]
-        slots = self._slots(kind, positions)
-        self.keys[layer][:, slots] = k.transpose(1, 0, 2)
-        self.values[layer][:, slots] = v.transpose(1, 0, 2)
+        self.backend.store_kv(self.keys[layer], self.values[layer], self._batch_slots[kind], k, v)
         n = min(self.used, kind[1])
-        return self.keys[layer][:, :n], self.values[layer][:, :n], self.positions[kind][:n]
+        return self.keys[layer], self.values[layer], self.positions[kind][:n]
 
     def pin(self) -> None:
         """Keep the tokens stored so far for good (call before the ring first wraps)."""
         if self.used >= self.n_ctx:
             raise ContextFullError("the pinned prefix must leave room in the context")
         self.pinned = self.used
-        self._pinned_keys = {i: np.ascontiguousarray(self.keys[i][:, :self.pinned].transpose(1, 0, 2))
+        self._pinned_keys = {i: np.ascontiguousarray(self.keys[i][:, :, :self.pinned].transpose(2, 0, 1),
+                                                     dtype=np.float32)
                              for i, w in enumerate(self.windowed) if not w}
 
     def pinned_source(self, layer: int) -> np.ndarray:
@@ -105,4 +107,4 @@ class KVCache:
         return self._pinned_keys[layer].copy()
 
     def set_pinned_keys(self, layer: int, keys: np.ndarray) -> None:
-        self.keys[layer][:, :self.pinned] = keys.transpose(1, 0, 2)
+        self.keys[layer][:, :, :self.pinned] = keys.transpose(1, 2, 0)

@@ -27,7 +27,7 @@ class LoadedModel:
         return min(self.params.context_length, 4096)
 
 
-def load_model(path, device: str = "cpu", threads: int | None = None) -> LoadedModel:
+def load_model(path, device: str = "cpu", threads: int | None = None, kv_type: str = "f32") -> LoadedModel:
     f = GGUFFile(path)
     arch = f.architecture
     if arch not in ARCHITECTURES:
@@ -37,4 +37,5 @@ def load_model(path, device: str = "cpu", threads: int | None = None) -> LoadedM
     tokenizer = Tokenizer(read_vocab(f))
     backend = make_backend(device, threads)
     model = ARCHITECTURES[arch](params, WeightLoader(f, backend), backend)
+    model.kv_type = kv_type
     return LoadedModel(f, params, tokenizer, model, backend)

@@ -45,14 +45,21 @@ def test_rope(neox, n_rot):
 
 
 @pytest.mark.parametrize("window", [0, 3])
-def test_attention_grouped_causal(window):
-    n_tok, n_head, n_kv, d, n_slots = 4, 6, 2, 16, 9
+@pytest.mark.parametrize("softcap", [0.0, 2.0])
+@pytest.mark.parametrize("n_tok", [4, 20])  # the decode kernel and the BLAS path
+@pytest.mark.parametrize("kv_type", [np.float16, np.float32])
+def test_attention_grouped_causal(window, softcap, n_tok, kv_type):
+    n_head, n_kv, d, n_slots = 6, 2, 37, n_tok + 300  # odd sizes: vector tails; two slot chunks
     q = rng.standard_normal((n_tok, n_head, d)).astype(np.float32)
-    k = rng.standard_normal((n_kv, n_slots, d)).astype(np.float32)
-    v = rng.standard_normal((n_kv, n_slots, d)).astype(np.float32)
-    k_pos = np.array([0, 1, 2, 3, 4, 5, -1, 6, 7], dtype=np.int32)  # one empty slot
-    q_pos = np.array([4, 5, 6, 7], dtype=np.int32)
-    got = be.attention(q, k, v, q_pos, k_pos, 0.25, window, 0.0)
+    k = rng.standard_normal((n_kv, n_slots, d)).astype(kv_type)
+    v = rng.standard_normal((n_kv, n_slots, d)).astype(kv_type)
+    k_pos = np.arange(n_slots, dtype=np.int32) - 1
+    k_pos[[0, 3]] = k_pos[[3, 0]]  # slot order is not position order
+    k_pos[5] = -1                  # an empty slot
+    q_pos = np.arange(n_slots - n_tok, n_slots, dtype=np.int32) - 1
+    keys = np.ascontiguousarray(k.transpose(0, 2, 1))  # stored as (kv heads, dim, slots)
+    got = be.attention(q, keys, v, q_pos, k_pos, 0.25, window, softcap)
+    k, v = k.astype(np.float64), v.astype(np.float64)
     for t in range(n_tok):
         for h in range(n_head):
             g = h // (n_head // n_kv)
@@ -60,10 +67,24 @@ def test_attention_grouped_causal(window):
             if window:
                 ok &= q_pos[t] - k_pos < window
             s = (k[g] @ q[t, h]) * 0.25
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
             s = np.where(ok, s, -np.inf)
             p = np.exp(s - s.max())
             p /= p.sum()
             assert np.allclose(got[t, h], p @ v[g], atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+def test_store_kv_writes_the_slots(kv_type):
+    n_kv, d, slots = 3, 20, 10
+    keys, values = be.kv_zeros((n_kv, d, slots), kv_type), be.kv_zeros((n_kv, slots, d), kv_type)
+    k = rng.standard_normal((2, n_kv, d)).astype(np.float32)
+    v = rng.standard_normal((2, n_kv, d)).astype(np.float32)
+    be.store_kv(keys, values, np.array([7, 2]), k, v)
+    assert np.array_equal(keys[:, :, 7], k[0].astype(keys.dtype)) and np.array_equal(keys[:, :, 2], k[1].astype(keys.dtype))
+    assert np.array_equal(values[:, 7], v[0].astype(keys.dtype)) and np.array_equal(values[:, 2], v[1].astype(keys.dtype))
+    assert not keys[:, :, [0, 1, 3, 4, 5, 6, 8, 9]].any()
 
 
 def test_silu_mul():

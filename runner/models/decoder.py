@@ -38,6 +38,7 @@ class Decoder:
     rope_neox = False       # rotary pairing: (i, i + d/2) when True, (2i, 2i + 1) when False
     embed_scale = False     # multiply embeddings by sqrt(hidden size)
     extra_attention_tensors: tuple[str, ...] = ()  # of "bq", "bk", "bv", "q_norm", "k_norm"
+    kv_type = "f32"         # KV cache precision of new caches: "f32" (exact) or "f16" (half the memory)
 
     def __init__(self, params: ModelParams, weights: WeightLoader, backend):
         self.params, self.backend = params, backend
@@ -76,7 +77,7 @@ class Decoder:
     def new_cache(self, n_ctx: int, ring: bool = False) -> KVCache:
         p = self.params
         return KVCache(self.backend, n_ctx, self.layer_windows(p), p.n_head_kv, p.head_dim, p.value_dim,
-                       MAX_BATCH, ring=ring)
+                       MAX_BATCH, ring=ring, kv_type=self.kv_type)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False):
         """Run tokens at the cache's next positions; logits of the last token (vocab,) or of all (T, vocab)."""
@@ -119,7 +120,7 @@ class Decoder:
             k = be.rms_norm(k.reshape(-1, p.head_dim), a.k_norm, p.rms_eps).reshape(k.shape)
         for t in (q, k):
             be.rope(t, positions, p.rope_dim, a.rope_base, a.rope_scale, self.rope_neox, self.rope_factors)
-        keys, values, key_pos = cache.store(i, positions, k, v)
+        keys, values, key_pos = cache.store(i, k, v)
         if cache.shift and cache.pinned and not a.window:
             pinned = cache.pinned_source(i)  # rotated at 0..P-1; move them to shift..shift+P-1
             be.rope(pinned, np.full(cache.pinned, cache.shift, dtype=np.int32), p.rope_dim, a.rope_base,

@@ -1,0 +1,158 @@
+"""Attention over the KV cache: keys (kv heads, dim, slots), values (kv heads, slots, dim), held
+as float32 or as float16 bits (uint16).
+
+Every slot carries the position it holds, and the mask is computed from positions, never from
+slot indices, so any slot order works (the ring of kv_cache.py, sliding windows).
+A few queries (decode) run a Numba kernel; many (prefill) run BLAS products per head.
+"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from .intrinsics import exp_f32, to_f32_run
+from .threads import in_parallel
+
+# Up to this many queries, the Numba kernel; beyond, BLAS.
+FEW_QUERIES = 8
+
+
+# Masked scores; finite, because fastmath code may assume there are no infinities.
+MASKED = np.float32(-1e30)
+# Slots per job of the decode kernel: enough jobs for every core even with one KV head.
+SLOT_CHUNK = 256
+
+
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
+def _exp_scores(row, qp, k_pos, window, softcap):
+    """Scores of one query at position qp -> exp(score - max), in place; returns (max, sum).
+
+    Slot s is visible when 0 <= k_pos[s] <= qp and, with a sliding window, qp - k_pos[s] < window;
+    empty slots carry position -1. Invisible slots get 0. (Bitwise &, |: no branches in the loop.)
+    """
+    best = MASKED
+    for s in range(row.shape[0]):
+        kp = k_pos[s]
+        v = softcap * math.tanh(row[s] / softcap) if softcap > 0 else row[s]
+        visible = (kp >= 0) & (kp <= qp) & ((window == 0) | (qp - kp < window))
+        v = v if visible else MASKED
+        row[s] = v
+        best = max(best, v)
+    total = np.float32(0.0)
+    if best == MASKED:  # nothing visible
+        row[:] = 0.0
+        return best, total
+    for s in range(row.shape[0]):
+        e = exp_f32(row[s] - best)
+        row[s] = e
+        total += e
+    return best, total
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def softmax_visible(scores, q_pos, k_pos, window, softcap):
+    """Attention weights from scores (queries, slots), in place; see _exp_scores for the mask."""
+    for t in range(scores.shape[0]):
+        _, total = _exp_scores(scores[t], q_pos[t], k_pos, window, softcap)
+        if total > 0:
+            scores[t] *= np.float32(1.0) / total
+
+
+@njit(cache=True, parallel=True, fastmath=True)
+def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, out):
+    """Grouped-query attention of a few queries q (T, heads, dim) over the first len(k_pos) slots
+    of the cache, keys (kv heads, dim, slots) and values (kv heads, slots, dim).
+
+    One parallel pass over jobs (token, kv head, chunk of slots): a group's query heads share
+    every key and value read, inner loops run along contiguous slots or dimensions, and each
+    chunk keeps its own softmax max and sum, rescaled when the chunks are added up.
+    """
+    n_tokens, n_head, _ = q.shape
+    n_kv, key_dim, _ = keys.shape
+    n_slots = k_pos.shape[0]
+    value_dim = values.shape[2]
+    group = n_head // n_kv
+    n_chunks = (n_slots + SLOT_CHUNK - 1) // SLOT_CHUNK
+    n_jobs = n_tokens * n_kv * n_chunks
+    maxima = np.empty((n_jobs, group), dtype=np.float32)
+    sums = np.empty((n_jobs, group), dtype=np.float32)
+    partial = np.empty((n_jobs, group, value_dim), dtype=np.float32)
+    # (no array expressions outside the prange: in a parallel function each becomes a parallel
+    # region of its own, a few microseconds apiece)
+    for job in prange(n_jobs):
+        t, kv, first = job // (n_kv * n_chunks), job // n_chunks % n_kv, job % n_chunks * SLOT_CHUNK
+        n = min(first + SLOT_CHUNK, n_slots) - first
+        scores = np.zeros((group, n), dtype=np.float32)
+        key = np.empty(n, dtype=np.float32)
+        acc = partial[job]
+        acc[:] = 0.0
+        for i in range(key_dim):
+            to_f32_run(keys[kv, i, first:first + n], key)
+            for g in range(group):
+                qi = q[t, kv * group + g, i] * scale
+                row = scores[g]
+                for s in range(n):
+                    row[s] += qi * key[s]
+        for g in range(group):
+            maxima[job, g], sums[job, g] = _exp_scores(scores[g], q_pos[t], k_pos[first:first + n], window, softcap)
+        value = np.empty(value_dim, dtype=np.float32)
+        for s in range(n):
+            to_f32_run(values[kv, first + s], value)
+            for g in range(group):
+                w = scores[g, s]
+                acc_g = acc[g]
+                for i in range(value_dim):
+                    acc_g[i] += w * value[i]
+    _combine_chunks(maxima, sums, partial, n_kv, n_chunks, out)
+
+
+@njit(cache=True, fastmath=True)
+def _combine_chunks(maxima, sums, partial, n_kv, n_chunks, out):
+    """out[t, h] from the per-chunk softmax maxima, sums and weighted values of attention_few."""
+    n_tokens, n_head, value_dim = out.shape
+    group = n_head // n_kv
+    for t in range(n_tokens):
+        for h in range(n_head):
+            kv, g = h // group, h % group
+            first_job = (t * n_kv + kv) * n_chunks
+            best = MASKED
+            for job in range(first_job, first_job + n_chunks):
+                best = max(best, maxima[job, g])
+            total = np.float32(0.0)
+            row = out[t, h]
+            row[:] = 0.0
+            for job in range(first_job, first_job + n_chunks):
+                if sums[job, g] > 0:
+                    rescale = exp_f32(maxima[job, g] - best)
+                    total += sums[job, g] * rescale
+                    for i in range(value_dim):
+                        row[i] += partial[job, g, i] * rescale
+            inv = np.float32(1.0) / total if total > 0 else np.float32(0.0)
+            for i in range(value_dim):
+                row[i] *= inv
+
+
+def as_kernel_array(cache):
+    """A cache array as the kernels take it: float16 as its uint16 bits, float32 as is."""
+    return cache.view(np.uint16) if cache.dtype == np.float16 else cache
+
+
+def attention(q, keys, values, q_pos, k_pos, scale, window, softcap):
+    """Attention of queries q (T, heads, dim) at positions q_pos over the cache's first len(k_pos)
+    slots; returns (T, heads, value dim)."""
+    n_tokens, n_head, _ = q.shape
+    out = np.empty((n_tokens, n_head, values.shape[2]), dtype=np.float32)
+    args = (np.float32(scale), int(window), np.float32(softcap))
+    if n_tokens <= FEW_QUERIES:
+        attention_few(q, as_kernel_array(keys), as_kernel_array(values), q_pos, k_pos, *args, out)
+        return out
+    group = n_head // keys.shape[0]
+
+    def heads(first, last):
+        for h in range(first, last):
+            kv = h // group
+            scores = (q[:, h, :] * args[0]) @ keys[kv, :, :len(k_pos)].astype(np.float32)
+            softmax_visible(scores, q_pos, k_pos, args[1], args[2])
+            np.matmul(scores, values[kv, :len(k_pos)].astype(np.float32), out=out[:, h, :])
+    in_parallel(heads, n_head)
+    return out
