@@ -94,11 +94,27 @@ class _Cursor:
         self.need(length, what)
         raw = bytes(self.buf[self.pos:self.pos + length])
         self.pos += length
+        # llama.cpp keeps invalid UTF-8 vocabulary entries as raw bytes; replacement keeps them usable.
+        return raw.decode("utf-8", errors="replace")
+
+    def strings(self, n: int, what: str) -> list[str]:
+        """n consecutive strings: the vocabulary's tokens and merges, so this loop is kept lean.
+        Invalid UTF-8 (llama.cpp keeps such entries as raw bytes) decodes with replacements."""
+        buf, size, pos, out = self.buf, self.size, self.pos, []
+        unpack_length = struct.Struct("<Q").unpack_from
         try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            # llama.cpp keeps such vocabulary entries as raw bytes; replacement keeps them usable.
-            return raw.decode("utf-8", errors="replace")
+            for _ in range(n):
+                end = pos + 8 + unpack_length(buf, pos)[0]
+                if end > size:
+                    break
+                out.append(str(buf[pos + 8:end], "utf-8", "replace"))
+                pos = end
+        except struct.error:  # the length itself runs past the end
+            pass
+        self.pos = pos
+        if len(out) < n:
+            self.need(size - pos + 1, f"{what} {len(out)}")
+        return out
 
     def count(self, min_item_bytes: int, what: str) -> int:
         n = self.unpack("<Q", what + " count")
@@ -140,7 +156,7 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str, depth: int = 0) ->
         return MetadataValue(vtype, items, item_type)
     if item_type == GGUFValueType.STRING:
         n = cur.count(8, f"metadata array {key!r}")
-        return MetadataValue(vtype, [cur.string(f"metadata {key!r} item") for _ in range(n)], item_type)
+        return MetadataValue(vtype, cur.strings(n, f"metadata {key!r} item"), item_type)
     n = cur.count(12, f"metadata array {key!r}")  # a nested array is at least its type and count
     return MetadataValue(vtype, [_read_value(cur, item_type, key, depth + 1).value for _ in range(n)], item_type)
 

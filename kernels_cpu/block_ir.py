@@ -4,7 +4,7 @@ A decoder reads one block at pointer `p` and returns its scale groups in order, 
 Group(scale, bias, values): weight = scale * value + bias, with `values` the group's 16 or 32
 weights as <16 x float> vectors in position order. `bias` is None for symmetric types, whose
 integer offset (Q4_0's -8 ...) is subtracted before conversion instead. rowdot.py multiplies the
-groups with the activations; nothing here knows about rows or tokens.
+groups with activations or writes them out; nothing here knows about rows or tokens.
 """
 from dataclasses import dataclass
 

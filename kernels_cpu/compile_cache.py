@@ -1,7 +1,7 @@
 """Keeping Numba's on-disk cache of this package's kernels consistent with their sources.
 
 Numba checks a cached function only against its own file, but kernels here inline functions from
-other files (matmul.py calls blocks.py); a change to blocks.py alone would leave matmul.py's
+other files (matmul.py inlines rowdot.py's IR); a change to rowdot.py alone would leave matmul.py's
 cached machine code stale. So the whole package's cache is dropped when any source changes.
 """
 import hashlib

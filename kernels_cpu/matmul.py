@@ -11,8 +11,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
-from .blocks import FLOAT_TYPES, LAYOUTS, float_rows, unpack_row
-from .rowdot import row_dot
+from .blocks import FLOAT_TYPES, float_rows
+from .rowdot import row_dequantize, row_dot
 from .threads import in_parallel
 
 # Up to this many tokens, reading each weight row once beats dequantizing tiles for BLAS.
@@ -59,18 +59,11 @@ def _products(qtypes, raws, x, out, streams):
 
 
 @njit(cache=True, nogil=True)
-def _dequantize_rows(qtype, raw, rows, group, out):
-    """out[i] = row rows[i] of the matrix as float32 (serial, and without the GIL: prefill runs
-    it from several Python threads at once)."""
-    k = out.shape[1]
+def _dequantize_rows(qtype, raw, rows, out):
+    """out[i] = row rows[i] of the matrix as float32 (without the GIL: prefill runs it from
+    several Python threads at once)."""
     for i in range(rows.shape[0]):
-        q = np.empty(k, dtype=np.int8)
-        scale = np.empty(k // group, dtype=np.float32)
-        bias = np.zeros(k // group, dtype=np.float32)  # stays zero for the symmetric types
-        unpack_row(qtype, raw[rows[i]], q, scale, bias)
-        for g in range(k // group):
-            for j in range(g * group, g * group + group):
-                out[i, j] = scale[g] * np.float32(q[j]) + bias[g]
+        row_dequantize(qtype, raw, rows[i], out, i)
 
 
 class QuantMatrix:
@@ -78,7 +71,6 @@ class QuantMatrix:
 
     def __init__(self, qtype: GGMLQuantizationType, raw: np.ndarray, k: int):
         self.qtype, self.shape, self.raw = qtype, (raw.shape[0], k), raw
-        self.group = LAYOUTS[qtype][1]
         self.stacks = {}  # see _stack
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
@@ -91,7 +83,7 @@ class QuantMatrix:
 
         def tile_product(first, last):
             w = np.empty((last - first, k), dtype=np.float32)
-            _dequantize_rows(int(self.qtype), self.raw, np.arange(first, last), self.group, w)
+            _dequantize_rows(int(self.qtype), self.raw, np.arange(first, last), w)
             np.matmul(x, w.T, out=out[:, first:last])
         in_parallel(tile_product, n)
         return out
@@ -101,7 +93,7 @@ class QuantMatrix:
         if ids.size and (ids.min() < 0 or ids.max() >= self.shape[0]):
             raise IndexError(f"row ids outside 0..{self.shape[0] - 1}")
         out = np.empty((len(ids), self.shape[1]), dtype=np.float32)
-        _dequantize_rows(int(self.qtype), self.raw, ids, self.group, out)
+        _dequantize_rows(int(self.qtype), self.raw, ids, out)
         return out
 
 

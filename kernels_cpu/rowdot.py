@@ -1,10 +1,10 @@
-"""Dot products of quantized weight rows with float32 activations, straight from GGUF blocks.
+"""Rows of quantized weights, straight from the GGUF blocks where the file maps them: dot
+products with float32 activations (row_dot) and dequantization to float32 (row_dequantize).
 
-One skeleton serves every type: for each block, its decoder (block_ir.py) yields scale groups;
-each group's values multiply the activations lane-wise and join a 16-lane accumulator through
-the group's scale, so the only horizontal sum is the one at the end of the row. Mins of the
-affine types use sums of the activations (xsum), computed once per product.
-The row is read where the file maps it: nothing is unpacked or copied at load.
+Both are one skeleton for every type, over the block decoders of block_ir.py. In row_dot each
+group's values multiply the activations lane-wise and join 16-lane accumulators through the
+group's scale, so the only horizontal sum is the one at the end of the row; mins of the affine
+types use sums of the activations (xsum), computed once per product.
 """
 from gguf import GGML_QUANT_SIZES
 from llvmlite import ir
@@ -13,7 +13,7 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from .block_ir import DECODERS
-from .blocks import LAYOUTS
+from .blocks import GROUP_SIZES
 from .ir import (F32, FAST, I64, LANES, array_data, array_strides, horizontal_sum, load_floats, mul_add, offset,
                  prefetch, splat)
 
@@ -31,7 +31,7 @@ BLOCKS_PER_STEP = {32: 2}
 def _emit_row(b, qtype, row_ptr, row_bytes, x_ptr, xsum_ptr):
     """IR for the dot product of one row of qtype blocks; returns the float32 sum."""
     block, block_bytes = GGML_QUANT_SIZES[qtype]
-    group = LAYOUTS[qtype][1]
+    group = GROUP_SIZES[qtype]
     decode = DECODERS[qtype]
     n_blocks = b.udiv(row_bytes, ir.Constant(I64, block_bytes))
     accs = [cgutils.alloca_once_value(b, ir.Constant(ir.VectorType(F32, LANES), [0.0] * LANES))
@@ -77,11 +77,25 @@ def _emit_row(b, qtype, row_ptr, row_bytes, x_ptr, xsum_ptr):
     return b.fadd(horizontal_sum(b, total), bias_total, flags=FAST)
 
 
+def _switch_on_type(b, qtype_value, emit):
+    """One IR branch per quantized type, each built by emit(type); the type is dispatched once
+    per row, outside the block loop. An unknown type falls through (callers validate types)."""
+    done = b.append_basic_block("qtype.done")
+    switch = b.switch(b.sext(qtype_value, I64) if qtype_value.type != I64 else qtype_value, done)
+    for qt in DECODERS:
+        case = b.append_basic_block(f"qtype.{qt.name}")
+        switch.add_case(ir.Constant(I64, int(qt)), case)
+        b.position_at_end(case)
+        emit(qt)
+        b.branch(done)
+    b.position_at_end(done)
+
+
 @intrinsic
 def row_dot(typingctx, qtype, w, row, x, t, xsum):
     """Row `row` of the raw blocks w (rows, bytes per row) of type qtype dotted with x[t]; xsum[t]
-    holds the sums of x[t]'s consecutive 16-weight runs. Callers guarantee row < len(w), x[t] as long as a row, and a
-    qtype in DECODERS. The type is dispatched by one IR switch, outside the block loop."""
+    holds the sums of x[t]'s consecutive 16-weight runs. Callers guarantee row < len(w), x[t] as
+    long as a row, and a qtype in DECODERS."""
     def codegen(context, b, signature, args):
         _, w_type, _, x_type, _, xsum_type = signature.args
         qtype_v, wv, rowv, xv, tv, xsumv = args
@@ -92,14 +106,37 @@ def row_dot(typingctx, qtype, w, row, x, t, xsum):
         row_ptr, x_ptr, xsum_ptr = row_of(w_type, wv, rowv), row_of(x_type, xv, tv), row_of(xsum_type, xsumv, tv)
         row_bytes = cgutils.unpack_tuple(b, cgutils.create_struct_proxy(w_type)(context, b, value=wv).shape, 2)[1]
         result = cgutils.alloca_once_value(b, ir.Constant(F32, float("nan")))
-        done = b.append_basic_block("row_dot.done")
-        switch = b.switch(b.sext(qtype_v, I64) if qtype_v.type != I64 else qtype_v, done)
-        for qt in DECODERS:
-            case = b.append_basic_block(f"row_dot.{qt.name}")
-            switch.add_case(ir.Constant(I64, int(qt)), case)
-            b.position_at_end(case)
-            b.store(_emit_row(b, qt, row_ptr, row_bytes, x_ptr, xsum_ptr), result)
-            b.branch(done)
-        b.position_at_end(done)
+        _switch_on_type(b, qtype_v, lambda qt: b.store(_emit_row(b, qt, row_ptr, row_bytes, x_ptr, xsum_ptr), result))
         return b.load(result)
     return types.float32(qtype, w, row, x, t, xsum), codegen
+
+
+def _emit_dequantize(b, qtype, row_ptr, row_bytes, out_ptr):
+    """IR writing one row of qtype blocks as float32 at out_ptr: scale * value + bias per group."""
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    vec = ir.VectorType(F32, LANES)
+    with cgutils.for_range(b, b.udiv(row_bytes, ir.Constant(I64, block_bytes))) as loop:
+        position = b.mul(loop.index, ir.Constant(I64, block))
+        for grp in DECODERS[qtype](b, offset(b, row_ptr, b.mul(loop.index, ir.Constant(I64, block_bytes)))):
+            scale = splat(b, grp.scale)
+            bias = splat(b, grp.bias) if grp.bias is not None else None
+            for values in grp.values:
+                weights = b.fmul(values, scale) if bias is None else mul_add(b, values, scale, bias)
+                target = b.gep(b.bitcast(out_ptr, F32.as_pointer()), [position])
+                b.store(weights, b.bitcast(target, vec.as_pointer()), align=4)
+                position = b.add(position, ir.Constant(I64, LANES))
+
+
+@intrinsic
+def row_dequantize(typingctx, qtype, w, row, out, out_row):
+    """out[out_row] = row `row` of the raw blocks w as float32; callers guarantee the bounds."""
+    def codegen(context, b, signature, args):
+        _, w_type, _, out_type, _ = signature.args
+        qtype_v, wv, rowv, outv, out_rowv = args
+        row_ptr = offset(b, array_data(context, b, w_type, wv), b.mul(rowv, array_strides(context, b, w_type, wv)[0]))
+        out_ptr = offset(b, array_data(context, b, out_type, outv),
+                         b.mul(out_rowv, array_strides(context, b, out_type, outv)[0]))
+        row_bytes = cgutils.unpack_tuple(b, cgutils.create_struct_proxy(w_type)(context, b, value=wv).shape, 2)[1]
+        _switch_on_type(b, qtype_v, lambda qt: _emit_dequantize(b, qt, row_ptr, row_bytes, out_ptr))
+        return context.get_dummy_value()
+    return types.none(qtype, w, row, out, out_row), codegen
