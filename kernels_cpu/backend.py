@@ -9,6 +9,7 @@ from threadpoolctl import threadpool_limits
 
 from . import ops
 from .attention import as_kernel_array, attention
+from .bandwidth import read_bandwidth
 from .matmul import load_matrix, matmuls
 
 _EMPTY = np.zeros(0, dtype=np.float32)
@@ -49,6 +50,9 @@ class CpuBackend:
 
     def rope(self, x, positions, n_rot, base, pos_scale, neox, freq_factors):
         ops.rope(x, positions, n_rot, base, pos_scale, neox, _EMPTY if freq_factors is None else freq_factors)
+
+    def read_bandwidth(self):
+        return read_bandwidth()
 
     def kv_zeros(self, shape, kv_type):
         return np.zeros(shape, dtype={"f16": np.float16, "f32": np.float32}[kv_type])

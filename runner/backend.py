@@ -23,6 +23,9 @@ class Backend(Protocol):
     def embed(self, w, ids) -> Any: ...
     def rms_norm(self, x, weight, eps: float) -> Any: ...
     def rope(self, x, positions, n_rot: int, base: float, pos_scale: float, neox: bool, freq_factors) -> None: ...
+    def read_bandwidth(self) -> float:
+        """Bytes per second the device reads from its memory: the ceiling of a decode step."""
+
     def kv_zeros(self, shape, kv_type: str) -> Any:
         """A zeroed KV-cache buffer of precision kv_type: "f16" or "f32"."""
 

@@ -14,10 +14,12 @@ def _time_prefill(lm, n_prompt: int) -> float:
     return n_prompt / (time.perf_counter() - start)
 
 
-def time_decode(lm, n_gen: int) -> float:
-    cache = lm.model.new_cache(n_gen + 1)
+def time_decode(lm, n_gen: int, depth: int = 0) -> float:
+    """Decode speed for n_gen tokens after `depth` tokens of context (llama-bench's -d)."""
+    cache = lm.model.new_cache(depth + n_gen + 1)
     token = lm.tokenizer.vocab.bos_id if lm.tokenizer.vocab.bos_id >= 0 else 0
-    lm.model.forward([token], cache)
+    context = np.random.default_rng(1).integers(0, lm.params.vocab_size, depth).tolist()
+    lm.model.forward([token] + context, cache)
     start = time.perf_counter()
     for _ in range(n_gen):
         token = int(np.argmax(lm.model.forward([token], cache)))
@@ -33,16 +35,39 @@ def file_type_name(f) -> str:
         return "?"
 
 
-def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int) -> list[dict]:
-    f = lm.file
-    base = {"model": f.path.name, "arch": lm.params.arch, "quant": file_type_name(f), "size_mib": f.size / 2**20,
+def weight_bytes_per_token(f) -> int:
+    """Weight bytes a decode step reads: every tensor once, except that an untied token embedding
+    only gives up one row."""
+    untied = "output.weight" in f.tensors
+    return sum(t.nbytes for name, t in f.tensors.items() if not (untied and name == "token_embd.weight"))
+
+
+def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> list[dict]:
+    """pp and tg rows as llama-bench prints them; tg rows also carry the bytes a decode step reads
+    (weights, and the KV cache at that depth) and the share of the memory bandwidth, measured in
+    the same run, that their speed implies."""
+    from .load import ARCHITECTURES
+    from .memory_fit import MemoryFit
+    f, p = lm.file, lm.params
+    base = {"model": f.path.name, "arch": p.arch, "quant": file_type_name(f), "size_mib": f.size / 2**20,
             "params_m": sum(t.n_elements for t in f.tensors.values()) / 1e6,
-            "bits_per_weight": f.bits_per_weight(), "backend": lm.backend.name, "threads": lm.backend.threads}
+            "bits_per_weight": f.bits_per_weight(), "backend": lm.backend.name, "threads": lm.backend.threads,
+            "kv_type": lm.model.kv_type}
+    bandwidth = lm.backend.read_bandwidth()
+    fit = MemoryFit.of(f, p, ARCHITECTURES[p.arch].layer_windows(p), lm.model.kv_type)
+    tests = [("pp", n_prompt, 0, _time_prefill)] + [("tg", n_gen, d, time_decode) for d in depths]
     rows = []
-    for test, n, fn in (("pp", n_prompt, _time_prefill), ("tg", n_gen, time_decode)):
-        fn(lm, min(n, 8))  # warm-up: compiles and touches every kernel outside the measurement
-        speeds = [fn(lm, n) for _ in range(repetitions)]
-        rows.append(dict(base, test=f"{test}{n}", n_tokens=n, repetitions=repetitions,
-                         tok_s_mean=float(np.mean(speeds)), tok_s_std=float(np.std(speeds)),
-                         tok_s=[float(s) for s in speeds]))
+    for test, n, depth, fn in tests:
+        run = (lambda k, fn=fn, depth=depth: fn(lm, k, depth)) if test == "tg" else (lambda k, fn=fn: fn(lm, k))
+        run(min(n, 8))  # warm-up: loads every kernel outside the measurement
+        speeds = [run(n) for _ in range(repetitions)]
+        row = dict(base, test=f"{test}{n}" + (f"@d{depth}" if depth else ""), n_tokens=n, depth=depth,
+                   repetitions=repetitions, tok_s_mean=float(np.mean(speeds)), tok_s_std=float(np.std(speeds)),
+                   tok_s=[float(s) for s in speeds], bandwidth_gb_s=bandwidth / 1e9,
+                   read_mib_per_token=None, bandwidth_fraction=None)
+        if test == "tg":
+            per_token = weight_bytes_per_token(f) + fit.kv_bytes(depth + n // 2, 1)
+            row.update(read_mib_per_token=per_token / 2**20,
+                       bandwidth_fraction=per_token * row["tok_s_mean"] / bandwidth)
+        rows.append(row)
     return rows

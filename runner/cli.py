@@ -234,20 +234,33 @@ def pull(name):
 @click.option("-p", "--n-prompt", default=512, show_default=True, type=click.IntRange(1))
 @click.option("-n", "--n-gen", default=128, show_default=True, type=click.IntRange(1))
 @click.option("-r", "--repetitions", default=3, show_default=True, type=click.IntRange(1))
+@click.option("-d", "--depth", "depths", default="0", show_default=True,
+              help="Comma-separated context depths to decode at (llama-bench's -d), e.g. 16,2048.")
 @threads_option
 @kv_type_option
 @click.option("--json", "as_json", is_flag=True)
-def bench(model, n_prompt, n_gen, repetitions, threads, kv_type, as_json):
-    """Prefill and decode speed, like llama-bench: mean ± std over repetitions after a warm-up."""
+def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, as_json):
+    """Prefill and decode speed, like llama-bench: mean ± std over repetitions after a warm-up.
+    Decode rows add the bytes a step reads and the share of the measured memory bandwidth."""
     from .bench import run_bench
+    try:
+        depths = [int(d) for d in depths.split(",")]
+        if min(depths) < 0:
+            raise ValueError
+    except ValueError:
+        raise click.BadParameter("expected comma-separated non-negative integers", param_hint="--depth") from None
     lm = _load(model, threads, kv_type)
-    rows = run_bench(lm, n_prompt, n_gen, repetitions)
+    rows = run_bench(lm, n_prompt, n_gen, repetitions, depths)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
     for r in rows:
-        click.echo(f"{r['model']:<36} {r['quant']:<7} {r['size_mib']:>8.1f} MiB {r['params_m']:>7.1f} M  {r['backend']:<4} "
-                   f"{r['threads']:>2} thr  {r['test']:>6}  {r['tok_s_mean']:>8.1f} ± {r['tok_s_std']:.1f} tok/s")
+        line = (f"{r['model']:<32} {r['quant']:<7} {r['size_mib']:>7.1f} MiB {r['backend']:<4} {r['threads']:>2} thr "
+                f"{r['test']:>10}  {r['tok_s_mean']:>7.1f} ± {r['tok_s_std']:.1f} tok/s")
+        if r["bandwidth_fraction"] is not None:
+            line += (f"  {r['read_mib_per_token']:.0f} MiB/token = {r['bandwidth_fraction']:.2f} of "
+                     f"{r['bandwidth_gb_s']:.1f} GB/s")
+        click.echo(line)
 
 
 type_choice = click.Choice(list(FILE_TYPES), case_sensitive=False)

@@ -114,13 +114,24 @@ def test_fit_command(gemma_path):
 
 
 def test_bench_json_schema(smollm_path):
-    r = ggrun("bench", smollm_path, "-p", "16", "-n", "4", "-r", "2", "-t", "2", "--json")
+    r = ggrun("bench", smollm_path, "-p", "16", "-n", "4", "-r", "2", "-t", "2", "-d", "0,40", "--json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
-    assert [row["test"] for row in rows] == ["pp16", "tg4"]
-    assert set(rows[0]) == {"model", "arch", "quant", "size_mib", "params_m", "bits_per_weight", "backend",
-                            "threads", "test", "n_tokens", "repetitions", "tok_s_mean", "tok_s_std", "tok_s"}
+    assert [row["test"] for row in rows] == ["pp16", "tg4", "tg4@d40"]
+    keys = {"model", "arch", "quant", "size_mib", "params_m", "bits_per_weight", "backend", "threads", "kv_type",
+            "test", "n_tokens", "depth", "repetitions", "tok_s_mean", "tok_s_std", "tok_s", "bandwidth_gb_s",
+            "read_mib_per_token", "bandwidth_fraction"}
+    assert all(set(row) == keys for row in rows)
     assert rows[0]["quant"] == "Q4_1" and rows[0]["threads"] == 2 and len(rows[1]["tok_s"]) == 2
+    assert rows[0]["bandwidth_fraction"] is None and rows[0]["kv_type"] == "f16"
+    # a step reads every weight (SmolLM2 ties its output to the embedding, so that one too)
+    weights = sum(t.nbytes for t in GGUFFile(smollm_path).tensors.values()) / 2**20
+    assert rows[1]["read_mib_per_token"] <= weights + 1
+    assert rows[2]["read_mib_per_token"] > rows[1]["read_mib_per_token"]  # 40 more tokens of KV cache
+    tg = rows[1]
+    assert tg["bandwidth_fraction"] == pytest.approx(tg["read_mib_per_token"] * 2**20 * tg["tok_s_mean"]
+                                                     / (tg["bandwidth_gb_s"] * 1e9))
+    assert 1 < tg["bandwidth_gb_s"] < 10_000
 
 
 def test_quant_report(smollm_f32, tmp_path):
