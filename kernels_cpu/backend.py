@@ -12,7 +12,6 @@ from .attention import as_kernel_array, attention
 from .bandwidth import read_bandwidth
 from .matmul import load_matrix, matmuls
 
-_EMPTY = np.zeros(0, dtype=np.float32)
 
 
 class CpuBackend:
@@ -24,6 +23,7 @@ class CpuBackend:
         # Numba's OpenMP workers spin between parallel regions; a multi-threaded BLAS running
         # beside them (prefill tiles) then fights them for the cores and runs ~10x slower.
         threadpool_limits(1, user_api="blas")
+        self._rope_tables: dict = {}
 
     def load_matrix(self, qtype, raw, k):
         return load_matrix(qtype, raw, k)
@@ -49,7 +49,19 @@ class CpuBackend:
         return out
 
     def rope(self, x, positions, n_rot, base, pos_scale, neox, freq_factors):
-        ops.rope(x, positions, n_rot, base, pos_scale, neox, _EMPTY if freq_factors is None else freq_factors)
+        ops.rope(x, *self._rope_table(positions, n_rot, base, pos_scale, freq_factors), neox)
+
+    def _rope_table(self, positions, n_rot, base, pos_scale, freq_factors):
+        """cos/sin tables, kept for the few most recent position sets: every layer of a forward
+        pass rotates its queries and keys at the same positions, with one or two RoPE bases."""
+        key = (positions.tobytes(), n_rot, base, pos_scale, None if freq_factors is None else freq_factors.tobytes())
+        table = self._rope_tables.pop(key, None)
+        if table is None:
+            table = ops.rope_table(positions, n_rot, base, pos_scale, freq_factors)
+        self._rope_tables[key] = table
+        while len(self._rope_tables) > 4:
+            del self._rope_tables[next(iter(self._rope_tables))]
+        return table
 
     def read_bandwidth(self):
         return read_bandwidth()

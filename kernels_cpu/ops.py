@@ -5,12 +5,14 @@ Activations are float32 arrays of shape (tokens, features). Attention is in atte
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from .intrinsics import from_f32
+from .intrinsics import exp_f32, from_f32
 
 
-@njit(cache=True, fastmath=True)
+# error_model="numpy": a division by zero gives inf instead of Numba's Python-style exception, whose
+# check per division keeps loops from vectorizing.
+@njit(cache=True, fastmath=True, error_model="numpy")
 def rms_norm(x, weight, eps, out):
     """out = x / rms(x) * weight over the last axis; x is (rows, d)."""
     d = x.shape[1]
@@ -23,22 +25,26 @@ def rms_norm(x, weight, eps, out):
             out[t, i] = x[t, i] * inv * weight[i]
 
 
-@njit(cache=True, fastmath=True)
-def rope(x, positions, n_rot, base, pos_scale, neox, freq_factors):
-    """Rotate the first n_rot dimensions of every head of x (tokens, heads, head dim) in place.
+def rope_table(positions, n_rot, base, pos_scale, freq_factors):
+    """cos and sin, (tokens, n_rot / 2) float32, of each position's rotation angles (computed in
+    float64). `freq_factors` (None, or n_rot/2 values) divides each frequency, as Llama 3's
+    rope_freqs tensor does."""
+    inv_freq = float(base) ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors
+    theta = np.outer(np.asarray(positions, dtype=np.float64) / pos_scale, inv_freq)
+    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
 
-    Normal pairing rotates (2i, 2i+1); NeoX pairing rotates (i, i + n_rot/2). `freq_factors`
-    (empty, or n_rot/2 values) divides each frequency, as Llama 3's rope_freqs tensor does.
-    """
-    half = n_rot // 2
+
+@njit(cache=True, fastmath=True)
+def rope(x, cos, sin, neox):
+    """Rotate the first 2 * cos.shape[1] dimensions of every head of x (tokens, heads, head dim)
+    in place. Normal pairing rotates (2i, 2i+1); NeoX pairing rotates (i, i + n_rot/2)."""
+    half = cos.shape[1]
     for t in range(x.shape[0]):
-        p = positions[t] / pos_scale
         for i in range(half):
-            theta = p * base ** (-2.0 * i / n_rot)
-            if freq_factors.size:
-                theta /= freq_factors[i]
-            c = np.float32(math.cos(theta))
-            s = np.float32(math.sin(theta))
+            c = cos[t, i]
+            s = sin[t, i]
             a = i if neox else 2 * i
             b = i + half if neox else 2 * i + 1
             for h in range(x.shape[1]):
@@ -62,28 +68,27 @@ def store_kv(keys, values, slots, k, v):
                 values[h, s, i] = from_f32(v[t, h, i], values)
 
 
-# Activations use numpy's ufuncs: their exp and tanh are SIMD, where Numba's call libm per element.
-_GELU_C = np.float32(math.sqrt(2.0 / math.pi))
+# Both gates are x * sigmoid(k * f(x)), computed with the vectorized exp of intrinsics.py (Numba's
+# math.exp and math.tanh call libm one element at a time): SiLU is x * sigmoid(x), and GELU's tanh
+# form 0.5 x (1 + tanh(u)) equals x * sigmoid(2u).
+_GELU_2C = np.float32(2.0 * math.sqrt(2.0 / math.pi))
 
 
+@njit(cache=True, fastmath=True, error_model="numpy")
 def gelu_mul(gate, up):
     """GeGLU with the tanh approximation of GELU: gelu(gate) * up, written into gate."""
-    inner = gate * gate
-    inner *= np.float32(0.044715)
-    inner += np.float32(1.0)
-    inner *= gate
-    inner *= _GELU_C
-    np.tanh(inner, out=inner)
-    inner += np.float32(1.0)
-    inner *= np.float32(0.5)
-    gate *= inner
-    gate *= up
+    for t in range(gate.shape[0]):
+        g, u = gate[t], up[t]
+        for i in range(g.shape[0]):
+            x = g[i]
+            g[i] = x / (np.float32(1.0) + exp_f32(-_GELU_2C * (x + np.float32(0.044715) * x * x * x))) * u[i]
 
 
+@njit(cache=True, fastmath=True, error_model="numpy")
 def silu_mul(gate, up):
-    """SwiGLU: silu(gate) * up = gate / (1 + exp(-gate)) * up, written into gate."""
-    denominator = np.negative(gate)
-    np.exp(denominator, out=denominator)
-    denominator += np.float32(1.0)
-    gate /= denominator
-    gate *= up
+    """SwiGLU: silu(gate) * up, written into gate."""
+    for t in range(gate.shape[0]):
+        g, u = gate[t], up[t]
+        for i in range(g.shape[0]):
+            x = g[i]
+            g[i] = x / (np.float32(1.0) + exp_f32(-x)) * u[i]

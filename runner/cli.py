@@ -72,9 +72,11 @@ def _load(model, threads, kv_type="f16", times=None):
     times.mark("imports")
     lm = load_model(path, threads=threads, kv_type=kv_type)
     times.mark("file mapping and model")
+    token = max(lm.tokenizer.vocab.bos_id, 0)
     if not kernels_compiled():
-        click.echo("compiling the Numba kernels (first run only, about a minute; cached for later runs)...", err=True)
-    lm.model.forward([max(lm.tokenizer.vocab.bos_id, 0)], lm.model.new_cache(16))
+        click.echo("compiling the Numba kernels (first run only, under a minute; cached for later runs)...", err=True)
+        lm.model.forward([token] * 9, lm.model.new_cache(16))  # the prefill kernels too, while at it
+    lm.model.forward([token], lm.model.new_cache(16))
     times.mark("kernel cache load")
     return lm
 
