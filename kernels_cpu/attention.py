@@ -10,7 +10,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .intrinsics import exp_f32, to_f32_run
+from .intrinsics import exp_f32, key_scores, weighted_values
 from .threads import in_parallel
 
 # Up to this many queries, the Numba kernel; beyond, BLAS.
@@ -63,9 +63,9 @@ def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, out):
     """Grouped-query attention of a few queries q (T, heads, dim) over the first len(k_pos) slots
     of the cache, keys (kv heads, dim, slots) and values (kv heads, slots, dim).
 
-    One parallel pass over jobs (token, kv head, chunk of slots): a group's query heads share
-    every key and value read, inner loops run along contiguous slots or dimensions, and each
-    chunk keeps its own softmax max and sum, rescaled when the chunks are added up.
+    One parallel pass over jobs (token, kv head, chunk of slots) of the register-blocked
+    key_scores and weighted_values; each chunk keeps its own softmax max and sum, rescaled when
+    the chunks are added up.
     """
     n_tokens, n_head, _ = q.shape
     n_kv, key_dim, _ = keys.shape
@@ -82,27 +82,15 @@ def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, out):
     for job in prange(n_jobs):
         t, kv, first = job // (n_kv * n_chunks), job // n_chunks % n_kv, job % n_chunks * SLOT_CHUNK
         n = min(first + SLOT_CHUNK, n_slots) - first
-        scores = np.zeros((group, n), dtype=np.float32)
-        key = np.empty(n, dtype=np.float32)
-        acc = partial[job]
-        acc[:] = 0.0
-        for i in range(key_dim):
-            to_f32_run(keys[kv, i, first:first + n], key)
-            for g in range(group):
-                qi = q[t, kv * group + g, i] * scale
-                row = scores[g]
-                for s in range(n):
-                    row[s] += qi * key[s]
+        queries = np.empty((group, key_dim), dtype=np.float32)
+        for g in range(group):
+            for i in range(key_dim):
+                queries[g, i] = q[t, kv * group + g, i] * scale
+        scores = np.empty((group, n), dtype=np.float32)
+        key_scores(keys, kv, first, queries, scores)
         for g in range(group):
             maxima[job, g], sums[job, g] = _exp_scores(scores[g], q_pos[t], k_pos[first:first + n], window, softcap)
-        value = np.empty(value_dim, dtype=np.float32)
-        for s in range(n):
-            to_f32_run(values[kv, first + s], value)
-            for g in range(group):
-                w = scores[g, s]
-                acc_g = acc[g]
-                for i in range(value_dim):
-                    acc_g[i] += w * value[i]
+        weighted_values(values, kv, first, scores, partial[job])
     _combine_chunks(maxima, sums, partial, n_kv, n_chunks, out)
 
 
