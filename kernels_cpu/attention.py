@@ -10,7 +10,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .intrinsics import exp_f32, key_scores, weighted_values
+from .intrinsics import cache_product, exp_f32
 from .threads import in_parallel
 
 # Up to this many queries, the Numba kernel; beyond, BLAS.
@@ -63,9 +63,9 @@ def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, out):
     """Grouped-query attention of a few queries q (T, heads, dim) over the first len(k_pos) slots
     of the cache, keys (kv heads, dim, slots) and values (kv heads, slots, dim).
 
-    One parallel pass over jobs (token, kv head, chunk of slots) of the register-blocked
-    key_scores and weighted_values; each chunk keeps its own softmax max and sum, rescaled when
-    the chunks are added up.
+    One parallel pass over jobs (token, kv head, chunk of slots), whose scores and weighted values
+    are register-blocked cache_product calls; each chunk keeps its own softmax max and sum,
+    rescaled when the chunks are added up.
     """
     n_tokens, n_head, _ = q.shape
     n_kv, key_dim, _ = keys.shape
@@ -87,10 +87,10 @@ def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, out):
             for i in range(key_dim):
                 queries[g, i] = q[t, kv * group + g, i] * scale
         scores = np.empty((group, n), dtype=np.float32)
-        key_scores(keys, kv, first, queries, scores)
+        cache_product(keys, kv, 0, first, queries, scores)
         for g in range(group):
             maxima[job, g], sums[job, g] = _exp_scores(scores[g], q_pos[t], k_pos[first:first + n], window, softcap)
-        weighted_values(values, kv, first, scores, partial[job])
+        cache_product(values, kv, first, 0, scores, partial[job])
     _combine_chunks(maxima, sums, partial, n_kv, n_chunks, out)
 
 

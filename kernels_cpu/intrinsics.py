@@ -46,138 +46,67 @@ def from_f32(typingctx, value, like):
 
 
 @intrinsic
-def key_scores(typingctx, keys, kv, first, queries, scores):
-    """scores[g, s] = sum_i queries[g, i] * keys[kv, i, first + s] for every g < len(queries) and
-    s < scores.shape[1]; keys (kv heads, dim, slots) hold float32 or float16 bits, queries and
-    scores are C-contiguous float32. Callers guarantee the bounds.
+def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
+    """out[g, c] = sum_r a[g, r] * cache[kv, row_first + r, col_first + c] for g < len(a),
+    r < a.shape[1], c < out.shape[1]: a small matrix product against a block of a KV cache, which
+    holds float32 or float16 bits with contiguous last dimension; a and out are C-contiguous
+    float32. Callers guarantee the bounds. Attention uses it twice: scores are queries times keys
+    (kv heads, dim, slots), outputs are weights times values (kv heads, slots, dim).
 
-    Register-blocked: 64 slots in four 16-lane accumulators run down all dimensions, each key
-    vector converted where it is loaded, so a multiply-add costs about two instructions.
+    Register-blocked: 64 columns in four 16-lane accumulators run down all rows, each cache vector
+    converted where it is loaded, so a multiply-add costs about two instructions.
     """
-    element = ir.HalfType() if keys.dtype == types.uint16 else F32
-    if keys.dtype not in (types.uint16, types.float32) or queries.dtype != types.float32:
+    element = ir.HalfType() if cache.dtype == types.uint16 else F32
+    if cache.dtype not in (types.uint16, types.float32) or a.dtype != types.float32:
         return None
 
     def codegen(context, b, signature, args):
-        keys_type, _, _, queries_type, scores_type = signature.args
-        keys_v, kv, first, queries_v, scores_v = args
-        key_strides = cgutils.create_struct_proxy(keys_type)(context, b, value=keys_v).strides
-        kv_stride, dim_stride, _ = cgutils.unpack_tuple(b, key_strides, 3)
-        keys_ptr = offset(b, array_data(context, b, keys_type, keys_v),
-                          b.add(b.mul(kv, kv_stride), b.mul(first, ir.Constant(I64, 2 if element != F32 else 4))))
-        n_group, key_dim = cgutils.unpack_tuple(b, cgutils.create_struct_proxy(queries_type)(
-            context, b, value=queries_v).shape, 2)
-        n_slots = cgutils.unpack_tuple(b, cgutils.create_struct_proxy(scores_type)(
-            context, b, value=scores_v).shape, 2)[1]
-        q_ptr = b.bitcast(array_data(context, b, queries_type, queries_v), F32.as_pointer())
-        s_ptr = b.bitcast(array_data(context, b, scores_type, scores_v), F32.as_pointer())
-        in_vector, out_vector = vector(element), vector(F32)
-        widen = (lambda v: b.fpext(v, out_vector)) if element != F32 else (lambda v: v)
+        cache_type, _, _, _, a_type, out_type = signature.args
+        cache_v, kv, row_first, col_first, a_v, out_v = args
+        kv_stride, row_stride, col_stride = cgutils.unpack_tuple(
+            b, cgutils.create_struct_proxy(cache_type)(context, b, value=cache_v).strides, 3)
+        base = offset(b, array_data(context, b, cache_type, cache_v),
+                      b.add(b.add(b.mul(kv, kv_stride), b.mul(row_first, row_stride)), b.mul(col_first, col_stride)))
+        n_group, n_rows = cgutils.unpack_tuple(b, cgutils.create_struct_proxy(a_type)(context, b, value=a_v).shape, 2)
+        n_cols = cgutils.unpack_tuple(b, cgutils.create_struct_proxy(out_type)(context, b, value=out_v).shape, 2)[1]
+        a_ptr = b.bitcast(array_data(context, b, a_type, a_v), F32.as_pointer())
+        out_ptr = b.bitcast(array_data(context, b, out_type, out_v), F32.as_pointer())
+        widen = (lambda v, t: b.fpext(v, t)) if element != F32 else (lambda v, t: v)
 
-        def block(g, first_slot, width):
-            """Scores of query g for `width` x 16 slots from first_slot, in `width` accumulators."""
-            accs = [cgutils.alloca_once_value(b, ir.Constant(out_vector, [0.0] * LANES)) for _ in range(width)]
+        def cache_at(r, c):
+            return b.gep(b.bitcast(offset(b, base, b.mul(r, row_stride)), element.as_pointer()), [c])
+
+        def a_at(g, r):
+            return b.load(b.gep(a_ptr, [b.add(b.mul(g, n_rows), r)]))
+
+        def columns(g, first, width, lanes):
+            """out[g, first : first + width * lanes] from `width` accumulators of `lanes` lanes."""
+            acc_type = vector(F32, lanes) if lanes > 1 else F32
+            zero = ir.Constant(acc_type, [0.0] * lanes if lanes > 1 else 0.0)
+            accs = [cgutils.alloca_once_value(b, zero) for _ in range(width)]
             for acc in accs:
-                b.store(ir.Constant(out_vector, [0.0] * LANES), acc)
-            with cgutils.for_range(b, key_dim) as dims:
-                q = splat(b, b.load(b.gep(q_ptr, [b.add(b.mul(g, key_dim), dims.index)])))
-                row = offset(b, keys_ptr, b.mul(dims.index, dim_stride))
+                b.store(zero, acc)
+            with cgutils.for_range(b, n_rows) as rows:
+                weight = a_at(g, rows.index)
+                weight = splat(b, weight, lanes) if lanes > 1 else weight
                 for u, acc in enumerate(accs):
-                    at = b.add(first_slot, ir.Constant(I64, u * LANES))
-                    k = widen(b.load(b.bitcast(b.gep(b.bitcast(row, element.as_pointer()), [at]),
-                                               in_vector.as_pointer()), align=2))
-                    b.store(b.fadd(b.fmul(k, q, flags=FAST), b.load(acc), flags=FAST), acc)
+                    at = cache_at(rows.index, b.add(first, ir.Constant(I64, u * lanes)))
+                    if lanes > 1:
+                        at = b.bitcast(at, vector(element, lanes).as_pointer())
+                    value = widen(b.load(at, align=2), acc_type)
+                    b.store(b.fadd(b.fmul(value, weight, flags=FAST), b.load(acc), flags=FAST), acc)
             for u, acc in enumerate(accs):
-                at = b.add(b.add(b.mul(g, n_slots), first_slot), ir.Constant(I64, u * LANES))
-                b.store(b.load(acc), b.bitcast(b.gep(s_ptr, [at]), out_vector.as_pointer()), align=4)
+                at = b.gep(out_ptr, [b.add(b.add(b.mul(g, n_cols), first), ir.Constant(I64, u * lanes))])
+                b.store(b.load(acc), b.bitcast(at, acc_type.as_pointer()) if lanes > 1 else at, align=4)
 
-        wide = 4 * LANES
         with cgutils.for_range(b, n_group) as groups:
-            g = groups.index
-            with cgutils.for_range(b, b.udiv(n_slots, ir.Constant(I64, wide))) as blocks:
-                block(g, b.mul(blocks.index, ir.Constant(I64, wide)), 4)
-            done = b.mul(b.udiv(n_slots, ir.Constant(I64, wide)), ir.Constant(I64, wide))
-            with cgutils.for_range(b, b.udiv(b.sub(n_slots, done), ir.Constant(I64, LANES))) as blocks:
-                block(g, b.add(done, b.mul(blocks.index, ir.Constant(I64, LANES))), 1)
-            done = b.mul(b.udiv(n_slots, ir.Constant(I64, LANES)), ir.Constant(I64, LANES))
-            with cgutils.for_range(b, b.sub(n_slots, done)) as slots:  # the last n mod 16, one by one
-                s = b.add(done, slots.index)
-                total = cgutils.alloca_once_value(b, ir.Constant(F32, 0.0))
-                b.store(ir.Constant(F32, 0.0), total)
-                with cgutils.for_range(b, key_dim) as dims:
-                    row = offset(b, keys_ptr, b.mul(dims.index, dim_stride))
-                    k = b.load(b.gep(b.bitcast(row, element.as_pointer()), [s]))
-                    k = b.fpext(k, F32) if element != F32 else k
-                    q = b.load(b.gep(q_ptr, [b.add(b.mul(g, key_dim), dims.index)]))
-                    b.store(b.fadd(b.fmul(k, q, flags=FAST), b.load(total), flags=FAST), total)
-                b.store(b.load(total), b.gep(s_ptr, [b.add(b.mul(g, n_slots), s)]))
+            done = ir.Constant(I64, 0)
+            for width, lanes in ((4, LANES), (1, LANES), (1, 1)):  # 64 columns at a time, then 16, then 1
+                step = ir.Constant(I64, width * lanes)
+                count = b.udiv(b.sub(n_cols, done), step)
+                start = done
+                with cgutils.for_range(b, count) as blocks:
+                    columns(groups.index, b.add(start, b.mul(blocks.index, step)), width, lanes)
+                done = b.add(done, b.mul(count, step))
         return context.get_dummy_value()
-    return types.none(keys, kv, first, queries, scores), codegen
-
-
-@intrinsic
-def weighted_values(typingctx, values, kv, first, weights, out):
-    """out[g, d] = sum_s weights[g, s] * values[kv, first + s, d] for every g < len(weights);
-    values (kv heads, slots, dim) hold float32 or float16 bits with contiguous rows, weights and
-    out are C-contiguous float32. Callers guarantee the bounds.
-
-    Register-blocked like key_scores: 64 dimensions in four accumulators run down all slots.
-    """
-    element = ir.HalfType() if values.dtype == types.uint16 else F32
-    if values.dtype not in (types.uint16, types.float32) or weights.dtype != types.float32:
-        return None
-
-    def codegen(context, b, signature, args):
-        values_type, _, _, weights_type, out_type = signature.args
-        values_v, kv, first, weights_v, out_v = args
-        kv_stride, slot_stride, _ = cgutils.unpack_tuple(
-            b, cgutils.create_struct_proxy(values_type)(context, b, value=values_v).strides, 3)
-        values_ptr = offset(b, array_data(context, b, values_type, values_v),
-                            b.add(b.mul(kv, kv_stride), b.mul(first, slot_stride)))
-        n_group, n_slots = cgutils.unpack_tuple(b, cgutils.create_struct_proxy(weights_type)(
-            context, b, value=weights_v).shape, 2)
-        value_dim = cgutils.unpack_tuple(b, cgutils.create_struct_proxy(out_type)(context, b, value=out_v).shape, 2)[1]
-        w_ptr = b.bitcast(array_data(context, b, weights_type, weights_v), F32.as_pointer())
-        o_ptr = b.bitcast(array_data(context, b, out_type, out_v), F32.as_pointer())
-        in_vector, out_vector = vector(element), vector(F32)
-
-        def element_at(s, d):
-            row = b.bitcast(offset(b, values_ptr, b.mul(s, slot_stride)), element.as_pointer())
-            return b.gep(row, [d])
-
-        def block(g, first_dim, width):
-            accs = [cgutils.alloca_once_value(b, ir.Constant(out_vector, [0.0] * LANES)) for _ in range(width)]
-            for acc in accs:
-                b.store(ir.Constant(out_vector, [0.0] * LANES), acc)
-            with cgutils.for_range(b, n_slots) as slots:
-                w = splat(b, b.load(b.gep(w_ptr, [b.add(b.mul(g, n_slots), slots.index)])))
-                for u, acc in enumerate(accs):
-                    at = element_at(slots.index, b.add(first_dim, ir.Constant(I64, u * LANES)))
-                    v = b.load(b.bitcast(at, in_vector.as_pointer()), align=2)
-                    v = b.fpext(v, out_vector) if element != F32 else v
-                    b.store(b.fadd(b.fmul(v, w, flags=FAST), b.load(acc), flags=FAST), acc)
-            for u, acc in enumerate(accs):
-                at = b.add(b.add(b.mul(g, value_dim), first_dim), ir.Constant(I64, u * LANES))
-                b.store(b.load(acc), b.bitcast(b.gep(o_ptr, [at]), out_vector.as_pointer()), align=4)
-
-        wide = 4 * LANES
-        with cgutils.for_range(b, n_group) as groups:
-            g = groups.index
-            with cgutils.for_range(b, b.udiv(value_dim, ir.Constant(I64, wide))) as blocks:
-                block(g, b.mul(blocks.index, ir.Constant(I64, wide)), 4)
-            done = b.mul(b.udiv(value_dim, ir.Constant(I64, wide)), ir.Constant(I64, wide))
-            with cgutils.for_range(b, b.udiv(b.sub(value_dim, done), ir.Constant(I64, LANES))) as blocks:
-                block(g, b.add(done, b.mul(blocks.index, ir.Constant(I64, LANES))), 1)
-            done = b.mul(b.udiv(value_dim, ir.Constant(I64, LANES)), ir.Constant(I64, LANES))
-            with cgutils.for_range(b, b.sub(value_dim, done)) as dims:  # the last dim mod 16, one by one
-                d = b.add(done, dims.index)
-                total = cgutils.alloca_once_value(b, ir.Constant(F32, 0.0))
-                b.store(ir.Constant(F32, 0.0), total)
-                with cgutils.for_range(b, n_slots) as slots:
-                    v = b.load(element_at(slots.index, d))
-                    v = b.fpext(v, F32) if element != F32 else v
-                    w = b.load(b.gep(w_ptr, [b.add(b.mul(g, n_slots), slots.index)]))
-                    b.store(b.fadd(b.fmul(v, w, flags=FAST), b.load(total), flags=FAST), total)
-                b.store(b.load(total), b.gep(o_ptr, [b.add(b.mul(g, value_dim), d)]))
-        return context.get_dummy_value()
-    return types.none(values, kv, first, weights, out), codegen
+    return types.none(cache, kv, row_first, col_first, a, out), codegen
