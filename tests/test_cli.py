@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from gguf import GGUFWriter
 
 
@@ -88,3 +89,21 @@ def test_unsupported_tensor_type_is_refused(tmp_path):
     w.close()
     r = ggrun("run", path, "-p", "hi")
     assert r.returncode == 1 and "unsupported tensor type IQ2_XXS" in r.stderr, r.stderr
+
+
+def test_run_timings_break_down_the_start_up(smollm_path):
+    r = ggrun("run", smollm_path, "-p", "The capital of France is", "--temp", "0", "-n", "2", "--timings")
+    assert r.returncode == 0, r.stderr
+    line = next(line for line in r.stderr.splitlines() if line.startswith("startup:"))
+    stages = dict(part.rsplit(" ", 2)[:2] for part in line.removeprefix("startup: ").split(" · "))
+    assert list(stages)[:4] == ["interpreter and CLI", "imports", "file mapping and model", "kernel cache load"]
+    assert "prompt of 5 tokens to first token" in stages and "first token at" in stages
+    seconds = {name: float(value) for name, value in stages.items()}
+    assert all(s >= 0 for s in seconds.values())
+    assert seconds["first token at"] == pytest.approx(sum(s for n, s in seconds.items() if n != "first token at"),
+                                                      abs=2e-3)
+
+
+def test_bench_refuses_a_bad_depth(smollm_path):
+    r = ggrun("bench", smollm_path, "-d", "16,x")
+    assert r.returncode == 2 and "comma-separated non-negative integers" in r.stderr
