@@ -1,8 +1,10 @@
-"""Norm, rotary embedding, attention and SwiGLU kernels against plain numpy references."""
+"""Norm, rotary embedding, attention, activation and helper kernels against plain numpy references."""
 import numpy as np
 import pytest
+from numba import njit
 
 from kernels_cpu.backend import CpuBackend
+from kernels_cpu.intrinsics import cache_product, exp_f32
 
 be = CpuBackend()
 rng = np.random.default_rng(1)
@@ -92,3 +94,44 @@ def test_silu_mul():
     u = rng.standard_normal((2, 10)).astype(np.float32)
     want = g / (1 + np.exp(-g)) * u
     assert np.allclose(be.silu_mul(g.copy(), u), want, atol=1e-6)
+
+
+def test_gelu_mul_is_the_tanh_approximation():
+    g = (rng.standard_normal((3, 40)) * 4).astype(np.float32)
+    u = rng.standard_normal((3, 40)).astype(np.float32)
+    x = g.astype(np.float64)
+    want = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))) * u
+    assert np.allclose(be.gelu_mul(g.copy(), u), want, rtol=1e-5, atol=1e-6)
+
+
+@njit
+def _exp_all(x, out):
+    for i in range(x.shape[0]):
+        out[i] = exp_f32(x[i])
+
+
+def test_vectorized_exp_matches_numpy():
+    x = np.concatenate([np.linspace(-87, 88, 100_001), [-1e30, -100.0, -87.5, 0.0, 1e-8, 88.0]]).astype(np.float32)
+    got = np.empty_like(x)
+    _exp_all(x, got)
+    want = np.exp(x.astype(np.float64))
+    normal = x >= -87
+    assert np.max(np.abs(got[normal] - want[normal]) / want[normal]) < 1e-6
+    assert not got[~normal].any()  # exactly zero where float32 would turn subnormal, and for the mask value
+
+
+@njit
+def _cache_product(cache, kv, row_first, col_first, a, out):
+    cache_product(cache, kv, row_first, col_first, a, out)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("rows,cols", [(37, 1), (37, 15), (64, 100), (5, 256), (300, 64)])
+def test_cache_product_against_numpy(dtype, rows, cols):
+    """The register-blocked product of attention: 64-, 16- and 1-column tails, both cache precisions."""
+    cache = rng.standard_normal((3, 320, 340)).astype(dtype)
+    a = rng.standard_normal((3, rows)).astype(np.float32)
+    out = np.zeros((3, cols), np.float32)
+    _cache_product(cache.view(np.uint16) if dtype == np.float16 else cache, 2, 7, 11, a, out)
+    want = a.astype(np.float64) @ cache[2, 7:7 + rows, 11:11 + cols].astype(np.float64)
+    assert np.allclose(out, want, rtol=1e-5, atol=1e-4)
