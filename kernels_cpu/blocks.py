@@ -5,15 +5,14 @@ The block layouts themselves are decoded in block_ir.py (byte layouts: ggml's gg
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from .block_ir import DECODERS
+
 # Half-precision values by bit pattern, as ggml's table: 256 KiB, cache-resident (the converter's
 # quantizers decode f16 scales with it).
 F16_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 
-# weights per scale group: the super-block types refine their scale per 16 or 32 weights
-GROUP_SIZES = {T.Q4_0: 32, T.Q4_1: 32, T.Q5_0: 32, T.Q5_1: 32, T.Q8_0: 32,
-               T.Q2_K: 16, T.Q3_K: 16, T.Q4_K: 32, T.Q5_K: 32, T.Q6_K: 16}
 FLOAT_TYPES = frozenset({T.F32, T.F16, T.BF16})
-SUPPORTED_TYPES = frozenset(GROUP_SIZES) | FLOAT_TYPES
+SUPPORTED_TYPES = frozenset(DECODERS) | FLOAT_TYPES
 
 
 def float_rows(qtype: T, raw: np.ndarray) -> np.ndarray:

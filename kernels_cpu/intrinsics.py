@@ -8,7 +8,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .ir import FAST, F32, I16, I32, I64, LANES, array_data, offset, splat, vector
+from .ir import FAST, F32, I16, I32, I64, LANES, array_data, array_shape, array_strides, offset, splat, vector
 
 
 # exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 split in two parts for exactness
@@ -63,12 +63,11 @@ def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
     def codegen(context, b, signature, args):
         cache_type, _, _, _, a_type, out_type = signature.args
         cache_v, kv, row_first, col_first, a_v, out_v = args
-        kv_stride, row_stride, col_stride = cgutils.unpack_tuple(
-            b, cgutils.create_struct_proxy(cache_type)(context, b, value=cache_v).strides, 3)
+        kv_stride, row_stride, col_stride = array_strides(context, b, cache_type, cache_v)
         base = offset(b, array_data(context, b, cache_type, cache_v),
                       b.add(b.add(b.mul(kv, kv_stride), b.mul(row_first, row_stride)), b.mul(col_first, col_stride)))
-        n_group, n_rows = cgutils.unpack_tuple(b, cgutils.create_struct_proxy(a_type)(context, b, value=a_v).shape, 2)
-        n_cols = cgutils.unpack_tuple(b, cgutils.create_struct_proxy(out_type)(context, b, value=out_v).shape, 2)[1]
+        n_group, n_rows = array_shape(context, b, a_type, a_v)
+        n_cols = array_shape(context, b, out_type, out_v)[1]
         a_ptr = b.bitcast(array_data(context, b, a_type, a_v), F32.as_pointer())
         out_ptr = b.bitcast(array_data(context, b, out_type, out_v), F32.as_pointer())
         widen = (lambda v, t: b.fpext(v, t)) if element != F32 else (lambda v, t: v)

@@ -37,6 +37,17 @@ def array_strides(context, b, array_type, array_value):
     return cgutils.unpack_tuple(b, proxy.strides, array_type.ndim)
 
 
+def array_shape(context, b, array_type, array_value):
+    proxy = cgutils.create_struct_proxy(array_type)(context, b, value=array_value)
+    return cgutils.unpack_tuple(b, proxy.shape, array_type.ndim)
+
+
+def array_row(context, b, array_type, array_value, index):
+    """Pointer (i8*) to row `index` (an i64 value) of a Numba array: data + index * first stride."""
+    stride = array_strides(context, b, array_type, array_value)[0]
+    return offset(b, array_data(context, b, array_type, array_value), b.mul(index, stride))
+
+
 def offset(b, ptr, n):
     """ptr + n bytes; n an int or an i64 value."""
     return b.gep(ptr, [ir.Constant(I64, n) if isinstance(n, int) else n])

@@ -13,9 +13,8 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from .block_ir import DECODERS
-from .blocks import GROUP_SIZES
-from .ir import (F32, FAST, I64, LANES, array_data, array_strides, horizontal_sum, load_floats, mul_add, offset,
-                 prefetch, splat)
+from .ir import (F32, FAST, I64, LANES, array_row, array_shape, horizontal_sum, load_floats, mul_add, offset, prefetch,
+                 splat, vector)
 
 
 # Independent accumulator chains, so that consecutive groups' multiply-adds need not wait for one
@@ -31,10 +30,9 @@ BLOCKS_PER_STEP = {32: 2}
 def _emit_row(b, qtype, row_ptr, row_bytes, x_ptr, xsum_ptr):
     """IR for the dot product of one row of qtype blocks; returns the float32 sum."""
     block, block_bytes = GGML_QUANT_SIZES[qtype]
-    group = GROUP_SIZES[qtype]
     decode = DECODERS[qtype]
     n_blocks = b.udiv(row_bytes, ir.Constant(I64, block_bytes))
-    accs = [cgutils.alloca_once_value(b, ir.Constant(ir.VectorType(F32, LANES), [0.0] * LANES))
+    accs = [cgutils.alloca_once_value(b, ir.Constant(vector(F32), [0.0] * LANES))
             for _ in range(ACCUMULATORS)]
     bias_accs = [cgutils.alloca_once_value(b, ir.Constant(F32, 0.0)) for _ in range(ACCUMULATORS)]
 
@@ -44,7 +42,8 @@ def _emit_row(b, qtype, row_ptr, row_bytes, x_ptr, xsum_ptr):
         position = 0
         block_ptr = offset(b, row_ptr, b.mul(i, ir.Constant(I64, block_bytes)))
         prefetch(b, offset(b, block_ptr, PREFETCH_AHEAD))
-        for g, grp in enumerate(decode(b, block_ptr)):
+        for grp in decode(b, block_ptr):
+            group_start = position
             products = None
             for values in grp.values:
                 xs = load_floats(b, x_ptr, b.add(first_weight, ir.Constant(I64, position)))
@@ -52,10 +51,10 @@ def _emit_row(b, qtype, row_ptr, row_bytes, x_ptr, xsum_ptr):
                 products = b.fmul(values, xs, flags=FAST) if products is None else mul_add(b, values, xs, products)
             acc = accs[slot % ACCUMULATORS]
             b.store(mul_add(b, products, splat(b, grp.scale), b.load(acc)), acc)
-            if grp.bias is not None:  # xsum holds sums of 16 activations; a 32-group takes two
-                first_sum = b.add(b.mul(i, ir.Constant(I64, block // 16)), ir.Constant(I64, g * group // 16))
+            if grp.bias is not None:  # xsum holds a sum per 16 activations: one per vector of the group
+                first_sum = b.add(b.mul(i, ir.Constant(I64, block // LANES)), ir.Constant(I64, group_start // LANES))
                 sums = [b.load(b.gep(b.bitcast(xsum_ptr, F32.as_pointer()), [b.add(first_sum, ir.Constant(I64, j))]))
-                        for j in range(group // 16)]
+                        for j in range(len(grp.values))]
                 xsum_g = sums[0] if len(sums) == 1 else b.fadd(sums[0], sums[1], flags=FAST)
                 bias_acc = bias_accs[slot % ACCUMULATORS]
                 b.store(mul_add(b, grp.bias, xsum_g, b.load(bias_acc)), bias_acc)
@@ -100,11 +99,9 @@ def row_dot(typingctx, qtype, w, row, x, t, xsum):
         _, w_type, _, x_type, _, xsum_type = signature.args
         qtype_v, wv, rowv, xv, tv, xsumv = args
 
-        def row_of(array_type, value, index):
-            stride = array_strides(context, b, array_type, value)[0]
-            return offset(b, array_data(context, b, array_type, value), b.mul(index, stride))
-        row_ptr, x_ptr, xsum_ptr = row_of(w_type, wv, rowv), row_of(x_type, xv, tv), row_of(xsum_type, xsumv, tv)
-        row_bytes = cgutils.unpack_tuple(b, cgutils.create_struct_proxy(w_type)(context, b, value=wv).shape, 2)[1]
+        row_ptr = array_row(context, b, w_type, wv, rowv)
+        x_ptr, xsum_ptr = array_row(context, b, x_type, xv, tv), array_row(context, b, xsum_type, xsumv, tv)
+        row_bytes = array_shape(context, b, w_type, wv)[1]
         result = cgutils.alloca_once_value(b, ir.Constant(F32, float("nan")))
         _switch_on_type(b, qtype_v, lambda qt: b.store(_emit_row(b, qt, row_ptr, row_bytes, x_ptr, xsum_ptr), result))
         return b.load(result)
@@ -114,7 +111,6 @@ def row_dot(typingctx, qtype, w, row, x, t, xsum):
 def _emit_dequantize(b, qtype, row_ptr, row_bytes, out_ptr):
     """IR writing one row of qtype blocks as float32 at out_ptr: scale * value + bias per group."""
     block, block_bytes = GGML_QUANT_SIZES[qtype]
-    vec = ir.VectorType(F32, LANES)
     with cgutils.for_range(b, b.udiv(row_bytes, ir.Constant(I64, block_bytes))) as loop:
         position = b.mul(loop.index, ir.Constant(I64, block))
         for grp in DECODERS[qtype](b, offset(b, row_ptr, b.mul(loop.index, ir.Constant(I64, block_bytes)))):
@@ -123,7 +119,7 @@ def _emit_dequantize(b, qtype, row_ptr, row_bytes, out_ptr):
             for values in grp.values:
                 weights = b.fmul(values, scale) if bias is None else mul_add(b, values, scale, bias)
                 target = b.gep(b.bitcast(out_ptr, F32.as_pointer()), [position])
-                b.store(weights, b.bitcast(target, vec.as_pointer()), align=4)
+                b.store(weights, b.bitcast(target, vector(F32).as_pointer()), align=4)
                 position = b.add(position, ir.Constant(I64, LANES))
 
 
@@ -133,10 +129,8 @@ def row_dequantize(typingctx, qtype, w, row, out, out_row):
     def codegen(context, b, signature, args):
         _, w_type, _, out_type, _ = signature.args
         qtype_v, wv, rowv, outv, out_rowv = args
-        row_ptr = offset(b, array_data(context, b, w_type, wv), b.mul(rowv, array_strides(context, b, w_type, wv)[0]))
-        out_ptr = offset(b, array_data(context, b, out_type, outv),
-                         b.mul(out_rowv, array_strides(context, b, out_type, outv)[0]))
-        row_bytes = cgutils.unpack_tuple(b, cgutils.create_struct_proxy(w_type)(context, b, value=wv).shape, 2)[1]
+        row_ptr, out_ptr = array_row(context, b, w_type, wv, rowv), array_row(context, b, out_type, outv, out_rowv)
+        row_bytes = array_shape(context, b, w_type, wv)[1]
         _switch_on_type(b, qtype_v, lambda qt: _emit_dequantize(b, qt, row_ptr, row_bytes, out_ptr))
         return context.get_dummy_value()
     return types.none(qtype, w, row, out, out_row), codegen
