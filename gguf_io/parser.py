@@ -99,7 +99,7 @@ class _Cursor:
 
     def strings(self, n: int, what: str) -> list[str]:
         """n consecutive strings: the vocabulary's tokens and merges, so this loop is kept lean.
-        Invalid UTF-8 (llama.cpp keeps such entries as raw bytes) decodes with replacements."""
+        The first string that runs past the end is read again by `string`, which says how."""
         buf, size, pos, out = self.buf, self.size, self.pos, []
         unpack_length = struct.Struct("<Q").unpack_from
         try:
@@ -107,13 +107,13 @@ class _Cursor:
                 end = pos + 8 + unpack_length(buf, pos)[0]
                 if end > size:
                     break
-                out.append(str(buf[pos + 8:end], "utf-8", "replace"))
+                out.append(str(buf[pos + 8:end], "utf-8", "replace"))  # as `string` decodes
                 pos = end
         except struct.error:  # the length itself runs past the end
             pass
         self.pos = pos
         if len(out) < n:
-            self.need(size - pos + 1, f"{what} {len(out)}")
+            self.string(what)  # raises the truncation error
         return out
 
     def count(self, min_item_bytes: int, what: str) -> int:
