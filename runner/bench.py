@@ -55,10 +55,10 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
             "kv_type": lm.model.kv_type}
     bandwidth = lm.backend.read_bandwidth()
     fit = MemoryFit.of(f, p, ARCHITECTURES[p.arch].layer_windows(p), lm.model.kv_type)
-    tests = [("pp", n_prompt, 0, _time_prefill)] + [("tg", n_gen, d, time_decode) for d in depths]
+    tests = [("pp", n_prompt, 0, lambda k: _time_prefill(lm, k))]
+    tests += [("tg", n_gen, d, lambda k, d=d: time_decode(lm, k, d)) for d in depths]
     rows = []
-    for test, n, depth, fn in tests:
-        run = (lambda k, fn=fn, depth=depth: fn(lm, k, depth)) if test == "tg" else (lambda k, fn=fn: fn(lm, k))
+    for test, n, depth, run in tests:
         run(min(n, 8))  # warm-up: loads every kernel outside the measurement
         speeds = [run(n) for _ in range(repetitions)]
         row = dict(base, test=f"{test}{n}" + (f"@d{depth}" if depth else ""), n_tokens=n, depth=depth,

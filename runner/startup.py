@@ -1,6 +1,7 @@
 """Where the time before the first generated token goes (`ggrun run --timings`)."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -14,7 +15,6 @@ def process_age() -> float | None:
             uptime = float(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    import os
     return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
