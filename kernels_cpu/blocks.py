@@ -1,4 +1,4 @@
-"""The GGUF tensor types the CPU kernels take, and what they need to know about each.
+"""The GGUF tensor types the CPU kernels take, and the float conversions they share.
 
 The block layouts themselves are decoded in block_ir.py (byte layouts: ggml's ggml-common.h).
 """
