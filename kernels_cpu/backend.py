@@ -10,12 +10,13 @@ from threadpoolctl import threadpool_limits
 from . import ops
 from .attention import as_kernel_array, attention
 from .bandwidth import read_bandwidth
+from .blocks import SUPPORTED_TYPES
 from .matmul import load_matrix, matmuls
-
 
 
 class CpuBackend:
     name = "cpu"
+    supported_types = SUPPORTED_TYPES
 
     def __init__(self, threads: int | None = None):
         self.threads = max(1, min(threads or os.cpu_count() or 1, numba.config.NUMBA_NUM_THREADS))
@@ -24,6 +25,18 @@ class CpuBackend:
         # beside them (prefill tiles) then fights them for the cores and runs ~10x slower.
         threadpool_limits(1, user_api="blas")
         self._rope_tables: dict = {}
+
+    def free_memory(self):
+        return None
+
+    def run(self, compute, batch, replays=None):
+        return compute(batch)
+
+    def to_numpy(self, x):
+        return x
+
+    def softcap(self, x, cap):
+        return np.tanh(x / np.float32(cap)) * np.float32(cap)
 
     def load_matrix(self, qtype, raw, k):
         return load_matrix(qtype, raw, k)

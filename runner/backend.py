@@ -5,12 +5,30 @@ kernels_gpu (torch). Activations are (tokens, features) float32 arrays of the ba
 """
 from __future__ import annotations
 
+import importlib.util
+import os
 from typing import Any, Protocol
+
+
+class BackendError(Exception):
+    """The device asked for is absent, or the model does not fit in it."""
 
 
 class Backend(Protocol):
     name: str
     threads: int
+    supported_types: frozenset  # GGML tensor types load_matrix takes
+
+    def free_memory(self) -> int | None:
+        """Bytes the device can still allocate; None for the host's memory (not checked)."""
+
+    def run(self, compute, batch, replays: dict | None) -> Any:
+        """compute(batch with its arrays on the device). `replays` (a KV cache's store) marks a
+        one-token step that the backend may record once and replay (CUDA graphs)."""
+
+    def to_numpy(self, x) -> Any: ...
+    def softcap(self, x, cap: float) -> Any:
+        """cap * tanh(x / cap)."""
 
     def load_matrix(self, qtype, raw, k: int) -> Any:
         """A weight matrix from raw GGUF rows (N, bytes per row) holding k weights each."""
@@ -40,8 +58,39 @@ class Backend(Protocol):
     def gelu_mul(self, gate, up) -> Any: ...
 
 
+DEVICES = ("auto", "cpu", "cuda", "torch-cpu")
+
+
+def _nvidia_driver_present() -> bool:
+    """Whether an NVIDIA driver is loaded, known without importing torch (which takes a second
+    of every CPU user's start-up)."""
+    return os.path.exists("/proc/driver/nvidia/version") or os.name == "nt"
+
+
+def resolve_device(device: str) -> str:
+    """"auto" is CUDA when torch is installed and sees a GPU, else the Numba CPU backend."""
+    if device != "auto":
+        return device
+    if not _nvidia_driver_present() or importlib.util.find_spec("torch") is None:
+        return "cpu"
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def make_backend(device: str = "cpu", threads: int | None = None) -> Backend:
+    """The backend for a device: "cpu" (Numba), "cuda" (torch on the GPU), "torch-cpu" (the torch
+    kernels on the CPU, as the tests run them) or "auto"."""
+    device = resolve_device(device)
     if device == "cpu":
         from kernels_cpu.backend import CpuBackend
         return CpuBackend(threads)
-    raise ValueError(f"unknown device {device!r} (available: cpu)")
+    if device not in DEVICES:
+        raise BackendError(f"unknown device {device!r} (available: {', '.join(DEVICES)})")
+    if importlib.util.find_spec("torch") is None:
+        raise BackendError(f"--device {device} needs torch: pip install 'ggrun[gpu]'")
+    import torch
+    if device == "cuda" and not torch.cuda.is_available():
+        why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise BackendError(f"--device cuda: CUDA is not available ({why}, torch {torch.__version__})")
+    from kernels_gpu.backend import TorchBackend
+    return TorchBackend("cuda" if device == "cuda" else "cpu", threads)

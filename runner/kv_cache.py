@@ -15,8 +15,9 @@ slots used as a ring (slot = position mod capacity) whether or not the global la
 """
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import dataclass, fields, replace
 
+import numpy as np
 
 # Leading tokens pinned when nothing else is (no BOS, no system prompt): attention leans on the
 # first token as a sink, and a window that loses it degrades fast (as StreamingLLM observed;
@@ -27,6 +28,30 @@ SINK_TOKENS = 1
 
 class ContextFullError(Exception):
     """The tokens to add do not fit in the context window."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One forward pass's tokens and the cache slots they take, per kind of layer (global or
+    sliding window): host arrays from the cache, or a backend's device copies of them."""
+    ids: object             # (T,) token ids
+    positions: object       # (T,) int32
+    slots: tuple            # per kind: (T,) int64 slots the tokens are written to
+    key_positions: tuple    # per kind: the positions held by the slots attention reads (-1: empty)
+    capacities: tuple       # per kind: slots in the cache (a bound for backends that pad key_positions)
+
+    def named_arrays(self):
+        """(field name, array or tuple of arrays) of every array field."""
+        return [(f.name, getattr(self, f.name)) for f in fields(self) if f.name != "capacities"]
+
+    def arrays(self) -> list:
+        out = []
+        for _, a in self.named_arrays():
+            out.extend(a if isinstance(a, tuple) else [a])
+        return out
+
+    def replace(self, **changes) -> Batch:
+        return replace(self, **changes)
 
 
 class KVCache:
@@ -41,12 +66,14 @@ class KVCache:
         self.values = [backend.kv_zeros((n_kv_head, cap, value_dim), kv_type) for cap in self.capacity]
         # each layer's kind: ("window" or "global", capacity); layers of one kind share a position table
         self.kinds = [("window", cap) if w else ("global", cap) for w, cap in zip(self.windowed, self.capacity)]
-        self.positions = {kind: np.full(kind[1], -1, dtype=np.int32) for kind in set(self.kinds)}
+        self.kind_list = sorted(set(self.kinds))
+        self.kind_index = [self.kind_list.index(kind) for kind in self.kinds]  # layer -> its kind in a Batch
+        self.positions = {kind: np.full(kind[1], -1, dtype=np.int32) for kind in self.kind_list}
         self.used = 0       # tokens stored so far, which is also the next token's position
         self.pinned = 0     # leading tokens the ring never overwrites
         self.evicted = 0    # tokens the ring has overwritten in the global layers
-        self._pinned_keys: dict[int, np.ndarray] = {}
-        self._batch_slots: dict = {}  # kind -> slots of the batch being run (set by reserve)
+        self._pinned: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # layer -> pinned keys, values as written
+        self.replays: dict = {}  # a backend's recorded steps over this cache's buffers (CUDA graphs)
 
     def _slots(self, kind, positions: np.ndarray) -> np.ndarray:
         if kind[0] == "window":
@@ -70,41 +97,50 @@ class KVCache:
             return max(1, min(self.max_batch, self.ring_size // 8))
         return self.max_batch
 
-    def reserve(self, n_tokens: int) -> np.ndarray:
-        """Claim slots for the next n_tokens; returns their positions."""
+    def reserve(self, tokens) -> Batch:
+        """Claim slots for the next tokens: the batch that a forward pass over them runs."""
+        n_tokens = len(tokens)
         if not self.ring and self.used + n_tokens > self.n_ctx:
             raise ContextFullError(f"{self.used} + {n_tokens} tokens exceed the context of {self.n_ctx}")
         if n_tokens > min(self.max_batch, self.ring_size):
             raise ValueError(f"a batch of {n_tokens} tokens exceeds what the cache takes at once")
         positions = np.arange(self.used, self.used + n_tokens, dtype=np.int32)
-        for kind, table in self.positions.items():
-            slots = self._batch_slots[kind] = self._slots(kind, positions).astype(np.int64)
+        slots = []
+        for kind in self.kind_list:
+            table = self.positions[kind]
+            slots.append(self._slots(kind, positions).astype(np.int64))
             if kind[0] == "global":
-                self.evicted += int(np.count_nonzero(table[slots] >= 0))
-            table[slots] = positions
+                self.evicted += int(np.count_nonzero(table[slots[-1]] >= 0))
+            table[slots[-1]] = positions
         self.used += n_tokens
-        return positions
+        # filled slots come first: attention reads only those
+        key_positions = tuple(self.positions[kind][:min(self.used, kind[1])] for kind in self.kind_list)
+        return Batch(np.asarray(tokens, dtype=np.int64), positions, tuple(slots), key_positions,
+                     tuple(kind[1] for kind in self.kind_list))
 
-    def store(self, layer: int, k, v) -> tuple:
-        """Write k, v (tokens, kv heads, dim) of the batch just reserved into its slots; return
-        the layer's keys and values and the positions of its filled slots, which come first."""
-        kind = self.kinds[layer]
-        self.backend.store_kv(self.keys[layer], self.values[layer], self._batch_slots[kind], k, v)
-        n = min(self.used, kind[1])
-        return self.keys[layer], self.values[layer], self.positions[kind][:n]
+    def store(self, layer: int, k, v, batch: Batch) -> tuple:
+        """Write k, v (tokens, kv heads, dim) of the batch into its slots; return the layer's
+        keys and values and the positions their slots hold."""
+        kind = self.kind_index[layer]
+        self.backend.store_kv(self.keys[layer], self.values[layer], batch.slots[kind], k, v)
+        return self.keys[layer], self.values[layer], batch.key_positions[kind]
 
     def pin(self) -> None:
         """Keep the tokens stored so far for good (call before the ring first wraps)."""
         if self.used >= self.n_ctx:
             raise ContextFullError("the pinned prefix must leave room in the context")
         self.pinned = self.used
-        self._pinned_keys = {i: np.ascontiguousarray(self.keys[i][:, :, :self.pinned].transpose(2, 0, 1),
-                                                     dtype=np.float32)
-                             for i, w in enumerate(self.windowed) if not w}
+        to_host = lambda a: np.asarray(self.backend.to_numpy(a), dtype=np.float32)  # noqa: E731
+        self._pinned = {i: (np.ascontiguousarray(to_host(self.keys[i][:, :, :self.pinned]).transpose(2, 0, 1)),
+                            np.ascontiguousarray(to_host(self.values[i][:, :self.pinned]).transpose(1, 0, 2)))
+                        for i, w in enumerate(self.windowed) if not w}
 
-    def pinned_source(self, layer: int) -> np.ndarray:
+    def pinned_source(self, layer: int):
         """The pinned keys of a global layer as first written: (tokens, kv heads, dim)."""
-        return self._pinned_keys[layer].copy()
+        return self.backend.asarray(self._pinned[layer][0].copy())
 
-    def set_pinned_keys(self, layer: int, keys: np.ndarray) -> None:
-        self.keys[layer][:, :, :self.pinned] = keys.transpose(1, 2, 0)
+    def set_pinned_keys(self, layer: int, keys) -> None:
+        """Overwrite the pinned keys (tokens, kv heads, dim); their values are written back as they were."""
+        slots = np.arange(self.pinned, dtype=np.int64)
+        self.backend.store_kv(self.keys[layer], self.values[layer], slots, keys,
+                              self.backend.asarray(self._pinned[layer][1]))

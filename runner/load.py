@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 from gguf_io import GGUFError, GGUFFile, ModelParams, read_params, read_vocab
 
-from .backend import make_backend
+from .backend import BackendError, make_backend
+from .memory_fit import MemoryFit
 from .models.gemma3 import Gemma3
 from .models.llama import Llama
 from .models.qwen import Qwen2, Qwen3
@@ -27,7 +28,25 @@ class LoadedModel:
         return min(self.params.context_length, 4096)
 
 
-def load_model(path, device: str = "cpu", threads: int | None = None, kv_type: str = "f32") -> LoadedModel:
+def _check_fit(f: GGUFFile, params: ModelParams, backend, kv_type: str, n_ctx: int) -> None:
+    """On a device with its own memory, refuse a model whose weights and KV cache exceed what is
+    free, saying how much it needs (before uploading anything)."""
+    free = backend.free_memory()
+    if free is None:
+        return
+    fit = MemoryFit.of(f, params, ARCHITECTURES[params.arch].layer_windows(params), kv_type)
+    need = fit.total_bytes(n_ctx)
+    if need > free:
+        gib = 2**30
+        raise BackendError(f"{f.path.name} needs {need / gib:.2f} GiB on {backend.name} (weights "
+                           f"{fit.weight_bytes / gib:.2f} GiB + {kv_type} KV cache {fit.kv_bytes(n_ctx) / gib:.2f} GiB "
+                           f"at context {n_ctx}) but {free / gib:.2f} GiB are free; try a smaller -c or --device cpu")
+
+
+def load_model(path, device: str = "cpu", threads: int | None = None, kv_type: str = "f32",
+               n_ctx: int | None = None) -> LoadedModel:
+    """The model on a backend; n_ctx (default: the model's default context) sizes the memory check
+    of devices with their own memory."""
     f = GGUFFile(path)
     arch = f.architecture
     if arch not in ARCHITECTURES:
@@ -36,6 +55,7 @@ def load_model(path, device: str = "cpu", threads: int | None = None, kv_type: s
     params = read_params(f)
     tokenizer = Tokenizer(read_vocab(f))
     backend = make_backend(device, threads)
+    _check_fit(f, params, backend, kv_type, n_ctx or min(params.context_length, 4096))
     model = ARCHITECTURES[arch](params, WeightLoader(f, backend), backend)
     model.kv_type = kv_type
     return LoadedModel(f, params, tokenizer, model, backend)

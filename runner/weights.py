@@ -4,14 +4,13 @@ from __future__ import annotations
 from gguf.quants import dequantize
 
 from gguf_io import GGUFError, GGUFFile
-from kernels_cpu.blocks import SUPPORTED_TYPES
 
 
 class WeightLoader:
     def __init__(self, f: GGUFFile, backend):
         self.f, self.backend = f, backend
         unsupported = sorted({f"{t.type.name} ({name})" for name, t in f.tensors.items()
-                              if t.type not in SUPPORTED_TYPES and t.n_elements > 1})
+                              if t.type not in backend.supported_types and t.n_elements > 1})
         if unsupported:
             raise GGUFError(f"{f.path.name}: unsupported tensor type {unsupported[0]}"
                             + (f" and {len(unsupported) - 1} more" if len(unsupported) > 1 else ""))

@@ -46,22 +46,29 @@ def test_rope(neox, n_rot):
         assert np.allclose(y, _rope_reference(x, positions, n_rot, 10000.0, neox, f), atol=2e-4)
 
 
+def attention_case(n_tok, kv_type):
+    """Queries, keys (kv heads, dim, slots), values (kv heads, slots, dim) and positions of a
+    grouped-query attention over slots out of position order, one of them empty."""
+    n_head, n_kv, d, n_slots = 6, 2, 37, n_tok + 300  # odd sizes: vector tails; two slot chunks
+    q = rng.standard_normal((n_tok, n_head, d)).astype(np.float32)
+    keys = rng.standard_normal((n_kv, d, n_slots)).astype(kv_type)
+    values = rng.standard_normal((n_kv, n_slots, d)).astype(kv_type)
+    k_pos = np.arange(n_slots, dtype=np.int32) - 1
+    k_pos[[0, 3]] = k_pos[[3, 0]]  # slot order is not position order
+    k_pos[5] = -1                  # an empty slot
+    q_pos = np.arange(n_slots - n_tok, n_slots, dtype=np.int32) - 1
+    return q, keys, values, q_pos, k_pos
+
+
 @pytest.mark.parametrize("window", [0, 3])
 @pytest.mark.parametrize("softcap", [0.0, 2.0])
 @pytest.mark.parametrize("n_tok", [4, 20])  # the decode kernel and the BLAS path
 @pytest.mark.parametrize("kv_type", [np.float16, np.float32])
 def test_attention_grouped_causal(window, softcap, n_tok, kv_type):
-    n_head, n_kv, d, n_slots = 6, 2, 37, n_tok + 300  # odd sizes: vector tails; two slot chunks
-    q = rng.standard_normal((n_tok, n_head, d)).astype(np.float32)
-    k = rng.standard_normal((n_kv, n_slots, d)).astype(kv_type)
-    v = rng.standard_normal((n_kv, n_slots, d)).astype(kv_type)
-    k_pos = np.arange(n_slots, dtype=np.int32) - 1
-    k_pos[[0, 3]] = k_pos[[3, 0]]  # slot order is not position order
-    k_pos[5] = -1                  # an empty slot
-    q_pos = np.arange(n_slots - n_tok, n_slots, dtype=np.int32) - 1
-    keys = np.ascontiguousarray(k.transpose(0, 2, 1))  # stored as (kv heads, dim, slots)
+    q, keys, v, q_pos, k_pos = attention_case(n_tok, kv_type)
+    n_head, n_kv = q.shape[1], keys.shape[0]
     got = be.attention(q, keys, v, q_pos, k_pos, 0.25, window, softcap)
-    k, v = k.astype(np.float64), v.astype(np.float64)
+    k, v = keys.transpose(0, 2, 1).astype(np.float64), v.astype(np.float64)
     for t in range(n_tok):
         for h in range(n_head):
             g = h // (n_head // n_kv)

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from gguf_io import ModelParams
-from runner.kv_cache import KVCache
+from runner.kv_cache import Batch, KVCache
 from runner.weights import WeightLoader
 
 # Tokens per forward pass: longer prompts are run in slices of this size (llama.cpp's ubatch).
@@ -59,7 +60,7 @@ class Decoder:
     def load_layer(self, weights: WeightLoader, i: int):
         raise NotImplementedError
 
-    def block(self, layer, x, positions, cache: KVCache, i: int):
+    def block(self, layer, x, batch: Batch, cache: KVCache, i: int):
         raise NotImplementedError
 
     def load_attention(self, weights: WeightLoader, i: int, **kw) -> Attention:
@@ -91,21 +92,27 @@ class Decoder:
         return np.concatenate(outputs) if all_logits else logits[-1]
 
     def _forward_batch(self, tokens, cache: KVCache, all_logits: bool):
+        batch = cache.reserve(tokens)
+        # A one-token step is the same computation every time, up to the batch's values, so a
+        # backend may record it once and replay it; not while the ring moves the pinned keys,
+        # which the host drives.
+        replayable = len(tokens) == 1 and not all_logits and not (cache.shift and cache.pinned)
+        compute = partial(self._compute, cache=cache, all_logits=all_logits)
+        return self.backend.to_numpy(self.backend.run(compute, batch, cache.replays if replayable else None))
+
+    def _compute(self, batch: Batch, cache: KVCache, all_logits: bool):
         be, p = self.backend, self.params
-        positions = cache.reserve(len(tokens))
-        x = be.embed(self.tok_embd, np.asarray(tokens))
+        x = be.embed(self.tok_embd, batch.ids)
         if self.embed_scale:
             x = x * np.float32(math.sqrt(p.n_embd))
         for i, layer in enumerate(self.layers):
-            x = self.block(layer, x, positions, cache, i)
+            x = self.block(layer, x, batch, cache, i)
         if not all_logits:
             x = x[-1:]
         logits = be.matmul(self.output, be.rms_norm(x, self.output_norm, p.rms_eps))
-        if p.logit_softcap > 0:
-            logits = np.tanh(logits / p.logit_softcap) * p.logit_softcap
-        return logits
+        return be.softcap(logits, p.logit_softcap) if p.logit_softcap > 0 else logits
 
-    def attention(self, a: Attention, h, positions, cache: KVCache, i: int):
+    def attention(self, a: Attention, h, batch: Batch, cache: KVCache, i: int):
         """Self-attention of h (T, n_embd) through layer i's cache, output projection included."""
         be, p = self.backend, self.params
         n = h.shape[0]
@@ -119,13 +126,13 @@ class Decoder:
             q = be.rms_norm(q.reshape(-1, p.head_dim), a.q_norm, p.rms_eps).reshape(q.shape)
             k = be.rms_norm(k.reshape(-1, p.head_dim), a.k_norm, p.rms_eps).reshape(k.shape)
         for t in (q, k):
-            be.rope(t, positions, p.rope_dim, a.rope_base, a.rope_scale, self.rope_neox, self.rope_factors)
-        keys, values, key_pos = cache.store(i, k, v)
+            be.rope(t, batch.positions, p.rope_dim, a.rope_base, a.rope_scale, self.rope_neox, self.rope_factors)
+        keys, values, key_pos = cache.store(i, k, v, batch)
         if cache.shift and cache.pinned and not a.window:
             pinned = cache.pinned_source(i)  # rotated at 0..P-1; move them to shift..shift+P-1
             be.rope(pinned, np.full(cache.pinned, cache.shift, dtype=np.int32), p.rope_dim, a.rope_base,
                     a.rope_scale, self.rope_neox, self.rope_factors)
             cache.set_pinned_keys(i, pinned)
-        out = be.attention(q, keys, values, positions, key_pos, 1.0 / math.sqrt(p.head_dim),
+        out = be.attention(q, keys, values, batch.positions, key_pos, 1.0 / math.sqrt(p.head_dim),
                            a.window, p.attn_softcap)
         return be.matmul(a.wo, out.reshape(n, p.n_head * p.value_dim))

@@ -48,9 +48,9 @@ class Gemma3(Decoder):
             w_up=mat("ffn_up", p.n_embd, p.n_ff), w_down=mat("ffn_down", p.n_ff, p.n_embd),
             post_ffn_norm=vec("post_ffw_norm", p.n_embd))
 
-    def block(self, layer, x, positions, cache, i):
+    def block(self, layer, x, batch, cache, i):
         be, eps = self.backend, self.params.rms_eps
-        a = self.attention(layer.attn, be.rms_norm(x, layer.attn_norm, eps), positions, cache, i)
+        a = self.attention(layer.attn, be.rms_norm(x, layer.attn_norm, eps), batch, cache, i)
         x = x + be.rms_norm(a, layer.post_attn_norm, eps)
         h = be.rms_norm(x, layer.ffn_norm, eps)
         gate, up = be.matmuls([layer.w_gate, layer.w_up], h)

@@ -29,9 +29,9 @@ class Llama(Decoder):
             w_up=weights.matrix(f"blk.{i}.ffn_up.weight", p.n_embd, p.n_ff),
             w_down=weights.matrix(f"blk.{i}.ffn_down.weight", p.n_ff, p.n_embd))
 
-    def block(self, layer, x, positions, cache, i):
+    def block(self, layer, x, batch, cache, i):
         be, eps = self.backend, self.params.rms_eps
-        x = x + self.attention(layer.attn, be.rms_norm(x, layer.attn_norm, eps), positions, cache, i)
+        x = x + self.attention(layer.attn, be.rms_norm(x, layer.attn_norm, eps), batch, cache, i)
         h = be.rms_norm(x, layer.ffn_norm, eps)
         gate, up = be.matmuls([layer.w_gate, layer.w_up], h)
         return x + be.matmul(layer.w_down, be.silu_mul(gate, up))
