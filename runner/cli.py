@@ -12,11 +12,13 @@ from gguf_io import GGUFError
 from convert.errors import ConversionError
 from convert.mixes import FILE_TYPES
 
+from .backend import DEVICES, BackendError
 from .chat_template import ChatTemplateError
 from .kv_cache import SINK_TOKENS, ContextFullError
 from .registry import MODELS, RegistryError
 
-USER_ERRORS = (GGUFError, ContextFullError, RegistryError, ConversionError, ChatTemplateError, OSError)
+USER_ERRORS = (GGUFError, ContextFullError, RegistryError, ConversionError, ChatTemplateError, BackendError,
+               OSError)
 
 
 class Command(click.Command):
@@ -51,6 +53,9 @@ threads_option = click.option("-t", "--threads", type=click.IntRange(1), help="C
 kv_type_option = click.option("--cache-type", "kv_type", default="f16", show_default=True,
                               type=click.Choice(["f16", "f32"]),
                               help="KV cache precision, as llama.cpp's -ctk/-ctv (f32: exact, twice the memory).")
+device_option = click.option("--device", default="auto", show_default=True, type=click.Choice(DEVICES),
+                             help="cpu (Numba), cuda (an NVIDIA GPU through torch), or auto: cuda when "
+                                  "available. torch-cpu runs the GPU kernels on the CPU (for testing).")
 
 
 @click.group()
@@ -59,22 +64,29 @@ def main():
     """Run GGUF language models locally."""
 
 
-def _load(model, threads, kv_type="f16", times=None):
+def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None):
     """The model, with its kernels loaded from Numba's cache (or compiled, the first time) by one
-    throw-away decode step, so that no later step pays for that."""
+    throw-away decode step, so that no later step pays for that. On CUDA that step compiles the
+    fused products (torch.compile keeps them in its own cache)."""
+    from .backend import resolve_device
     from .load import load_model
     from .registry import resolve
     from .startup import StartupTimes
     times = times or StartupTimes()
     path = resolve(model)
-    from kernels_cpu.backend import CpuBackend  # noqa: F401  (Numba: the bulk of the imports)
-    from kernels_cpu.compile_cache import kernels_compiled
+    device = resolve_device(device)
+    if device == "cpu":
+        from kernels_cpu.backend import CpuBackend  # noqa: F401  (Numba: the bulk of the imports)
+        from kernels_cpu.compile_cache import kernels_compiled
+        compile_message = None if kernels_compiled() else "compiling the Numba kernels (first run only, under a minute"
+    else:
+        compile_message = "compiling the GPU kernels (the first run takes a few minutes" if device == "cuda" else None
     times.mark("imports")
-    lm = load_model(path, threads=threads, kv_type=kv_type)
+    lm = load_model(path, device=device, threads=threads, kv_type=kv_type, n_ctx=n_ctx)
     times.mark("file mapping and model")
     token = max(lm.tokenizer.vocab.bos_id, 0)
-    if not kernels_compiled():
-        click.echo("compiling the Numba kernels (first run only, under a minute; cached for later runs)...", err=True)
+    if compile_message:
+        click.echo(f"{compile_message}; cached for later runs)...", err=True)
         lm.model.forward([token] * 9, lm.model.new_cache(16))  # the prefill kernels too, while at it
     lm.model.forward([token], lm.model.new_cache(16))
     times.mark("kernel cache load")
@@ -91,10 +103,11 @@ def _load(model, threads, kv_type="f16", times=None):
               help="Past the context, keep BOS and overwrite the oldest tokens; --no-ring makes that an error.")
 @threads_option
 @kv_type_option
+@device_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
 @click.option("--timings", is_flag=True, help="Print where the time before the first token went.")
 def run(model, prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
-        ctx_size, ring, threads, kv_type, as_json, timings):
+        ctx_size, ring, threads, kv_type, device, as_json, timings):
     """Complete PROMPT with MODEL (a GGUF path or a registry name)."""
     from .startup import StartupTimes
     times = StartupTimes()
@@ -105,7 +118,7 @@ def run(model, prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, rep
 
     if prompt == "-":
         prompt = sys.stdin.read()
-    lm = _load(model, threads, kv_type, times)
+    lm = _load(model, threads, kv_type, times, device, ctx_size)
     n_ctx = ctx_size or lm.default_context()
     ids = lm.tokenizer.encode(prompt)
     if not ring and len(ids) + n_predict > n_ctx:
@@ -240,8 +253,9 @@ def pull(name):
               help="Comma-separated context depths to decode at (llama-bench's -d), e.g. 16,2048.")
 @threads_option
 @kv_type_option
+@device_option
 @click.option("--json", "as_json", is_flag=True)
-def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, as_json):
+def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device, as_json):
     """Prefill and decode speed, like llama-bench: mean ± std over repetitions after a warm-up.
     Decode rows add the bytes a step reads and the share of the measured memory bandwidth."""
     from .bench import run_bench
@@ -251,7 +265,7 @@ def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, as_json
             raise ValueError
     except ValueError:
         raise click.BadParameter("expected comma-separated non-negative integers", param_hint="--depth") from None
-    lm = _load(model, threads, kv_type)
+    lm = _load(model, threads, kv_type, device=device, n_ctx=max(n_prompt, max(depths) + n_gen + 1))
     rows = run_bench(lm, n_prompt, n_gen, repetitions, depths)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
@@ -303,13 +317,14 @@ def quantize(src, dst, type_name):
               help="Compare with logits saved from another model with the same tokenizer.")
 @threads_option
 @kv_type_option
+@device_option
 @click.option("--json", "as_json", is_flag=True)
-def perplexity(model, text_file, ctx_size, ring, save_logits, kl_base, threads, kv_type, as_json):
+def perplexity(model, text_file, ctx_size, ring, save_logits, kl_base, threads, kv_type, device, as_json):
     """Perplexity of MODEL on a text, computed as llama.cpp's perplexity tool does."""
     from pathlib import Path
 
     from . import perplexity as ppl
-    lm = _load(model, threads, kv_type)
+    lm = _load(model, threads, kv_type, device=device, n_ctx=ring or ctx_size)
     text = Path(text_file).read_text(encoding="utf-8", errors="replace")
     try:
         base = ppl.load_base(kl_base) if kl_base else None
@@ -373,13 +388,14 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
 @sampling_options
 @threads_option
 @kv_type_option
+@device_option
 def chat(model, system, ctx_size, chat_template, temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
-         seed, threads, kv_type):
+         seed, threads, kv_type, device):
     """Talk with MODEL in the terminal; the context never runs out (ring window)."""
     from .chat import ChatSession, repl
     from .registry import cache_dir
     from .sampler import SamplingOptions
-    lm = _load(model, threads, kv_type)
+    lm = _load(model, threads, kv_type, device=device, n_ctx=ctx_size)
     options = SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
     session = ChatSession(lm, ctx_size or lm.default_context(), options, system, chat_template)
     repl(session, sys.stdout, cache_dir() / "chat_history")

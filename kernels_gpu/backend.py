@@ -1,0 +1,120 @@
+"""runner.backend.Backend in torch: CUDA for users with a card; the CPU device for tests.
+
+Weights stay in their GGUF blocks on the device (matmul.py); every op is plain torch, so the same
+code runs on the CPU, where the tests check it against the Numba kernels and gguf.quants. On
+CUDA the decode products are compiled (dequantization fused into the row dots) and one-token
+steps are replayed from CUDA graphs (step_graph.py).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from . import ops
+from .dequant import DEQUANTIZE
+from .matmul import Products, upload
+from .step_graph import replay_step
+
+
+class TorchBackend:
+    supported_types = frozenset(DEQUANTIZE)
+
+    def __init__(self, device: str = "cuda", threads: int | None = None, compiled: bool | None = None,
+                 graphs: bool | None = None):
+        self.device = torch.device(device)
+        cuda = self.device.type == "cuda"
+        self.name = "cuda" if cuda else "torch-cpu"
+        if threads and not cuda:
+            torch.set_num_threads(threads)
+        self.threads = 1 if cuda else torch.get_num_threads()
+        self.products = Products(compiled=cuda if compiled is None else compiled)
+        self.graphs = cuda if graphs is None else graphs
+        self._graph_pool = torch.cuda.graph_pool_handle() if cuda and self.graphs else None
+
+    def _tensor(self, a, dtype=None):
+        """Host arrays (positions, slots) onto the device; device tensors pass through."""
+        if isinstance(a, torch.Tensor):
+            return a
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype)).to(self.device)
+
+    def free_memory(self) -> int | None:
+        if self.device.type != "cuda":
+            return None
+        return torch.cuda.mem_get_info(self.device)[0]
+
+    def load_matrix(self, qtype, raw, k):
+        return upload(qtype, raw, k, self.device)
+
+    def load_vector(self, values):
+        return self._tensor(values, np.float32)
+
+    def asarray(self, values):
+        return self._tensor(values)
+
+    def to_numpy(self, x):
+        return x.detach().to("cpu").numpy()
+
+    def upload(self, batch):
+        return batch.replace(**{name: tuple(map(self._tensor, a)) if isinstance(a, tuple) else self._tensor(a)
+                                for name, a in batch.named_arrays()})
+
+    def run(self, compute, batch, replays=None):
+        """compute(batch on the device); a one-token step with `replays` (its cache's graph
+        store) goes through a recorded graph when graphs are on."""
+        if replays is None or not self.graphs:
+            return compute(self.upload(batch))
+        return replay_step(compute, batch, replays, self.upload, self._graph_pool)
+
+    def matmul(self, w, x):
+        return self.products.matmul(w, x)
+
+    def matmuls(self, ws, x):
+        return [self.products.matmul(w, x) for w in ws]
+
+    def embed(self, w, ids):
+        return w.rows(self._tensor(ids, np.int64))
+
+    def rms_norm(self, x, weight, eps):
+        return ops.rms_norm(x, weight, eps)
+
+    def rope(self, x, positions, n_rot, base, pos_scale, neox, freq_factors):
+        ops.rope(x, self._tensor(positions), n_rot, base, pos_scale, neox, freq_factors)
+
+    def kv_zeros(self, shape, kv_type):
+        return torch.zeros(shape, dtype={"f16": torch.float16, "f32": torch.float32}[kv_type], device=self.device)
+
+    def store_kv(self, keys, values, slots, k, v):
+        ops.store_kv(keys, values, self._tensor(slots, np.int64), k, v)
+
+    def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap):
+        return ops.attention(q, keys, values, self._tensor(q_pos), self._tensor(k_pos), scale, window, softcap)
+
+    def silu_mul(self, gate, up):
+        return ops.silu_mul(gate, up)
+
+    def gelu_mul(self, gate, up):
+        return ops.gelu_mul(gate, up)
+
+    def softcap(self, x, cap):
+        return ops.softcap(x, cap)
+
+    def read_bandwidth(self) -> float:
+        """Device-to-device copy bandwidth, bytes read plus bytes written per second (as CUDA's
+        bandwidthTest counts it), best of a few copies of a buffer far larger than any cache."""
+        n = (1 << 30) if self.device.type == "cuda" else (1 << 28)
+        src = torch.empty(n, dtype=torch.uint8, device=self.device)
+        dst = torch.empty_like(src)
+        best = float("inf")
+        for _ in range(5):
+            self._sync()
+            start = time.perf_counter()
+            dst.copy_(src)
+            self._sync()
+            best = min(best, time.perf_counter() - start)
+        return 2 * n / best
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

@@ -1,0 +1,84 @@
+"""Quantized weight matrices resident on a torch device, and their products with activations.
+
+A matrix is its GGUF rows uploaded as bytes, (N, bytes per row) uint8: a 4-bit matrix occupies
+its ~4.5 bits per weight on the device. Products never dequantize the whole matrix:
+
+- one token (decode), compiled (CUDA): `dequantize(rows) * x` summed along each row, a function
+  that torch.compile turns into one Triton reduction that reads the quantized bytes and keeps
+  the dequantized weights in registers.
+- more tokens (prefill), or any product run eagerly (CPU): tiles of rows are dequantized to float32 and multiplied by the BLAS of
+  the device, so a tile of weights serves every token at once; only one tile exists at a time.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES
+
+from .dequant import DEQUANTIZE
+
+# Floats in one dequantized tile (16 MiB of float32): bounds the memory a product borrows.
+TILE_ELEMENTS = 1 << 22
+
+
+class QuantMatrix:
+    def __init__(self, qtype, raw: torch.Tensor, k: int):
+        block, block_bytes = GGML_QUANT_SIZES[qtype]
+        if k % block or raw.shape[1] != k // block * block_bytes:
+            raise ValueError(f"{qtype.name} rows of {k} weights take {k // block * block_bytes} bytes, "
+                             f"got {raw.shape[1]}")
+        self.qtype, self.raw, self.k = qtype, raw, k
+        self.n = raw.shape[0]
+        self.tile_rows = max(1, TILE_ELEMENTS // k)
+
+    def tiles(self):
+        for start in range(0, self.n, self.tile_rows):
+            yield start, self.raw[start:start + self.tile_rows]
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ids of the matrix as float32 (embedding lookups)."""
+        return DEQUANTIZE[self.qtype](self.raw[ids])
+
+
+def row_dots(qtype, raw: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x (k,) against every row of raw: (N,). The function torch.compile fuses on CUDA."""
+    return (DEQUANTIZE[qtype](raw) * x).sum(dim=-1)
+
+
+class Products:
+    """Matrix products on one device; `compiled` fuses dequantization into the decode products."""
+
+    def __init__(self, compiled: bool):
+        self.compiled = compiled
+        self._row_dots = {}
+
+    def _dots(self, qtype):
+        fn = self._row_dots.get(qtype)
+        if fn is None:
+            def fn(raw, x, qtype=qtype):
+                return row_dots(qtype, raw, x)
+            if self.compiled:
+                # fullgraph: a graph break would split the fusion and materialize the weights
+                fn = torch.compile(fn, fullgraph=True, dynamic=False)
+            self._row_dots[qtype] = fn
+        return fn
+
+    def matmul(self, w: QuantMatrix, x: torch.Tensor) -> torch.Tensor:
+        """x (T, k) @ W.T -> (T, N) float32."""
+        if x.shape[0] == 1 and self.compiled:
+            return self._dots(w.qtype)(w.raw, x[0])[None]
+        # eagerly, a dequantized tile times x is the same arithmetic as the row dots, and faster
+        out = torch.empty((x.shape[0], w.n), dtype=torch.float32, device=x.device)
+        for start, tile in w.tiles():
+            out[:, start:start + tile.shape[0]] = x @ DEQUANTIZE[w.qtype](tile).T
+        return out
+
+
+def upload(qtype, raw: np.ndarray, k: int, device) -> QuantMatrix:
+    """A matrix from raw GGUF rows (a read-only view of the mapped file) onto the device, as bytes.
+    On the CPU the tensor shares the mapping; nothing ever writes to it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return QuantMatrix(qtype, torch.from_numpy(raw).to(device), k)

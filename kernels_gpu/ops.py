@@ -1,0 +1,74 @@
+"""The non-matrix operations of a decoder layer in torch, with the CPU kernels' conventions.
+
+Activations are (tokens, features) float32 tensors. Nothing here reads a value back to the host,
+so a decode step built of these ops can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rms_norm(x, weight, eps: float):
+    return x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def rope(x, positions, n_rot: int, base: float, pos_scale: float, neox: bool, freq_factors):
+    """Rotate the first n_rot dimensions of every head of x (tokens, heads, dim) in place; the
+    angles are computed in float64 as the CPU table is. NeoX pairs (i, i + n_rot/2), the other
+    pairing (2i, 2i + 1)."""
+    inv_freq = float(base) ** (-torch.arange(0, n_rot, 2, dtype=torch.float64, device=x.device) / n_rot)
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors.to(torch.float64)
+    theta = positions.to(torch.float64)[:, None] / pos_scale * inv_freq
+    cos, sin = theta.cos().to(torch.float32)[:, None], theta.sin().to(torch.float32)[:, None]
+    if neox:
+        a, b = x[..., :n_rot // 2], x[..., n_rot // 2:n_rot]
+    else:
+        a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+    a0 = a.clone()
+    a.copy_(a0 * cos - b * sin)
+    b.copy_(a0 * sin + b * cos)
+
+
+def store_kv(keys, values, slots, k, v):
+    """k[t] (kv heads, dim) into keys[:, :, slots[t]] and v[t] into values[:, slots[t]]."""
+    keys.index_copy_(2, slots, k.permute(1, 2, 0).to(keys.dtype))
+    values.index_copy_(1, slots, v.permute(1, 0, 2).to(values.dtype))
+
+
+def attention(q, keys, values, q_pos, k_pos, scale: float, window: int, softcap: float):
+    """Causal grouped-query attention of q (T, heads, dim) over the first len(k_pos) slots of
+    keys (kv heads, dim, slots) and values (kv heads, slots, dim); slot s holds position
+    k_pos[s] (-1: empty). A query sees 0 <= k_pos <= its position, and with a sliding window
+    only positions less than `window` behind it. Returns (T, heads, value dim)."""
+    n_tokens, n_head, dim = q.shape
+    n_kv, n = keys.shape[0], k_pos.shape[0]
+    group = n_head // n_kv
+    # (kv heads, group x tokens, dim): the queries sharing a KV head form one batched product
+    qg = q.reshape(n_tokens, n_kv, group, dim).permute(1, 2, 0, 3).reshape(n_kv, group * n_tokens, dim)
+    scores = torch.bmm(qg * scale, keys[:, :, :n].to(torch.float32))
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    qp, kp = q_pos[:, None].to(torch.int64), k_pos[None, :].to(torch.int64)
+    visible = (kp >= 0) & (kp <= qp)
+    if window:
+        visible &= qp - kp < window
+    scores = scores.reshape(n_kv, group, n_tokens, n).masked_fill(~visible, -math.inf)
+    # a query that sees nothing (never the case in a model) gets zeros rather than NaNs
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0).reshape(n_kv, group * n_tokens, n)
+    out = torch.bmm(probs, values[:, :n].to(torch.float32))
+    return out.reshape(n_kv, group, n_tokens, -1).permute(2, 0, 1, 3).reshape(n_tokens, n_head, -1)
+
+
+def silu_mul(gate, up):
+    return torch.nn.functional.silu(gate) * up
+
+
+def gelu_mul(gate, up):
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
+
+
+def softcap(x, cap: float):
+    return torch.tanh(x / cap) * cap

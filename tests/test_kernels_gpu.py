@@ -1,0 +1,171 @@
+"""kernels_gpu against gguf.quants and the Numba kernels, with [1/7]'s tolerances.
+
+The tests run on torch's CPU device unless GGRUN_TEST_DEVICE names another (scripts/gpu_check
+runs them on cuda, where the decode products are compiled and steps replay from CUDA graphs).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize, quantize
+
+from gguf_io import GGUFFile
+from kernels_cpu.backend import CpuBackend
+
+from .test_kernels import K_QUANT_SCALES, TYPES, _random_k_blocks, _weights
+from .test_ops import attention_case
+
+torch = pytest.importorskip("torch")
+from kernels_gpu.backend import TorchBackend  # noqa: E402
+from kernels_gpu.dequant import DEQUANTIZE  # noqa: E402
+from kernels_gpu.matmul import Products, row_dots, upload  # noqa: E402
+from kernels_gpu.step_graph import MIN_SLOTS, padded_length  # noqa: E402
+
+DEVICE = os.environ.get("GGRUN_TEST_DEVICE", "cpu")
+be = TorchBackend(DEVICE)
+cpu = CpuBackend()
+rng = np.random.default_rng(7)
+ALL_TYPES = TYPES + list(K_QUANT_SCALES)
+
+
+def _raw(qtype, n, k, kind="normal"):
+    if qtype in K_QUANT_SCALES:
+        return _random_k_blocks(rng, qtype, n, k, "random")
+    return quantize(_weights(rng, n, k, kind), qtype).view(np.uint8).reshape(n, -1)
+
+
+def _np(x):
+    return x.detach().cpu().numpy()
+
+
+def test_every_issue_type_is_supported():
+    assert set(ALL_TYPES) <= be.supported_types
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_dequantize_matches_gguf(qtype):
+    for n, k in [(1, 256), (29, 768)]:
+        raw = _raw(qtype, n, k, "extreme")
+        ref = dequantize(raw.reshape(-1), qtype).reshape(n, k)
+        got = _np(DEQUANTIZE[qtype](torch.from_numpy(raw).to(DEVICE)))
+        assert np.allclose(got, ref, rtol=1e-6, atol=0), qtype.name
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n,k", [(1, 256), (37, 512), (130, 768)])
+def test_products_match_reference_and_numba(qtype, n, k):
+    raw = _raw(qtype, n, k)
+    ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
+    w, numba_w = be.load_matrix(qtype, raw, k), cpu.load_matrix(qtype, raw, k)
+    assert w.raw.dtype == torch.uint8 and w.raw.numel() == raw.size  # the file's bytes, not floats
+    scale = np.abs(ref).max() + 1e-30
+    for tokens in (1, 5, 20):
+        x = rng.standard_normal((tokens, k)).astype(np.float32)
+        got = _np(be.matmul(w, torch.from_numpy(x).to(DEVICE)))
+        tol = 1e-5 * scale * np.abs(x).sum(axis=1, keepdims=True) + 1e-30
+        assert np.all(np.abs(got - x.astype(np.float64) @ ref.T) <= tol), (qtype.name, tokens)
+        assert np.all(np.abs(got - numba_w.matmul(x)) <= 2 * tol), (qtype.name, tokens)
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_row_dots_the_compiled_decode_function(qtype):
+    """row_dots is what torch.compile fuses on CUDA; eagerly it must give the same products."""
+    n, k = 19, 512
+    raw = _raw(qtype, n, k)
+    ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
+    x = rng.standard_normal(k).astype(np.float32)
+    got = _np(row_dots(qtype, torch.from_numpy(raw).to(DEVICE), torch.from_numpy(x).to(DEVICE)))
+    tol = 1e-5 * np.abs(ref).max() * np.abs(x).sum()
+    assert np.all(np.abs(got - ref @ x) <= tol)
+
+
+def test_row_dots_compile_into_one_graph():
+    """torch.compile traces the Q4_K row dots without a graph break (fullgraph), here with the
+    CPU's inductor; on CUDA the same trace becomes a Triton kernel."""
+    products = Products(compiled=True)
+    raw = _raw(T.Q4_K, 8, 512)
+    w = upload(T.Q4_K, raw, 512, DEVICE)
+    x = torch.from_numpy(rng.standard_normal((1, 512)).astype(np.float32)).to(DEVICE)
+    want = Products(compiled=False).matmul(w, x)
+    assert torch.allclose(products.matmul(w, x), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("model", ["smollm_path", "gemma_path"])
+def test_real_tensors_decode_like_reference(model, request):
+    f = GGUFFile(request.getfixturevalue(model))
+    seen = set()
+    for name, t in f.tensors.items():
+        if len(t.shape) != 2 or t.type in seen:
+            continue
+        seen.add(t.type)
+        raw = f.tensor_bytes(name)
+        rows = np.arange(min(t.n_rows, 64))
+        ref = dequantize(raw[rows].reshape(-1), t.type).reshape(len(rows), t.shape[0])
+        w = be.load_matrix(t.type, raw, t.shape[0])
+        assert np.array_equal(_np(w.rows(torch.from_numpy(rows).to(DEVICE))), ref), name
+
+
+def _t(a):
+    return torch.from_numpy(np.ascontiguousarray(a)).to(DEVICE)
+
+
+def test_rms_norm_and_activations_match_numba():
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    assert np.allclose(_np(be.rms_norm(_t(x), _t(w), 1e-5)), cpu.rms_norm(x, w, 1e-5), atol=1e-5)
+    up = rng.standard_normal((3, 64)).astype(np.float32)
+    assert np.allclose(_np(be.silu_mul(_t(x), _t(up))), cpu.silu_mul(x.copy(), up), atol=1e-5)
+    assert np.allclose(_np(be.gelu_mul(_t(x), _t(up))), cpu.gelu_mul(x.copy(), up), atol=1e-5)
+    assert np.allclose(_np(be.softcap(_t(x), 1.5)), cpu.softcap(x, 1.5), atol=1e-6)
+
+
+def test_rope_matches_numba():
+    x = rng.standard_normal((5, 2, 32)).astype(np.float32)
+    positions = np.array([3, 0, 100, 9, 70000], dtype=np.int32)
+    cases = [(neox, n_rot, factors) for neox in (False, True) for n_rot in (32, 16)
+             for factors in (None, rng.uniform(1, 8, n_rot // 2).astype(np.float32))]
+    for neox, n_rot, factors in cases:
+        want, got = x.copy(), _t(x)
+        cpu.rope(want, positions, n_rot, 500000.0, 2.0, neox, factors)
+        be.rope(got, positions, n_rot, 500000.0, 2.0, neox, None if factors is None else _t(factors))
+        assert np.allclose(_np(got), want, atol=1e-5), (neox, n_rot)
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+def test_store_kv_matches_numba(kv_type):
+    n_kv, d, slots_n = 2, 8, 10
+    k = rng.standard_normal((3, n_kv, d)).astype(np.float32)
+    v = rng.standard_normal((3, n_kv, d)).astype(np.float32)
+    slots = np.array([4, 0, 9], dtype=np.int64)
+    keys, values = be.kv_zeros((n_kv, d, slots_n), kv_type), be.kv_zeros((n_kv, slots_n, d), kv_type)
+    want_k, want_v = cpu.kv_zeros((n_kv, d, slots_n), kv_type), cpu.kv_zeros((n_kv, slots_n, d), kv_type)
+    be.store_kv(keys, values, slots, _t(k), _t(v))
+    cpu.store_kv(want_k, want_v, slots, k, v)
+    assert np.array_equal(_np(keys), want_k) and np.array_equal(_np(values), want_v)
+
+
+@pytest.mark.parametrize("window", [0, 3])
+@pytest.mark.parametrize("softcap", [0.0, 2.0])
+@pytest.mark.parametrize("n_tok", [1, 20])
+@pytest.mark.parametrize("kv_type", [np.float16, np.float32])
+def test_attention_matches_numba(window, softcap, n_tok, kv_type):
+    q, keys, values, q_pos, k_pos = attention_case(n_tok, kv_type)
+    want = cpu.attention(q, keys, values, q_pos, k_pos, 0.3, window, softcap)
+    # slots past the ones attention is told to read (graph padding) must not count
+    n_kv, d = keys.shape[:2]
+    padded = np.concatenate([k_pos, np.full(5, -1, np.int32)])
+    keys_p = np.concatenate([keys, np.full((n_kv, d, 5), 9.0, kv_type)], axis=2)
+    values_p = np.concatenate([values, np.full((n_kv, 5, d), 9.0, kv_type)], axis=1)
+    got = be.attention(_t(q), _t(keys_p), _t(values_p), _t(q_pos), _t(padded), 0.3, window, softcap)
+    assert np.allclose(_np(got), want, atol=2e-5)
+
+
+def test_padded_lengths_are_few_and_cover_the_cache():
+    assert padded_length(1, 4096) == MIN_SLOTS
+    assert padded_length(MIN_SLOTS + 1, 4096) == 2 * MIN_SLOTS
+    assert padded_length(3000, 4096) == 4096
+    assert padded_length(100, 64) == 64
+    assert len({padded_length(n, 4096) for n in range(1, 4097)}) == 5
