@@ -51,11 +51,11 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True) -
     md += [(f"{arch}.{k}", v) for k, v in hf.metadata.items()]
     md += [("general.file_type", int(FILE_TYPES[file_type][1])),
            ("general.quantization_version", QUANTIZATION_VERSION)]
-    metadata = [(k, *typed_value(v)) for k, v in md] + _tokenizer_metadata(tok, special, arch)
+    metadata = [(k, *typed_value(v)) for k, v in md] + tokenizer_metadata(tok, special, arch)
     return write_gguf(out, arch, metadata, tensors, progress)
 
 
-def _tokenizer_metadata(tok, special: dict, arch: str) -> list:
+def tokenizer_metadata(tok, special: dict, arch: str) -> list:
     arr = GGUFValueType.ARRAY
     md = [("tokenizer.ggml.model", tok.model, GGUFValueType.STRING, None)]
     if tok.pre:

@@ -23,6 +23,7 @@ class PlannedTensor:
     shape: tuple[int, ...]          # GGML order: shape[0] is the row length
     type: T
     load: Callable[[], np.ndarray]  # float32 data in numpy order, read only when written
+    quantized: bool = False         # load returns the bytes of `type`'s blocks, written as they are
 
     @property
     def nbytes(self) -> int:
@@ -81,6 +82,9 @@ def write_gguf(path: Path, arch: str, metadata: list[tuple[str, object, GGUFValu
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         for t in tqdm(tensors, desc="quantizing", unit="tensor", disable=not progress):
+            if t.quantized:
+                w.write_tensor_data(np.asarray(t.load(), dtype=np.uint8).reshape(-1))
+                continue
             data = np.asarray(t.load(), dtype=np.float32)
             if not np.isfinite(data).all():
                 raise ConversionError(f"tensor {t.name} contains NaN or Inf values")

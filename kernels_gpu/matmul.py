@@ -60,8 +60,11 @@ class Products:
             def fn(raw, x, qtype=qtype):
                 return row_dots(qtype, raw, x)
             if self.compiled:
-                # fullgraph: a graph break would split the fusion and materialize the weights
-                fn = torch.compile(fn, fullgraph=True, dynamic=False)
+                # fullgraph: a graph break would split the fusion and materialize the weights.
+                # Every type's function shares one code object, whose compiled variants (a
+                # static one per first shape, then a dynamic one) count against one limit.
+                torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+                fn = torch.compile(fn, fullgraph=True)
             self._row_dots[qtype] = fn
         return fn
 

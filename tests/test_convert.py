@@ -194,3 +194,23 @@ def test_unsupported_dtype_and_tensor_name_are_refused(random_models, tmp_path):
         with pytest.raises(ConversionError, match=message):
             convert_hf(folder, tmp_path / "out.gguf", "Q8_0", progress=False)
         assert not (tmp_path / "out.gguf").exists()
+
+
+def test_random_llama_for_benchmarks_loads_and_runs(tmp_path):
+    from convert.random_model import ROWS, LlamaShape, write_random_llama
+    from runner.load import load_model
+    shape = LlamaShape(n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, vocab_size=1000)
+    path = tmp_path / "random.gguf"
+    write_random_llama(path, shape, progress=False)
+    f = GGUFFile(path)
+    p = read_params(f)
+    assert (p.n_layer, p.n_embd, p.n_head, p.n_head_kv, p.n_ff, p.vocab_size) == (3, 256, 4, 2, 512, 1000)
+    # the Q4_K_M mix of ggrun convert: Q6_K output, Q4_K for most matrices
+    assert f.tensors["output.weight"].type == T.Q6_K and f.tensors["blk.1.attn_q.weight"].type == T.Q4_K
+    raw = f.tensor_bytes("blk.0.ffn_gate.weight")
+    assert np.array_equal(raw[:ROWS], raw[ROWS:2 * ROWS])  # blocks repeat down the tensor
+    w = dequantize(raw[:ROWS].reshape(-1), T.Q4_K)
+    assert np.isfinite(w).all() and 0.01 < w.std() < 0.03
+    lm = load_model(path)
+    logits = lm.model.forward(lm.tokenizer.encode("hello"), lm.model.new_cache(32))
+    assert logits.shape == (1000,) and np.isfinite(logits).all()

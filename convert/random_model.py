@@ -1,0 +1,98 @@
+"""A Llama-shaped GGUF of random weights, for measuring speed at sizes no test file has (a 7B
+shape on a GPU) without downloading one.
+
+Tensor types come from the same mix chooser as `ggrun convert` (Q4_K_M: Q6_K output, Q6_K for
+some attn_v and ffn_down, Q4_K elsewhere). Quantizing billions of random weights would take
+minutes and say nothing more, so each (row length, type) is quantized once for ROWS rows and
+those blocks are repeated down the tensor: every byte is a valid block, the model runs, and its
+text is noise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .convert import QUANTIZATION_VERSION, tokenizer_metadata
+from .gguf_out import PlannedTensor, Summary, typed_value, write_gguf
+from .hf_tokenizer import TokenizerData
+from .mixes import FILE_TYPES, chooser_for
+from .quants import quantize
+
+ROWS = 256
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    n_layer: int = 32
+    n_embd: int = 4096
+    n_head: int = 32
+    n_head_kv: int = 8
+    n_ff: int = 14336
+    vocab_size: int = 32000
+    context_length: int = 4096
+
+
+SHAPE_7B = LlamaShape()
+
+
+def _vocabulary(n: int) -> TokenizerData:
+    """SentencePiece-style: <unk>, <s>, </s>, the 256 byte tokens, then filler words."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    tokens += [f"\u2581w{i}" for i in range(n - len(tokens))]
+    types += [1] * (n - len(types))
+    return TokenizerData("llama", tokens, types, scores=[-float(i) for i in range(n)], add_space_prefix=True)
+
+
+def _tensor_shapes(s: LlamaShape) -> list[tuple[str, tuple[int, int] | tuple[int]]]:
+    """(name, GGML shape: row length first) in llama.cpp's file order."""
+    kv = s.n_embd // s.n_head * s.n_head_kv
+    shapes = [("token_embd.weight", (s.n_embd, s.vocab_size))]
+    for i in range(s.n_layer):
+        shapes += [(f"blk.{i}.attn_norm.weight", (s.n_embd,)), (f"blk.{i}.attn_q.weight", (s.n_embd, s.n_embd)),
+                   (f"blk.{i}.attn_k.weight", (s.n_embd, kv)), (f"blk.{i}.attn_v.weight", (s.n_embd, kv)),
+                   (f"blk.{i}.attn_output.weight", (s.n_embd, s.n_embd)), (f"blk.{i}.ffn_norm.weight", (s.n_embd,)),
+                   (f"blk.{i}.ffn_gate.weight", (s.n_embd, s.n_ff)), (f"blk.{i}.ffn_up.weight", (s.n_embd, s.n_ff)),
+                   (f"blk.{i}.ffn_down.weight", (s.n_ff, s.n_embd))]
+    return shapes + [("output_norm.weight", (s.n_embd,)), ("output.weight", (s.n_embd, s.vocab_size))]
+
+
+def write_random_llama(path: Path, shape: LlamaShape = SHAPE_7B, type_name: str = "Q4_K_M",
+                       seed: int = 0, progress: bool = True) -> Summary:
+    rng = np.random.default_rng(seed)
+    blocks: dict = {}  # (row length, type) -> ROWS quantized rows
+
+    def quantized_rows(n_cols, qtype, n_rows):
+        key = (n_cols, qtype)
+        if key not in blocks:
+            blocks[key] = quantize(rng.standard_normal((ROWS, n_cols), dtype=np.float32) * 0.02, qtype)
+        return np.tile(blocks[key], (-(-n_rows // ROWS), 1))[:n_rows]
+
+    shapes = _tensor_shapes(shape)
+    chooser = chooser_for(type_name, [n for n, _ in shapes], shape.n_layer, shape.n_head, shape.n_head_kv)
+    tensors = []
+    for name, dims in shapes:
+        qtype = chooser.choose(name, dims)
+        if len(dims) == 1:
+            tensors.append(PlannedTensor(name, dims, qtype, lambda n=dims[0]: np.ones(n, dtype=np.float32)))
+        else:
+            tensors.append(PlannedTensor(name, dims, qtype, lambda d=dims, t=qtype: quantized_rows(d[0], t, d[1]),
+                                         quantized=True))
+    md = [("general.type", "model"), ("general.name", f"random-llama-{shape.n_layer}x{shape.n_embd}"),
+          ("llama.context_length", shape.context_length), ("llama.embedding_length", shape.n_embd),
+          ("llama.block_count", shape.n_layer), ("llama.feed_forward_length", shape.n_ff),
+          ("llama.attention.head_count", shape.n_head), ("llama.attention.head_count_kv", shape.n_head_kv),
+          ("llama.rope.freq_base", 500000.0), ("llama.attention.layer_norm_rms_epsilon", 1e-5),
+          ("llama.vocab_size", shape.vocab_size), ("llama.rope.dimension_count", shape.n_embd // shape.n_head),
+          ("general.file_type", int(FILE_TYPES[type_name][1])),
+          ("general.quantization_version", QUANTIZATION_VERSION)]
+    special = {"bos": 1, "eos": 2, "unk": 0, "add_bos": True, "add_eos": False}
+    metadata = [(k, *typed_value(v)) for k, v in md] + tokenizer_metadata(_vocabulary(shape.vocab_size), special, "llama")
+    return write_gguf(path, "llama", metadata, tensors, progress)
+
+
+if __name__ == "__main__":  # python -m convert.random_model OUT.gguf: the 7B shape, Q4_K_M
+    import sys
+    print("\n".join(write_random_llama(Path(sys.argv[1])).lines()))
