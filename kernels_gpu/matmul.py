@@ -42,9 +42,9 @@ class QuantMatrix:
         return DEQUANTIZE[self.qtype](self.raw[ids])
 
 
-def row_dots(qtype, raw: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def row_dots(dequantize, raw: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """x (k,) against every row of raw: (N,). The function torch.compile fuses on CUDA."""
-    return (DEQUANTIZE[qtype](raw) * x).sum(dim=-1)
+    return (dequantize(raw) * x).sum(dim=-1)
 
 
 class Products:
@@ -57,12 +57,15 @@ class Products:
     def _dots(self, qtype):
         fn = self._row_dots.get(qtype)
         if fn is None:
-            def fn(raw, x, qtype=qtype):
-                return row_dots(qtype, raw, x)
+            dequantize = DEQUANTIZE[qtype]
+
+            def fn(raw, x):
+                return row_dots(dequantize, raw, x)
             if self.compiled:
                 # fullgraph: a graph break would split the fusion and materialize the weights.
-                # Every type's function shares one code object, whose compiled variants (a
-                # static one per first shape, then a dynamic one) count against one limit.
+                # Every type's function shares one code object, whose compiled variants count
+                # against one limit; dynamo tells them apart by the dequantizer's code (a guard
+                # on a type argument was missed: Q4_K reused Q4_0's graph of the same shape).
                 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
                 fn = torch.compile(fn, fullgraph=True)
             self._row_dots[qtype] = fn

@@ -77,20 +77,21 @@ def test_row_dots_the_compiled_decode_function(qtype):
     raw = _raw(qtype, n, k)
     ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
     x = rng.standard_normal(k).astype(np.float32)
-    got = _np(row_dots(qtype, torch.from_numpy(raw).to(DEVICE), torch.from_numpy(x).to(DEVICE)))
+    got = _np(row_dots(DEQUANTIZE[qtype], torch.from_numpy(raw).to(DEVICE), torch.from_numpy(x).to(DEVICE)))
     tol = 1e-5 * np.abs(ref).max() * np.abs(x).sum()
     assert np.all(np.abs(got - ref @ x) <= tol)
 
 
-def test_row_dots_compile_into_one_graph():
-    """torch.compile traces the Q4_K row dots without a graph break (fullgraph), here with the
-    CPU's inductor; on CUDA the same trace becomes a Triton kernel."""
+def test_row_dots_compile_into_one_graph_per_type():
+    """torch.compile traces the row dots without a graph break (fullgraph), here with the CPU's
+    inductor (on CUDA the same trace becomes a Triton kernel), and keeps types apart: Q4_0 and
+    Q4_K rows of 512 weights are both 288 bytes."""
     products = Products(compiled=True)
-    raw = _raw(T.Q4_K, 8, 512)
-    w = upload(T.Q4_K, raw, 512, DEVICE)
     x = torch.from_numpy(rng.standard_normal((1, 512)).astype(np.float32)).to(DEVICE)
-    want = Products(compiled=False).matmul(w, x)
-    assert torch.allclose(products.matmul(w, x), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    for qtype in (T.Q4_0, T.Q4_K):
+        w = upload(qtype, _raw(qtype, 8, 512), 512, DEVICE)
+        want = Products(compiled=False).matmul(w, x)
+        assert torch.allclose(products.matmul(w, x), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
 
 
 @pytest.mark.parametrize("model", ["smollm_path", "gemma_path"])
