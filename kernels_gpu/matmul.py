@@ -6,8 +6,9 @@ its ~4.5 bits per weight on the device. Products never dequantize the whole matr
 - one token (decode), compiled (CUDA): `dequantize(rows) * x` summed along each row, a function
   that torch.compile turns into one Triton reduction that reads the quantized bytes and keeps
   the dequantized weights in registers.
-- more tokens (prefill), or any product run eagerly (CPU): tiles of rows are dequantized to float32 and multiplied by the BLAS of
-  the device, so a tile of weights serves every token at once; only one tile exists at a time.
+- more tokens (prefill), or any product run eagerly (CPU): tiles of rows are dequantized to
+  float32 and multiplied by the device's BLAS, so a tile of weights serves every token at once;
+  only one tile exists at a time.
 """
 from __future__ import annotations
 
