@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 from gguf import GGMLQuantizationType as T
 
-from .ir import F32, I8, I32, LANES, const_vector, load_byte, load_bytes, load_f16, load_u32, splat, to_float, vector
+from .ir import F32, I8, I32, LANES, const_vector, load_byte, load_bytes, load_f16, load_u32, to_float
 
 
 @dataclass
