@@ -10,7 +10,7 @@ from gguf_io import GGUFError, GGUFFile, read_params
 
 from .errors import ConversionError
 from .gguf_out import PlannedTensor, Summary, typed_value, write_gguf
-from .hf_model import read_hf_model
+from .hf_model import HFModel, read_hf_model
 from .hf_tokenizer import read_tokenizer
 from .mixes import FILE_TYPES, chooser_for
 
@@ -46,16 +46,22 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True) -
                              lambda n=name, h=hf_name: hf.transform(n, ckpt.float32(h)))
                for name, hf_name, shape in planned]
 
+    metadata = model_metadata(folder.resolve().name, hf, file_type, tok, special)
+    return write_gguf(out, hf.spec.gguf_arch, metadata, tensors, progress)
+
+
+def model_metadata(name: str, hf: HFModel, file_type: str, tok, special: dict) -> list:
+    """The GGUF key/value section of a converted model: general keys, the architecture's
+    hyperparameters, the file type and the tokenizer."""
     arch = hf.spec.gguf_arch
-    md = [("general.type", "model"), ("general.name", folder.resolve().name)]
+    md = [("general.type", "model"), ("general.name", name)]
     md += [(f"{arch}.{k}", v) for k, v in hf.metadata.items()]
     md += [("general.file_type", int(FILE_TYPES[file_type][1])),
            ("general.quantization_version", QUANTIZATION_VERSION)]
-    metadata = [(k, *typed_value(v)) for k, v in md] + tokenizer_metadata(tok, special, arch)
-    return write_gguf(out, arch, metadata, tensors, progress)
+    return [(k, *typed_value(v)) for k, v in md] + _tokenizer_metadata(tok, special, arch)
 
 
-def tokenizer_metadata(tok, special: dict, arch: str) -> list:
+def _tokenizer_metadata(tok, special: dict, arch: str) -> list:
     arr = GGUFValueType.ARRAY
     md = [("tokenizer.ggml.model", tok.model, GGUFValueType.STRING, None)]
     if tok.pre:

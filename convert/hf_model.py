@@ -100,7 +100,11 @@ def load_json(path: Path, required: bool = True) -> dict:
 
 
 def read_hf_model(folder: Path) -> HFModel:
-    cfg = load_json(folder / "config.json")
+    return model_from_config(load_json(folder / "config.json"))
+
+
+def model_from_config(cfg: dict) -> HFModel:
+    """The model a Hugging Face config.json describes: architecture, sizes, GGUF metadata."""
     cfg = {**cfg, **cfg.get("text_config", {})}  # multimodal wrappers keep the decoder's config inside
     model_type = cfg.get("model_type")
     if model_type not in ARCHITECTURES:

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .convert import QUANTIZATION_VERSION, tokenizer_metadata
-from .gguf_out import PlannedTensor, Summary, typed_value, write_gguf
+from .convert import model_metadata
+from .gguf_out import PlannedTensor, Summary, write_gguf
+from .hf_model import model_from_config
 from .hf_tokenizer import TokenizerData
-from .mixes import FILE_TYPES, chooser_for
+from .mixes import chooser_for
 from .quants import quantize
 
 ROWS = 256
@@ -80,16 +81,15 @@ def write_random_llama(path: Path, shape: LlamaShape = SHAPE_7B, type_name: str 
         else:
             tensors.append(PlannedTensor(name, dims, qtype, lambda d=dims, t=qtype: quantized_rows(d[0], t, d[1]),
                                          quantized=True))
-    md = [("general.type", "model"), ("general.name", f"random-llama-{shape.n_layer}x{shape.n_embd}"),
-          ("llama.context_length", shape.context_length), ("llama.embedding_length", shape.n_embd),
-          ("llama.block_count", shape.n_layer), ("llama.feed_forward_length", shape.n_ff),
-          ("llama.attention.head_count", shape.n_head), ("llama.attention.head_count_kv", shape.n_head_kv),
-          ("llama.rope.freq_base", 500000.0), ("llama.attention.layer_norm_rms_epsilon", 1e-5),
-          ("llama.vocab_size", shape.vocab_size), ("llama.rope.dimension_count", shape.n_embd // shape.n_head),
-          ("general.file_type", int(FILE_TYPES[type_name][1])),
-          ("general.quantization_version", QUANTIZATION_VERSION)]
+    # the hyperparameter keys as the converter derives them from a Hugging Face config
+    hf = model_from_config({
+        "model_type": "llama", "num_hidden_layers": shape.n_layer, "hidden_size": shape.n_embd,
+        "num_attention_heads": shape.n_head, "num_key_value_heads": shape.n_head_kv,
+        "intermediate_size": shape.n_ff, "vocab_size": shape.vocab_size,
+        "max_position_embeddings": shape.context_length, "rope_theta": 500000.0, "rms_norm_eps": 1e-5})
     special = {"bos": 1, "eos": 2, "unk": 0, "add_bos": True, "add_eos": False}
-    metadata = [(k, *typed_value(v)) for k, v in md] + tokenizer_metadata(_vocabulary(shape.vocab_size), special, "llama")
+    metadata = model_metadata(f"random-llama-{shape.n_layer}x{shape.n_embd}", hf, type_name,
+                              _vocabulary(shape.vocab_size), special)
     return write_gguf(path, "llama", metadata, tensors, progress)
 
 
