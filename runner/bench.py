@@ -46,15 +46,14 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
     """pp and tg rows as llama-bench prints them; tg rows also carry the bytes a decode step reads
     (weights, and the KV cache at that depth) and the share of the memory bandwidth, measured in
     the same run, that their speed implies."""
-    from .load import ARCHITECTURES
-    from .memory_fit import MemoryFit
+    from .load import memory_fit
     f, p = lm.file, lm.params
     base = {"model": f.path.name, "arch": p.arch, "quant": file_type_name(f), "size_mib": f.size / 2**20,
             "params_m": sum(t.n_elements for t in f.tensors.values()) / 1e6,
             "bits_per_weight": f.bits_per_weight(), "backend": lm.backend.name, "threads": lm.backend.threads,
             "kv_type": lm.model.kv_type}
     bandwidth = lm.backend.read_bandwidth()
-    fit = MemoryFit.of(f, p, ARCHITECTURES[p.arch].layer_windows(p), lm.model.kv_type)
+    fit = memory_fit(f, p, lm.model.kv_type)
     tests = [("pp", n_prompt, 0, lambda k: _time_prefill(lm, k))]
     tests += [("tg", n_gen, d, lambda k, d=d: time_decode(lm, k, d)) for d in depths]
     rows = []

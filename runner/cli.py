@@ -208,11 +208,11 @@ def info(model, fit, ctx, mem, users, kv_type):
 
 
 def _print_fit(f, p, n_ctx, mem, users, kv_type):
-    from .load import ARCHITECTURES
-    from .memory_fit import MemoryFit, parse_size
+    from .load import ARCHITECTURES, memory_fit
+    from .memory_fit import parse_size
     if p.arch not in ARCHITECTURES:
         raise GGUFError(f"architecture {p.arch!r} is not supported")
-    fit = MemoryFit.of(f, p, ARCHITECTURES[p.arch].layer_windows(p), kv_type)
+    fit = memory_fit(f, p, kv_type)
     mib = 2**20
     click.echo(f"weights: {fit.weight_bytes / mib:.1f} MiB (" + ", ".join(
         f"{t} {b / mib:.1f}" for t, b in sorted(fit.weight_bytes_by_type.items(), key=lambda kv: -kv[1])) + ")")

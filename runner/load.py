@@ -28,13 +28,18 @@ class LoadedModel:
         return min(self.params.context_length, 4096)
 
 
+def memory_fit(f: GGUFFile, params: ModelParams, kv_type: str) -> MemoryFit:
+    """The memory arithmetic of a file, with its architecture's sliding windows."""
+    return MemoryFit.of(f, params, ARCHITECTURES[params.arch].layer_windows(params), kv_type)
+
+
 def _check_fit(f: GGUFFile, params: ModelParams, backend, kv_type: str, n_ctx: int) -> None:
     """On a device with its own memory, refuse a model whose weights and KV cache exceed what is
     free, saying how much it needs (before uploading anything)."""
     free = backend.free_memory()
     if free is None:
         return
-    fit = MemoryFit.of(f, params, ARCHITECTURES[params.arch].layer_windows(params), kv_type)
+    fit = memory_fit(f, params, kv_type)
     need = fit.total_bytes(n_ctx)
     if need > free:
         gib = 2**30
