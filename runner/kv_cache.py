@@ -65,9 +65,9 @@ class KVCache:
         self.keys = [backend.kv_zeros((n_kv_head, key_dim, cap), kv_type) for cap in self.capacity]
         self.values = [backend.kv_zeros((n_kv_head, cap, value_dim), kv_type) for cap in self.capacity]
         # each layer's kind: ("window" or "global", capacity); layers of one kind share a position table
-        self.kinds = [("window", cap) if w else ("global", cap) for w, cap in zip(self.windowed, self.capacity)]
-        self.kind_list = sorted(set(self.kinds))
-        self.kind_index = [self.kind_list.index(kind) for kind in self.kinds]  # layer -> its kind in a Batch
+        kinds = [("window", cap) if w else ("global", cap) for w, cap in zip(self.windowed, self.capacity)]
+        self.kind_list = sorted(set(kinds))
+        self.kind_index = [self.kind_list.index(kind) for kind in kinds]  # layer -> its kind in a Batch
         self.positions = {kind: np.full(kind[1], -1, dtype=np.int32) for kind in self.kind_list}
         self.used = 0       # tokens stored so far, which is also the next token's position
         self.pinned = 0     # leading tokens the ring never overwrites
