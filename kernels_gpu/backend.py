@@ -24,7 +24,7 @@ class TorchBackend:
     def __init__(self, device: str = "cuda", threads: int | None = None, compiled: bool | None = None,
                  graphs: bool | None = None):
         self.device = torch.device(device)
-        cuda = self.device.type == "cuda"
+        self.cuda = cuda = self.device.type == "cuda"
         self.name = "cuda" if cuda else "torch-cpu"
         if threads and not cuda:
             torch.set_num_threads(threads)
@@ -40,9 +40,7 @@ class TorchBackend:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype)).to(self.device)
 
     def free_memory(self) -> int | None:
-        if self.device.type != "cuda":
-            return None
-        return torch.cuda.mem_get_info(self.device)[0]
+        return torch.cuda.mem_get_info(self.device)[0] if self.cuda else None
 
     def load_matrix(self, qtype, raw, k):
         return upload(qtype, raw, k, self.device)
@@ -103,7 +101,7 @@ class TorchBackend:
     def read_bandwidth(self) -> float:
         """Device-to-device copy bandwidth, bytes read plus bytes written per second (as CUDA's
         bandwidthTest counts it), best of a few copies of a buffer far larger than any cache."""
-        n = (1 << 30) if self.device.type == "cuda" else (1 << 28)
+        n = (1 << 30) if self.cuda else (1 << 28)
         src = torch.empty(n, dtype=torch.uint8, device=self.device)
         dst = torch.empty_like(src)
         best = float("inf")
@@ -116,5 +114,5 @@ class TorchBackend:
         return 2 * n / best
 
     def _sync(self):
-        if self.device.type == "cuda":
+        if self.cuda:
             torch.cuda.synchronize(self.device)

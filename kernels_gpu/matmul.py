@@ -54,6 +54,10 @@ class Products:
     def __init__(self, compiled: bool):
         self.compiled = compiled
         self._row_dots = {}
+        if compiled:
+            # Every type's row-dot function shares one code object, whose compiled variants (a
+            # static one per first shape, then a dynamic one) count against one limit.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
     def _dots(self, qtype):
         fn = self._row_dots.get(qtype)
@@ -64,10 +68,8 @@ class Products:
                 return row_dots(dequantize, raw, x)
             if self.compiled:
                 # fullgraph: a graph break would split the fusion and materialize the weights.
-                # Every type's function shares one code object, whose compiled variants count
-                # against one limit; dynamo tells them apart by the dequantizer's code (a guard
-                # on a type argument was missed: Q4_K reused Q4_0's graph of the same shape).
-                torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+                # Dynamo tells the types apart by the dequantizer's code (a guard on a type
+                # argument was missed: Q4_K reused Q4_0's graph of the same byte shape).
                 fn = torch.compile(fn, fullgraph=True)
             self._row_dots[qtype] = fn
         return fn

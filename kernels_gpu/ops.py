@@ -17,7 +17,8 @@ def rms_norm(x, weight, eps: float):
 def rope(x, positions, n_rot: int, base: float, pos_scale: float, neox: bool, freq_factors):
     """Rotate the first n_rot dimensions of every head of x (tokens, heads, dim) in place; the
     angles are computed in float64 as the CPU table is. NeoX pairs (i, i + n_rot/2), the other
-    pairing (2i, 2i + 1)."""
+    pairing (2i, 2i + 1). The angles are recomputed on every call rather than cached across
+    layers: a cached table would be baked into a recorded CUDA graph and go stale on replay."""
     inv_freq = float(base) ** (-torch.arange(0, n_rot, 2, dtype=torch.float64, device=x.device) / n_rot)
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors.to(torch.float64)
