@@ -41,6 +41,10 @@ def _np(x):
     return x.detach().cpu().numpy()
 
 
+def _t(a):
+    return torch.from_numpy(np.ascontiguousarray(a)).to(DEVICE)
+
+
 def test_every_issue_type_is_supported():
     assert set(ALL_TYPES) <= be.supported_types
 
@@ -50,7 +54,7 @@ def test_dequantize_matches_gguf(qtype):
     for n, k in [(1, 256), (29, 768)]:
         raw = _raw(qtype, n, k, "extreme")
         ref = dequantize(raw.reshape(-1), qtype).reshape(n, k)
-        got = _np(DEQUANTIZE[qtype](torch.from_numpy(raw).to(DEVICE)))
+        got = _np(DEQUANTIZE[qtype](_t(raw)))
         assert np.allclose(got, ref, rtol=1e-6, atol=0), qtype.name
 
 
@@ -64,7 +68,7 @@ def test_products_match_reference_and_numba(qtype, n, k):
     scale = np.abs(ref).max() + 1e-30
     for tokens in (1, 5, 20):
         x = rng.standard_normal((tokens, k)).astype(np.float32)
-        got = _np(be.matmul(w, torch.from_numpy(x).to(DEVICE)))
+        got = _np(be.matmul(w, _t(x)))
         tol = 1e-5 * scale * np.abs(x).sum(axis=1, keepdims=True) + 1e-30
         assert np.all(np.abs(got - x.astype(np.float64) @ ref.T) <= tol), (qtype.name, tokens)
         assert np.all(np.abs(got - numba_w.matmul(x)) <= 2 * tol), (qtype.name, tokens)
@@ -77,7 +81,7 @@ def test_row_dots_the_compiled_decode_function(qtype):
     raw = _raw(qtype, n, k)
     ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
     x = rng.standard_normal(k).astype(np.float32)
-    got = _np(row_dots(DEQUANTIZE[qtype], torch.from_numpy(raw).to(DEVICE), torch.from_numpy(x).to(DEVICE)))
+    got = _np(row_dots(DEQUANTIZE[qtype], _t(raw), _t(x)))
     tol = 1e-5 * np.abs(ref).max() * np.abs(x).sum()
     assert np.all(np.abs(got - ref @ x) <= tol)
 
@@ -87,7 +91,7 @@ def test_row_dots_compile_into_one_graph_per_type():
     inductor (on CUDA the same trace becomes a Triton kernel), and keeps types apart: Q4_0 and
     Q4_K rows of 512 weights are both 288 bytes."""
     products = Products(compiled=True)
-    x = torch.from_numpy(rng.standard_normal((1, 512)).astype(np.float32)).to(DEVICE)
+    x = _t(rng.standard_normal((1, 512)).astype(np.float32))
     for qtype in (T.Q4_0, T.Q4_K):
         w = upload(qtype, _raw(qtype, 8, 512), 512, DEVICE)
         want = Products(compiled=False).matmul(w, x)
@@ -106,11 +110,7 @@ def test_real_tensors_decode_like_reference(model, request):
         rows = np.arange(min(t.n_rows, 64))
         ref = dequantize(raw[rows].reshape(-1), t.type).reshape(len(rows), t.shape[0])
         w = be.load_matrix(t.type, raw, t.shape[0])
-        assert np.array_equal(_np(w.rows(torch.from_numpy(rows).to(DEVICE))), ref), name
-
-
-def _t(a):
-    return torch.from_numpy(np.ascontiguousarray(a)).to(DEVICE)
+        assert np.array_equal(_np(w.rows(_t(rows))), ref), name
 
 
 def test_rms_norm_and_activations_match_numba():
