@@ -10,7 +10,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .intrinsics import cache_product, exp_f32
+from .intrinsics import cache_product, exp_f32, max_f32
 from .threads import in_parallel
 
 # Up to this many queries, the Numba kernel; beyond, BLAS.
@@ -30,14 +30,16 @@ def _exp_scores(row, qp, k_pos, window, softcap):
     Slot s is visible when 0 <= k_pos[s] <= qp and, with a sliding window, qp - k_pos[s] < window;
     empty slots carry position -1. Invisible slots get 0. (Bitwise &, |: no branches in the loop.)
     """
+    if softcap > 0:  # (a loop of its own: libm's tanh would keep the masking loop from vectorizing)
+        for s in range(row.shape[0]):
+            row[s] = softcap * math.tanh(row[s] / softcap)
     best = MASKED
     for s in range(row.shape[0]):
         kp = k_pos[s]
-        v = softcap * math.tanh(row[s] / softcap) if softcap > 0 else row[s]
         visible = (kp >= 0) & (kp <= qp) & ((window == 0) | (qp - kp < window))
-        v = v if visible else MASKED
+        v = row[s] if visible else MASKED
         row[s] = v
-        best = max(best, v)
+        best = max_f32(best, v)
     total = np.float32(0.0)
     if best == MASKED:  # nothing visible
         row[:] = 0.0
@@ -58,40 +60,64 @@ def softmax_visible(scores, q_pos, k_pos, window, softcap):
             scores[t] *= np.float32(1.0) / total
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, nogil=True, fastmath=True)
+def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, maxima, sums, partial):
+    """Job (token, kv head, chunk of slots) of attention_few: the chunk's softmax max and sum and
+    its weighted values, from register-blocked cache_product calls."""
+    _, n_head, _ = q.shape
+    n_kv, key_dim, _ = keys.shape
+    n_slots = k_pos.shape[0]
+    group = n_head // n_kv
+    n_chunks = (n_slots + SLOT_CHUNK - 1) // SLOT_CHUNK
+    t, kv, first = job // (n_kv * n_chunks), job // n_chunks % n_kv, job % n_chunks * SLOT_CHUNK
+    n = min(first + SLOT_CHUNK, n_slots) - first
+    queries = np.empty((group, key_dim), dtype=np.float32)
+    for g in range(group):
+        for i in range(key_dim):
+            queries[g, i] = q[t, kv * group + g, i] * scale
+    scores = np.empty((group, n), dtype=np.float32)
+    cache_product(keys, kv, 0, first, queries, scores)
+    for g in range(group):
+        maxima[job, g], sums[job, g] = _exp_scores(scores[g], q_pos[t], k_pos[first:first + n], window, softcap)
+    cache_product(values, kv, first, 0, scores, partial[job])
+
+
+def _attention_jobs(parallel):
+    """attention_few's driver: its jobs in a parallel loop, or in the calling thread (for a short
+    context, waking the other threads costs more than the jobs)."""
+    loop = prange if parallel else range
+
+    @njit(cache=True, parallel=parallel, fastmath=True)
+    def run(q, keys, values, q_pos, k_pos, scale, window, softcap, out):
+        n_kv = keys.shape[0]
+        n_chunks = (k_pos.shape[0] + SLOT_CHUNK - 1) // SLOT_CHUNK
+        n_jobs = q.shape[0] * n_kv * n_chunks
+        group = q.shape[1] // n_kv
+        maxima = np.empty((n_jobs, group), dtype=np.float32)
+        sums = np.empty((n_jobs, group), dtype=np.float32)
+        partial = np.empty((n_jobs, group, values.shape[2]), dtype=np.float32)
+        # (no array expressions outside the loop: in a parallel function each becomes a parallel
+        # region of its own, a few microseconds apiece)
+        for job in loop(n_jobs):
+            _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, maxima, sums, partial)
+        _combine_chunks(maxima, sums, partial, n_kv, n_chunks, out)
+    return run
+
+
+_attention_parallel = _attention_jobs(parallel=True)
+_attention_serial = _attention_jobs(parallel=False)
+# Below this many (query, slot) pairs per KV head, attention_few runs in the calling thread.
+PARALLEL_FROM = 256
+
+
 def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, out):
     """Grouped-query attention of a few queries q (T, heads, dim) over the first len(k_pos) slots
     of the cache, keys (kv heads, dim, slots) and values (kv heads, slots, dim).
 
-    One parallel pass over jobs (token, kv head, chunk of slots), whose scores and weighted values
-    are register-blocked cache_product calls; each chunk keeps its own softmax max and sum,
-    rescaled when the chunks are added up.
-    """
-    n_tokens, n_head, _ = q.shape
-    n_kv, key_dim, _ = keys.shape
-    n_slots = k_pos.shape[0]
-    value_dim = values.shape[2]
-    group = n_head // n_kv
-    n_chunks = (n_slots + SLOT_CHUNK - 1) // SLOT_CHUNK
-    n_jobs = n_tokens * n_kv * n_chunks
-    maxima = np.empty((n_jobs, group), dtype=np.float32)
-    sums = np.empty((n_jobs, group), dtype=np.float32)
-    partial = np.empty((n_jobs, group, value_dim), dtype=np.float32)
-    # (no array expressions outside the prange: in a parallel function each becomes a parallel
-    # region of its own, a few microseconds apiece)
-    for job in prange(n_jobs):
-        t, kv, first = job // (n_kv * n_chunks), job // n_chunks % n_kv, job % n_chunks * SLOT_CHUNK
-        n = min(first + SLOT_CHUNK, n_slots) - first
-        queries = np.empty((group, key_dim), dtype=np.float32)
-        for g in range(group):
-            for i in range(key_dim):
-                queries[g, i] = q[t, kv * group + g, i] * scale
-        scores = np.empty((group, n), dtype=np.float32)
-        cache_product(keys, kv, 0, first, queries, scores)
-        for g in range(group):
-            maxima[job, g], sums[job, g] = _exp_scores(scores[g], q_pos[t], k_pos[first:first + n], window, softcap)
-        cache_product(values, kv, first, 0, scores, partial[job])
-    _combine_chunks(maxima, sums, partial, n_kv, n_chunks, out)
+    Jobs are (token, kv head, chunk of slots); each chunk keeps its own softmax max and sum,
+    rescaled when the chunks are added up."""
+    run = _attention_parallel if q.shape[0] * len(k_pos) >= PARALLEL_FROM else _attention_serial
+    run(q, keys, values, q_pos, k_pos, scale, window, softcap, out)
 
 
 @njit(cache=True, fastmath=True)

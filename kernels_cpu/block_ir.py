@@ -1,17 +1,18 @@
 """Each quantized type's block layout, decoded in LLVM IR to float vectors (byte layouts: ggml-common.h).
 
 A decoder reads one block at pointer `p` and returns its scale groups in order, each as
-Group(scale, bias, values): weight = scale * value + bias, with `values` the group's 16 or 32
-weights as <16 x float> vectors in position order. `bias` is None for symmetric types, whose
-integer offset (Q4_0's -8 ...) is subtracted before conversion instead. rowdot.py multiplies the
-groups with activations or writes them out; nothing here knows about rows or tokens.
+Group(scale, bias, values, signed): weight = scale * value + bias, with `values` the group's 16
+or 32 integer values as <16 x i8> vectors in position order (signed or unsigned bytes). `bias` is
+None for symmetric types, whose integer offset (Q4_0's -8 ...) is subtracted in the bytes
+instead. rowdot.py multiplies the groups with activations or writes them out as floats; nothing
+here knows about rows or tokens.
 """
 from dataclasses import dataclass
 
 from llvmlite import ir
 from gguf import GGMLQuantizationType as T
 
-from .ir import F32, I8, I32, LANES, const_vector, load_byte, load_bytes, load_f16, load_u32, to_float
+from .ir import F32, I8, I32, LANES, const_vector, load_byte, load_bytes, load_f16, load_u32
 
 
 @dataclass
@@ -19,6 +20,7 @@ class Group:
     scale: ir.Value
     bias: ir.Value | None
     values: list
+    signed: bool
 
 
 def _bytes_op(op):
@@ -55,12 +57,12 @@ def _with_fifth_bits(b, v, qh, first, offset):
 
 def _q4_0(b, p):  # d:f16 qs[16]
     lo, hi = _nibble_halves(b, p, 2)
-    return [Group(load_f16(b, p, 0), None, [to_float(b, _sub(b, v, 8), True) for v in (lo, hi)])]
+    return [Group(load_f16(b, p, 0), None, [_sub(b, v, 8) for v in (lo, hi)], True)]
 
 
 def _q4_1(b, p):  # d:f16 m:f16 qs[16]
     lo, hi = _nibble_halves(b, p, 4)
-    return [Group(load_f16(b, p, 0), load_f16(b, p, 2), [to_float(b, v, False) for v in (lo, hi)])]
+    return [Group(load_f16(b, p, 0), load_f16(b, p, 2), [lo, hi], False)]
 
 
 def _q5(b, p, qh_at, qs_at, offset):
@@ -70,15 +72,15 @@ def _q5(b, p, qh_at, qs_at, offset):
 
 
 def _q5_0(b, p):  # d:f16 qh[4] qs[16]
-    return [Group(load_f16(b, p, 0), None, [to_float(b, v, True) for v in _q5(b, p, 2, 6, 16)])]
+    return [Group(load_f16(b, p, 0), None, list(_q5(b, p, 2, 6, 16)), True)]
 
 
 def _q5_1(b, p):  # d:f16 m:f16 qh[4] qs[16]
-    return [Group(load_f16(b, p, 0), load_f16(b, p, 2), [to_float(b, v, False) for v in _q5(b, p, 4, 8, 0)])]
+    return [Group(load_f16(b, p, 0), load_f16(b, p, 2), list(_q5(b, p, 4, 8, 0)), False)]
 
 
 def _q8_0(b, p):  # d:f16 qs[32] int8
-    return [Group(load_f16(b, p, 0), None, [to_float(b, load_bytes(b, p, 2 + 16 * h), True) for h in (0, 1)])]
+    return [Group(load_f16(b, p, 0), None, [load_bytes(b, p, 2 + 16 * h) for h in (0, 1)], True)]
 
 
 def _k4_scale_min(b, p, j):
@@ -99,7 +101,7 @@ def _k4_groups(b, p, values):
     for j, v in enumerate(values):
         sc, mn = _k4_scale_min(b, b.gep(p, [ir.Constant(I32, 4)]), j)
         groups.append(Group(b.fmul(d, b.sitofp(sc, F32)), b.fneg(b.fmul(dmin, b.sitofp(mn, F32))),
-                            [to_float(b, x, False) for x in v]))
+                            v, False))
     return groups
 
 
@@ -138,7 +140,7 @@ def _q6_k(b, p):  # ql[128], qh[64], scales[16] int8, d: 6-bit values offset by 
                 g = 8 * half + 2 * quarter + lane
                 value = _sub(b, b.or_(low, _shl(b, _bits(b, h, 2 * quarter, 3), 4)), 32)
                 scale = b.fmul(d, b.sitofp(b.load(b.gep(p, [ir.Constant(I32, 192 + g)])), F32))
-                groups[g] = Group(scale, None, [to_float(b, value, True)])
+                groups[g] = Group(scale, None, [value], True)
     return _sixteens(groups)
 
 
@@ -161,7 +163,7 @@ def _q2_k(b, p):  # scales[16] (4-bit scale | 4-bit min << 4), qs[64], d, dmin
         sc = load_byte(b, p, g)
         scale = b.fmul(d, b.sitofp(b.and_(sc, ir.Constant(I32, 15)), F32))
         bias = b.fneg(b.fmul(dmin, b.sitofp(b.lshr(sc, ir.Constant(I32, 4)), F32)))
-        return Group(scale, bias, [to_float(b, v, False)])
+        return Group(scale, bias, [v], False)
     return _two_bit_planes(b, p, 16, group)
 
 
@@ -175,7 +177,7 @@ def _q3_k(b, p):  # hmask[32], qs[64], scales[12] (6-bit, packed, offset 32), d
         sc = b.sub(b.or_(low, b.shl(high, ir.Constant(I32, 4))), ir.Constant(I32, 32))
         # a clear high-mask bit means value - 4
         value = _sub(b, b.or_(v, _shl(b, _bits(b, hmask[lane], 4 * half + plane, 1), 2)), 4)
-        return Group(b.fmul(d, b.sitofp(sc, F32)), None, [to_float(b, value, True)])
+        return Group(b.fmul(d, b.sitofp(sc, F32)), None, [value], True)
     return _two_bit_planes(b, p, 32, group)
 
 

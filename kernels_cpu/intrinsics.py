@@ -8,7 +8,8 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .ir import FAST, F32, I16, I32, I64, LANES, array_data, array_shape, array_strides, offset, splat, vector
+from .ir import (FAST, F32, I16, I32, I64, LANES, array_data, array_shape, array_strides, lanes_below, masked_load,
+                 masked_store, offset, splat, vector)
 
 
 # exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 split in two parts for exactness
@@ -35,6 +36,16 @@ def exp_f32(typingctx, x):
 
 
 @intrinsic
+def max_f32(typingctx, x, y):
+    """The larger of two float32 (either one when they are equal); unlike Numba's max, a
+    reduction over it vectorizes."""
+    def codegen(context, b, signature, args):
+        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(F32, [F32, F32]), "llvm.maxnum.f32")
+        return b.call(fn, args, fastmath=("fast",))
+    return types.float32(x, y), codegen
+
+
+@intrinsic
 def from_f32(typingctx, value, like):
     """value as an element of the array `like`: float16 bits (uint16, rounded to nearest even) or float32."""
     if like.dtype == types.uint16:
@@ -45,6 +56,11 @@ def from_f32(typingctx, value, like):
     return None
 
 
+# Rows of `a` (queries of one KV head) per pass of cache_product: 4 x 4 accumulators, 4 cache
+# vectors and 4 broadcast weights fit AVX-512's 32 registers.
+QUERIES_TOGETHER = 4
+
+
 @intrinsic
 def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
     """out[g, c] = sum_r a[g, r] * cache[kv, row_first + r, col_first + c] for g < len(a),
@@ -53,8 +69,9 @@ def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
     float32. Callers guarantee the bounds. Attention uses it twice: scores are queries times keys
     (kv heads, dim, slots), outputs are weights times values (kv heads, slots, dim).
 
-    Register-blocked: 64 columns in four 16-lane accumulators run down all rows, each cache vector
-    converted where it is loaded, so a multiply-add costs about two instructions.
+    Register-blocked: 64 columns of QUERIES_TOGETHER rows of a in 16-lane accumulators run down all
+    rows, each cache vector converted once where it is loaded for all of them (the queries of a
+    grouped-query head share their keys and values).
     """
     element = ir.HalfType() if cache.dtype == types.uint16 else F32
     if cache.dtype not in (types.uint16, types.float32) or a.dtype != types.float32:
@@ -70,7 +87,7 @@ def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
         n_cols = array_shape(context, b, out_type, out_v)[1]
         a_ptr = b.bitcast(array_data(context, b, a_type, a_v), F32.as_pointer())
         out_ptr = b.bitcast(array_data(context, b, out_type, out_v), F32.as_pointer())
-        widen = (lambda v, t: b.fpext(v, t)) if element != F32 else (lambda v, t: v)
+        widen = (lambda v: b.fpext(v, vector(F32))) if element != F32 else (lambda v: v)
 
         def cache_at(r, c):
             return b.gep(b.bitcast(offset(b, base, b.mul(r, row_stride)), element.as_pointer()), [c])
@@ -78,34 +95,55 @@ def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
         def a_at(g, r):
             return b.load(b.gep(a_ptr, [b.add(b.mul(g, n_rows), r)]))
 
-        def columns(g, first, width, lanes):
-            """out[g, first : first + width * lanes] from `width` accumulators of `lanes` lanes."""
-            acc_type = vector(F32, lanes) if lanes > 1 else F32
-            zero = ir.Constant(acc_type, [0.0] * lanes if lanes > 1 else 0.0)
-            accs = [cgutils.alloca_once_value(b, zero) for _ in range(width)]
-            for acc in accs:
+        def columns(gs, first, width, mask=None):
+            """out[g, first : first + width * LANES] for each g of gs, from `width` accumulators
+            per g (only the lanes of `mask`, when given): each cache vector is loaded and
+            converted once for all of gs."""
+            zero = ir.Constant(vector(F32), [0.0] * LANES)
+            accs = [[cgutils.alloca_once_value(b, zero) for _ in range(width)] for _ in gs]
+            for acc in (acc for row in accs for acc in row):
                 b.store(zero, acc)
             with cgutils.for_range(b, n_rows) as rows:
-                weight = a_at(g, rows.index)
-                weight = splat(b, weight, lanes) if lanes > 1 else weight
-                for u, acc in enumerate(accs):
-                    at = cache_at(rows.index, b.add(first, ir.Constant(I64, u * lanes)))
-                    if lanes > 1:
-                        at = b.bitcast(at, vector(element, lanes).as_pointer())
-                    value = widen(b.load(at, align=2), acc_type)
-                    b.store(b.fadd(b.fmul(value, weight, flags=FAST), b.load(acc), flags=FAST), acc)
-            for u, acc in enumerate(accs):
-                at = b.gep(out_ptr, [b.add(b.add(b.mul(g, n_cols), first), ir.Constant(I64, u * lanes))])
-                b.store(b.load(acc), b.bitcast(at, acc_type.as_pointer()) if lanes > 1 else at, align=4)
+                values = []
+                for u in range(width):
+                    at = b.bitcast(cache_at(rows.index, b.add(first, ir.Constant(I64, u * LANES))),
+                                   vector(element, LANES).as_pointer())
+                    values.append(widen(b.load(at, align=2) if mask is None else masked_load(b, at, mask, 2)))
+                for g, row_accs in zip(gs, accs):
+                    weight = splat(b, a_at(g, rows.index))
+                    for value, acc in zip(values, row_accs):
+                        b.store(b.fadd(b.fmul(value, weight, flags=FAST), b.load(acc), flags=FAST), acc)
+            for g, row_accs in zip(gs, accs):
+                for u, acc in enumerate(row_accs):
+                    at = b.gep(out_ptr, [b.add(b.add(b.mul(g, n_cols), first), ir.Constant(I64, u * LANES))])
+                    at = b.bitcast(at, vector(F32).as_pointer())
+                    if mask is None:
+                        b.store(b.load(acc), at, align=4)
+                    else:
+                        masked_store(b, b.load(acc), at, mask, 4)
 
-        with cgutils.for_range(b, n_group) as groups:
+        def all_columns(gs):
             done = ir.Constant(I64, 0)
-            for width, lanes in ((4, LANES), (1, LANES), (1, 1)):  # 64 columns at a time, then 16, then 1
-                step = ir.Constant(I64, width * lanes)
+            for width in (4, 1):  # 64 columns at a time, then 16
+                step = ir.Constant(I64, width * LANES)
                 count = b.udiv(b.sub(n_cols, done), step)
                 start = done
                 with cgutils.for_range(b, count) as blocks:
-                    columns(groups.index, b.add(start, b.mul(blocks.index, step)), width, lanes)
+                    columns(gs, b.add(start, b.mul(blocks.index, step)), width)
                 done = b.add(done, b.mul(count, step))
+            rest = b.sub(n_cols, done)
+            with b.if_then(b.icmp_unsigned(">", rest, ir.Constant(I64, 0))):
+                columns(gs, done, 1, lanes_below(b, rest))
+
+        # whole chunks of QUERIES_TOGETHER rows of a, then the 1 to QUERIES_TOGETHER - 1 left
+        together = ir.Constant(I64, QUERIES_TOGETHER)
+        n_together = b.udiv(n_group, together)
+        first_left = b.mul(n_together, together)
+        with cgutils.for_range(b, n_together) as chunk:
+            all_columns([b.add(b.mul(chunk.index, together), ir.Constant(I64, j)) for j in range(QUERIES_TOGETHER)])
+        left = b.urem(n_group, together)
+        for n_left in range(1, QUERIES_TOGETHER):
+            with b.if_then(b.icmp_unsigned("==", left, ir.Constant(I64, n_left))):
+                all_columns([b.add(first_left, ir.Constant(I64, j)) for j in range(n_left)])
         return context.get_dummy_value()
     return types.none(cache, kv, row_first, col_first, a, out), codegen

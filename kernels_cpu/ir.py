@@ -58,10 +58,10 @@ def load_bytes(b, ptr, at, n=LANES):
     return b.load(b.bitcast(offset(b, ptr, at), vector(I8, n).as_pointer()), align=1)
 
 
-def load_floats(b, ptr, at_element, n=LANES):
-    """n float32 starting at element at_element (an i64 value) of a float32 array at ptr."""
-    p = b.gep(b.bitcast(ptr, F32.as_pointer()), [at_element])
-    return b.load(b.bitcast(p, vector(F32, n).as_pointer()), align=4)
+def load_ints(b, ptr, at_element, element, n=LANES):
+    """n integers of type `element` starting at element at_element (an i64 value) of an array at ptr."""
+    p = b.gep(b.bitcast(ptr, element.as_pointer()), [at_element])
+    return b.load(b.bitcast(p, vector(element, n).as_pointer()), align=element.width // 8)
 
 
 def load_f16(b, ptr, at):
@@ -80,6 +80,64 @@ def load_byte(b, ptr, at):
 
 def to_float(b, ints, signed):
     return (b.sitofp if signed else b.uitofp)(ints, vector(F32, ints.type.count))
+
+
+def widen(b, ints, element, signed):
+    """Integer vector to wider lanes of type `element`, sign- or zero-extended."""
+    return (b.sext if signed else b.zext)(ints, vector(element, ints.type.count))
+
+
+def concat(b, low, high):
+    """Two vectors of n lanes as one of 2n."""
+    return b.shuffle_vector(low, high, const_vector(I32, range(2 * low.type.count)))
+
+
+def pair_products(b, a, c):
+    """<2n x i16> a, c -> <n x i32>: a[2i] * c[2i] + a[2i + 1] * c[2i + 1]. x86 has this as one
+    instruction (pmaddwd; vpdpwssd with an accumulator on VNNI), which LLVM selects for the pattern."""
+    n = a.type.count
+    wide = vector(I32, n)
+    p = b.mul(b.sext(a, wide), b.sext(c, wide))
+    even = b.shuffle_vector(p, p, const_vector(I32, range(0, n, 2)))
+    odd = b.shuffle_vector(p, p, const_vector(I32, range(1, n, 2)))
+    return b.add(even, odd)
+
+
+def spread(b, scalars, n=LANES):
+    """A vector of n lanes holding each scalar in turn over an equal share of the lanes."""
+    if len(scalars) == 1:
+        return splat(b, scalars[0], n)
+    v = ir.Constant(vector(scalars[0].type, len(scalars)), ir.Undefined)
+    for i, s in enumerate(scalars):
+        v = b.insert_element(v, s, ir.Constant(I32, i))
+    share = n // len(scalars)
+    return b.shuffle_vector(v, v, const_vector(I32, [i // share for i in range(n)]))
+
+
+def lanes_below(b, n, lanes=LANES):
+    """<lanes x i1>: lane i set when i < n (an i64 value)."""
+    return b.icmp_unsigned("<", const_vector(I64, range(lanes)), splat(b, n, lanes))
+
+
+def masked_load(b, ptr, mask, align):
+    """The lanes of mask from the vector at ptr (a vector pointer), zeros elsewhere; the other
+    lanes' memory is not touched."""
+    vt = ptr.type.pointee
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(vt, [ptr.type, I32, mask.type, vt]),
+                                        f"llvm.masked.load.v{vt.count}{_type_suffix(vt.element)}.p0")
+    return b.call(fn, [ptr, ir.Constant(I32, align), mask, ir.Constant(vt, [0] * vt.count)])
+
+
+def masked_store(b, value, ptr, mask, align):
+    """Store the lanes of mask of value at ptr (a vector pointer)."""
+    vt = value.type
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.VoidType(), [vt, ptr.type, I32, mask.type]),
+                                        f"llvm.masked.store.v{vt.count}{_type_suffix(vt.element)}.p0")
+    b.call(fn, [value, ptr, ir.Constant(I32, align), mask])
+
+
+def _type_suffix(t):
+    return {F32: "f32"}.get(t) or ("f16" if isinstance(t, ir.HalfType) else f"i{t.width}")
 
 
 def prefetch(b, ptr):
