@@ -13,8 +13,9 @@ from numba import njit, prange
 from .intrinsics import cache_product, exp_f32, max_f32
 from .threads import in_parallel
 
-# Up to this many queries, the Numba kernel; beyond, BLAS.
+# Up to this many queries, the Numba kernel; beyond, BLAS, over chunks of this many queries.
 FEW_QUERIES = 8
+QUERY_CHUNK = 128
 
 
 # Masked scores; finite, because fastmath code may assume there are no infinities.
@@ -161,12 +162,31 @@ def attention(q, keys, values, q_pos, k_pos, scale, window, softcap):
         attention_few(q, as_kernel_array(keys), as_kernel_array(values), q_pos, k_pos, *args, out)
         return out
     group = n_head // keys.shape[0]
+    n = len(k_pos)
+    chunks = [(a, min(a + QUERY_CHUNK, n_tokens)) for a in range(0, n_tokens, QUERY_CHUNK)]
+    spans = [_visible_span(q_pos[a:b], k_pos, args[1]) for a, b in chunks]
 
     def heads(first, last):
+        converted = {}  # a KV head's keys and values as float32, once for all its query heads
         for h in range(first, last):
             kv = h // group
-            scores = (q[:, h, :] * args[0]) @ keys[kv, :, :len(k_pos)].astype(np.float32)
-            softmax_visible(scores, q_pos, k_pos, args[1], args[2])
-            np.matmul(scores, values[kv, :len(k_pos)].astype(np.float32), out=out[:, h, :])
+            if kv not in converted:
+                converted[kv] = keys[kv, :, :n].astype(np.float32), values[kv, :n].astype(np.float32)
+            k, v = converted[kv]
+            for (a, b), (begin, end) in zip(chunks, spans):
+                scores = (q[a:b, h, :] * args[0]) @ k[:, begin:end]
+                softmax_visible(scores, q_pos[a:b], k_pos[begin:end], args[1], args[2])
+                np.matmul(scores, v[begin:end], out=out[a:b, h, :])
     in_parallel(heads, n_head)
     return out
+
+
+def _visible_span(q_pos, k_pos, window):
+    """(begin, end): the slots that any of these queries may see lie in begin..end-1 (causal
+    masking: a chunk of early queries skips the later keys, about half the work of a prompt)."""
+    q_min, q_max = q_pos.min(), q_pos.max()
+    seen = (k_pos >= 0) & (k_pos <= q_max)
+    if window:
+        seen &= q_min - k_pos < window
+    slots = np.flatnonzero(seen)
+    return (int(slots[0]), int(slots[-1]) + 1) if slots.size else (0, 0)

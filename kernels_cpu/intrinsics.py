@@ -35,14 +35,27 @@ def exp_f32(typingctx, x):
     return types.float32(x), codegen
 
 
+# LLVM's float32 max, min and rint (fast-math): unlike Numba's max, min and np.rint, loops over
+# them vectorize.
+def _llvm_float(b, name, values):
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(F32, [F32] * len(values)), f"llvm.{name}.f32")
+    return b.call(fn, values, fastmath=("fast",))
+
+
 @intrinsic
 def max_f32(typingctx, x, y):
-    """The larger of two float32 (either one when they are equal); unlike Numba's max, a
-    reduction over it vectorizes."""
-    def codegen(context, b, signature, args):
-        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(F32, [F32, F32]), "llvm.maxnum.f32")
-        return b.call(fn, args, fastmath=("fast",))
-    return types.float32(x, y), codegen
+    return types.float32(x, y), lambda context, b, signature, args: _llvm_float(b, "maxnum", args)
+
+
+@intrinsic
+def min_f32(typingctx, x, y):
+    return types.float32(x, y), lambda context, b, signature, args: _llvm_float(b, "minnum", args)
+
+
+@intrinsic
+def round_f32(typingctx, x):
+    """x rounded to the nearest integer, ties to even."""
+    return types.float32(x), lambda context, b, signature, args: _llvm_float(b, "rint", args)
 
 
 @intrinsic

@@ -12,6 +12,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
 from .blocks import FLOAT_TYPES, float_rows
+from .intrinsics import max_f32, min_f32, round_f32
 from .rowdot import ROWS, row_dequantize, row_dot, rows_dot
 from .threads import in_parallel
 
@@ -23,7 +24,7 @@ FEW_TOKENS = 8
 STREAMS = 4
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=True, error_model="numpy")
 def _quantize_activations(x):
     """x (T, K) as 16-bit integers xq with a float32 scale dx per 32 values (x ~ dx * xq, off by
     at most 1/65534 of the largest |x| of the 32), and the sums of each 16 values (exact, for the
@@ -37,12 +38,12 @@ def _quantize_activations(x):
         for g in range(k // 32):
             amax = np.float32(0.0)
             for j in range(g * 32, g * 32 + 32):
-                amax = max(amax, abs(x[t, j]))
-            d = amax / np.float32(32767.0)
+                amax = max_f32(amax, abs(x[t, j]))
             inv = np.float32(32767.0) / amax if amax > 0 else np.float32(0.0)
-            dx[t, g] = d
-            for j in range(g * 32, g * 32 + 32):
-                xq[t, j] = np.int16(min(max(np.rint(x[t, j] * inv), -32767.0), 32767.0))
+            dx[t, g] = amax / np.float32(32767.0)
+            for j in range(g * 32, g * 32 + 32):  # |x * inv| <= 32767 (up to rounding: clamped)
+                xq[t, j] = np.int16(max_f32(min_f32(round_f32(x[t, j] * inv), np.float32(32767.0)),
+                                            np.float32(-32767.0)))
         for g in range(k // 16):
             s = np.float32(0.0)
             for j in range(g * 16, g * 16 + 16):
