@@ -1,11 +1,13 @@
 """Each quantized type's block layout, decoded in LLVM IR to float vectors (byte layouts: ggml-common.h).
 
-A decoder reads one block at pointer `p` and returns its scale groups in order, each as
+A decoder reads one block at pointer `p` and returns a Block: its scale groups in order, each as
 Group(scale, bias, values, signed): weight = scale * value + bias, with `values` the group's 16
 or 32 integer values as <16 x i8> vectors in position order (signed or unsigned bytes). `bias` is
 None for symmetric types, whose integer offset (Q4_0's -8 ...) is subtracted in the bytes
-instead. rowdot.py multiplies the groups with activations or writes them out as floats; nothing
-here knows about rows or tokens.
+instead. In K-quants, scale and bias are the groups' integer sub-scales and mins (i32), which the
+block's float d and dmin turn into weight = d * scale * value - dmin * bias: products can then
+stay integers over a whole super-block. rowdot.py multiplies the blocks with activations or
+writes them out as floats; nothing here knows about rows or tokens.
 """
 from dataclasses import dataclass
 
@@ -21,6 +23,20 @@ class Group:
     bias: ir.Value | None
     values: list
     signed: bool
+
+
+@dataclass
+class Block:
+    groups: list
+    d: ir.Value | None = None     # K-quants: float scale of the groups' integer scales ...
+    dmin: ir.Value | None = None  # ... and of their integer mins
+
+    def float_groups(self, b):
+        """(scale, bias) of each group as float32 (bias None where there is none)."""
+        if self.d is None:
+            return [(g.scale, g.bias) for g in self.groups]
+        return [(b.fmul(self.d, b.sitofp(g.scale, F32)),
+                 None if g.bias is None else b.fneg(b.fmul(self.dmin, b.sitofp(g.bias, F32)))) for g in self.groups]
 
 
 def _bytes_op(op):
@@ -57,12 +73,12 @@ def _with_fifth_bits(b, v, qh, first, offset):
 
 def _q4_0(b, p):  # d:f16 qs[16]
     lo, hi = _nibble_halves(b, p, 2)
-    return [Group(load_f16(b, p, 0), None, [_sub(b, v, 8) for v in (lo, hi)], True)]
+    return Block([Group(load_f16(b, p, 0), None, [_sub(b, v, 8) for v in (lo, hi)], True)])
 
 
 def _q4_1(b, p):  # d:f16 m:f16 qs[16]
     lo, hi = _nibble_halves(b, p, 4)
-    return [Group(load_f16(b, p, 0), load_f16(b, p, 2), [lo, hi], False)]
+    return Block([Group(load_f16(b, p, 0), load_f16(b, p, 2), [lo, hi], False)])
 
 
 def _q5(b, p, qh_at, qs_at, offset):
@@ -72,15 +88,15 @@ def _q5(b, p, qh_at, qs_at, offset):
 
 
 def _q5_0(b, p):  # d:f16 qh[4] qs[16]
-    return [Group(load_f16(b, p, 0), None, list(_q5(b, p, 2, 6, 16)), True)]
+    return Block([Group(load_f16(b, p, 0), None, list(_q5(b, p, 2, 6, 16)), True)])
 
 
 def _q5_1(b, p):  # d:f16 m:f16 qh[4] qs[16]
-    return [Group(load_f16(b, p, 0), load_f16(b, p, 2), list(_q5(b, p, 4, 8, 0)), False)]
+    return Block([Group(load_f16(b, p, 0), load_f16(b, p, 2), list(_q5(b, p, 4, 8, 0)), False)])
 
 
 def _q8_0(b, p):  # d:f16 qs[32] int8
-    return [Group(load_f16(b, p, 0), None, [load_bytes(b, p, 2 + 16 * h) for h in (0, 1)], True)]
+    return Block([Group(load_f16(b, p, 0), None, [load_bytes(b, p, 2 + 16 * h) for h in (0, 1)], True)])
 
 
 def _k4_scale_min(b, p, j):
@@ -95,14 +111,10 @@ def _k4_scale_min(b, p, j):
 
 
 def _k4_groups(b, p, values):
-    """Q4_K/Q5_K: eight 32-weight groups from the super-block's d, dmin and packed scales."""
-    d, dmin = load_f16(b, p, 0), load_f16(b, p, 2)
-    groups = []
-    for j, v in enumerate(values):
-        sc, mn = _k4_scale_min(b, b.gep(p, [ir.Constant(I32, 4)]), j)
-        groups.append(Group(b.fmul(d, b.sitofp(sc, F32)), b.fneg(b.fmul(dmin, b.sitofp(mn, F32))),
-                            v, False))
-    return groups
+    """Q4_K/Q5_K: eight 32-weight groups with their packed scales and mins under d, dmin."""
+    scales_at = b.gep(p, [ir.Constant(I32, 4)])
+    return Block([Group(*_k4_scale_min(b, scales_at, j), v, False) for j, v in enumerate(values)],
+                 load_f16(b, p, 0), load_f16(b, p, 2))
 
 
 def _q4_k(b, p):  # d, dmin, scales[12], qs[128]: 32 bytes hold 64 weights, low nibbles first
@@ -139,9 +151,9 @@ def _q6_k(b, p):  # ql[128], qh[64], scales[16] int8, d: 6-bit values offset by 
             for quarter, low in enumerate(quarters):
                 g = 8 * half + 2 * quarter + lane
                 value = _sub(b, b.or_(low, _shl(b, _bits(b, h, 2 * quarter, 3), 4)), 32)
-                scale = b.fmul(d, b.sitofp(b.load(b.gep(p, [ir.Constant(I32, 192 + g)])), F32))
+                scale = b.sext(b.load(b.gep(p, [ir.Constant(I32, 192 + g)])), I32)
                 groups[g] = Group(scale, None, [value], True)
-    return _sixteens(groups)
+    return Block(_sixteens(groups), d)
 
 
 def _two_bit_planes(b, p, at, make_group):
@@ -161,10 +173,8 @@ def _q2_k(b, p):  # scales[16] (4-bit scale | 4-bit min << 4), qs[64], d, dmin
 
     def group(g, half, plane, lane, v):
         sc = load_byte(b, p, g)
-        scale = b.fmul(d, b.sitofp(b.and_(sc, ir.Constant(I32, 15)), F32))
-        bias = b.fneg(b.fmul(dmin, b.sitofp(b.lshr(sc, ir.Constant(I32, 4)), F32)))
-        return Group(scale, bias, [v], False)
-    return _two_bit_planes(b, p, 16, group)
+        return Group(b.and_(sc, ir.Constant(I32, 15)), b.lshr(sc, ir.Constant(I32, 4)), [v], False)
+    return Block(_two_bit_planes(b, p, 16, group), d, dmin)
 
 
 def _q3_k(b, p):  # hmask[32], qs[64], scales[12] (6-bit, packed, offset 32), d
@@ -177,8 +187,8 @@ def _q3_k(b, p):  # hmask[32], qs[64], scales[12] (6-bit, packed, offset 32), d
         sc = b.sub(b.or_(low, b.shl(high, ir.Constant(I32, 4))), ir.Constant(I32, 32))
         # a clear high-mask bit means value - 4
         value = _sub(b, b.or_(v, _shl(b, _bits(b, hmask[lane], 4 * half + plane, 1), 2)), 4)
-        return Group(b.fmul(d, b.sitofp(sc, F32)), None, [value], True)
-    return _two_bit_planes(b, p, 32, group)
+        return Group(sc, None, [value], True)
+    return Block(_two_bit_planes(b, p, 32, group), d)
 
 
 DECODERS = {T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0,

@@ -13,7 +13,7 @@ from numba import njit, prange
 
 from .blocks import FLOAT_TYPES, float_rows
 from .intrinsics import max_f32, min_f32, round_f32
-from .rowdot import ROWS, row_dequantize, row_dot, rows_dot
+from .rowdot import DX_BLOCK, ROWS, row_dequantize, row_dot, rows_dot
 from .threads import in_parallel
 
 # Up to this many tokens, reading each weight row once beats dequantizing tiles for BLAS.
@@ -26,22 +26,25 @@ STREAMS = 4
 
 @njit(cache=True, fastmath=True, error_model="numpy")
 def _quantize_activations(x):
-    """x (T, K) as 16-bit integers xq with a float32 scale dx per 32 values (x ~ dx * xq, off by
-    at most 1/65534 of the largest |x| of the 32), and the sums of each 16 values (exact, for the
-    mins of affine types). 16 bits keep the products within 1e-5 of float arithmetic (8-bit
-    activations, as llama.cpp's, would not), and let the integer units multiply 32 pairs at once."""
+    """x (T, K) as 16-bit integers xq with a float32 scale dx per DX_BLOCK values (x ~ dx * xq,
+    off by at most 1/65534 of the largest |x| among them), and the sums of each 16 values (exact,
+    for the mins of affine types). 16 bits keep the products within 1e-5 of float arithmetic
+    (8-bit activations, as llama.cpp's, would not), and let the integer units multiply 32 pairs
+    at once."""
     n_tokens, k = x.shape
+    n_scales = (k + DX_BLOCK - 1) // DX_BLOCK
     xq = np.empty((n_tokens, k), dtype=np.int16)
-    dx = np.empty((n_tokens, k // 32), dtype=np.float32)
+    dx = np.empty((n_tokens, n_scales), dtype=np.float32)
     xsum = np.empty((n_tokens, k // 16), dtype=np.float32)
     for t in range(n_tokens):
-        for g in range(k // 32):
+        for g in range(n_scales):
+            first, last = g * DX_BLOCK, min(g * DX_BLOCK + DX_BLOCK, k)
             amax = np.float32(0.0)
-            for j in range(g * 32, g * 32 + 32):
+            for j in range(first, last):
                 amax = max_f32(amax, abs(x[t, j]))
             inv = np.float32(32767.0) / amax if amax > 0 else np.float32(0.0)
             dx[t, g] = amax / np.float32(32767.0)
-            for j in range(g * 32, g * 32 + 32):  # |x * inv| <= 32767 (up to rounding: clamped)
+            for j in range(first, last):  # |x * inv| <= 32767 (up to rounding: clamped)
                 xq[t, j] = np.int16(max_f32(min_f32(round_f32(x[t, j] * inv), np.float32(32767.0)),
                                             np.float32(-32767.0)))
         for g in range(k // 16):

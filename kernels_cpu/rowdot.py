@@ -26,6 +26,9 @@ ACCUMULATORS = 4
 # (and ~5% faster than 2 or 8 KiB) on the 96 MB of SmolLM2's matrices (2 threads).
 PREFETCH_AHEAD = 4096
 BLOCKS_PER_STEP = {32: 2}
+# Activations share a float scale per this many values (see matmul._quantize_activations): a
+# K-quant super-block's integer products then add up before any conversion.
+DX_BLOCK = 256
 
 
 def _units(groups):
@@ -41,12 +44,15 @@ def _units(groups):
 
 def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
     """IR for the dot products of several rows of qtype blocks with one activation vector, given
-    as 16-bit integers xq with a float scale dx per 32 (x ~ dx * xq); returns their float32 sums.
+    as 16-bit integers xq with a float scale dx per DX_BLOCK values (x ~ dx * xq); returns their
+    float32 sums.
 
     Per 32-weight unit, the weights' integers (widened to 16 bits) and xq multiply and add in
     pairs into 16 int32 lanes (one vpmaddwd, or vpdpwssd with VNNI: 32 products per instruction,
-    against 16 for a float FMA after converting every weight to float). One conversion to float
-    and one multiply-add by the unit's scale(s) times dx follow. The rows advance block by block
+    against 16 for a float FMA after converting every weight to float). A block of one unit then
+    takes one conversion to float and one multiply-add by its scale times dx; a K-quant
+    super-block first multiplies its units by their integer sub-scales (16-bit lanes) and adds
+    them up as integers, so it converts once for 256 weights. The rows advance block by block
     together, so the activations are loaded once for all of them.
     """
     block, block_bytes = GGML_QUANT_SIZES[qtype]
@@ -58,38 +64,42 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
     bias_accs = [[cgutils.alloca_once_value(b, ir.Constant(F32, 0.0)) for _ in range(per_row)] for _ in row_ptrs]
 
     def emit_block(i, slot):
-        """Block i of every row, each unit added into its row's next accumulator in turn."""
+        """Block i of every row, added into each row's next accumulator."""
         first_weight = b.mul(i, ir.Constant(I64, block))
         block_at = b.mul(i, ir.Constant(I64, block_bytes))
-        decoded = []
+        blocks = []
         for row_ptr in row_ptrs:
             block_ptr = offset(b, row_ptr, block_at)
             prefetch(b, offset(b, block_ptr, PREFETCH_AHEAD))
-            decoded.append(_units(decode(b, block_ptr)))
-        for u in range(len(decoded[0])):
-            unit_at = b.add(first_weight, ir.Constant(I64, 2 * LANES * u))
-            xq = load_ints(b, xq_ptr, unit_at, I16, 2 * LANES)
-            dx = b.load(b.gep(b.bitcast(dx_ptr, F32.as_pointer()), [b.udiv(unit_at, ir.Constant(I64, 2 * LANES))]))
-            xsums = []  # per group with a bias: the sum of its activations (xsum holds one per 16)
-            for grp_at, grp in _group_offsets(decoded[0][u]):
+            blocks.append(decode(b, block_ptr))
+        units = _units(blocks[0].groups)
+        xqs = [load_ints(b, xq_ptr, b.add(first_weight, ir.Constant(I64, 2 * LANES * u)), I16, 2 * LANES)
+               for u in range(len(units))]
+        dx = b.load(b.gep(b.bitcast(dx_ptr, F32.as_pointer()), [b.udiv(first_weight, ir.Constant(I64, DX_BLOCK))]))
+        xsums = _group_sums(b, blocks[0].groups, first_weight, xsum_ptr)
+        for r, blk in enumerate(blocks):
+            acc, bias_acc = accs[r][slot % per_row], bias_accs[r][slot % per_row]
+            row_units = _units(blk.groups)
+            if blk.d is None:  # one unit, float scale and bias
+                (grp,) = blk.groups
+                products = b.sitofp(pair_products(b, _unit_ints(b, row_units[0]), xqs[0]), vector(F32))
+                b.store(mul_add(b, products, splat(b, b.fmul(grp.scale, dx, flags=FAST)), b.load(acc)), acc)
                 if grp.bias is not None:
-                    first_sum = b.udiv(b.add(unit_at, ir.Constant(I64, grp_at)), ir.Constant(I64, LANES))
-                    sums = [b.load(b.gep(b.bitcast(xsum_ptr, F32.as_pointer()), [b.add(first_sum, ir.Constant(I64, j))]))
-                            for j in range(len(grp.values))]
-                    xsums.append(sums[0] if len(sums) == 1 else b.fadd(sums[0], sums[1], flags=FAST))
-            for r, units in enumerate(decoded):
-                unit = units[u]
-                values = [v for grp in unit for v in grp.values]
-                weights = widen(b, concat(b, values[0], values[1]), I16, unit[0].signed)
-                products = b.sitofp(pair_products(b, weights, xq), vector(F32))
-                scales = [b.fmul(grp.scale, dx, flags=FAST) for grp in unit]
-                acc = accs[r][slot % per_row]
-                b.store(mul_add(b, products, spread(b, scales), b.load(acc)), acc)
-                for grp, xsum in zip([grp for grp in unit if grp.bias is not None], xsums):
-                    bias_acc = bias_accs[r][slot % per_row]
-                    b.store(mul_add(b, grp.bias, xsum, b.load(bias_acc)), bias_acc)
-            slot += 1
-        return slot
+                    b.store(mul_add(b, grp.bias, xsums[0], b.load(bias_acc)), bias_acc)
+                continue
+            total = None
+            for unit, xq in zip(row_units, xqs):
+                weights = b.mul(_unit_ints(b, unit), spread(b, [b.trunc(g.scale, I16) for g in unit], 2 * LANES))
+                products = pair_products(b, weights, xq)
+                total = products if total is None else b.add(total, products)
+            b.store(mul_add(b, b.sitofp(total, vector(F32)), splat(b, b.fmul(blk.d, dx, flags=FAST)), b.load(acc)), acc)
+            if blk.dmin is not None:  # sum of min * activation sum over the groups, times -dmin
+                mins = None
+                for grp, xsum in zip(blk.groups, xsums):
+                    term = b.fmul(b.sitofp(grp.bias, F32), xsum, flags=FAST)
+                    mins = term if mins is None else b.fadd(mins, term, flags=FAST)
+                b.store(mul_add(b, b.fneg(blk.dmin), mins, b.load(bias_acc)), bias_acc)
+        return slot + 1
 
     unroll = BLOCKS_PER_STEP.get(block, 1)
     steps = b.udiv(n_blocks, ir.Constant(I64, unroll))
@@ -109,13 +119,26 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
     return sums
 
 
-def _group_offsets(unit):
-    """(offset of the group in its unit, group) for the groups of a unit."""
-    at, found = 0, []
-    for grp in unit:
-        found.append((at, grp))
+def _unit_ints(b, unit):
+    """A unit's 32 integers widened to <32 x i16>."""
+    values = [v for grp in unit for v in grp.values]
+    return widen(b, concat(b, values[0], values[1]), I16, unit[0].signed)
+
+
+def _group_sums(b, groups, first_weight, xsum_ptr):
+    """The activation sum under each group with a bias (None for the others), from xsum's sums
+    of 16."""
+    sums, at = [], 0
+    for grp in groups:
+        if grp.bias is None:
+            sums.append(None)
+        else:
+            first = b.udiv(b.add(first_weight, ir.Constant(I64, at)), ir.Constant(I64, LANES))
+            parts = [b.load(b.gep(b.bitcast(xsum_ptr, F32.as_pointer()), [b.add(first, ir.Constant(I64, j))]))
+                     for j in range(len(grp.values))]
+            sums.append(parts[0] if len(parts) == 1 else b.fadd(parts[0], parts[1], flags=FAST))
         at += LANES * len(grp.values)
-    return found
+    return sums
 
 
 def _switch_on_type(b, qtype_value, emit):
@@ -134,7 +157,7 @@ def _switch_on_type(b, qtype_value, emit):
 
 def _rows_dot(n_rows):
     """An intrinsic (qtype, w, row, xq, dx, t, xsum, out, col): out[t, col + i] = row `row + i` of
-    the raw blocks w (rows, bytes per row) of type qtype dotted with x[t] ~ dx[t, j // 32] * xq[t, j],
+    the raw blocks w (rows, bytes per row) of type qtype dotted with x[t] ~ dx[t, j // 256] * xq[t, j],
     for i < n_rows (see quantize_activations); xsum[t] holds the sums of x[t]'s consecutive
     16-weight runs. Callers guarantee row + n_rows <= len(w), x[t] as long as a row,
     col + n_rows <= out.shape[1] and a qtype in DECODERS."""
@@ -172,9 +195,10 @@ def _emit_dequantize(b, qtype, row_ptr, row_bytes, out_ptr):
     block, block_bytes = GGML_QUANT_SIZES[qtype]
     with cgutils.for_range(b, b.udiv(row_bytes, ir.Constant(I64, block_bytes))) as loop:
         position = b.mul(loop.index, ir.Constant(I64, block))
-        for grp in DECODERS[qtype](b, offset(b, row_ptr, b.mul(loop.index, ir.Constant(I64, block_bytes)))):
-            scale = splat(b, grp.scale)
-            bias = splat(b, grp.bias) if grp.bias is not None else None
+        blk = DECODERS[qtype](b, offset(b, row_ptr, b.mul(loop.index, ir.Constant(I64, block_bytes))))
+        for grp, (scale, bias) in zip(blk.groups, blk.float_groups(b)):
+            scale = splat(b, scale)
+            bias = splat(b, bias) if bias is not None else None
             for ints in grp.values:
                 values = to_float(b, ints, grp.signed)
                 weights = b.fmul(values, scale) if bias is None else mul_add(b, values, scale, bias)
