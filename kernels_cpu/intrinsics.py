@@ -8,8 +8,8 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .ir import (FAST, F32, I16, I32, I64, LANES, array_data, array_shape, array_strides, lanes_below, masked_load,
-                 masked_store, offset, splat, vector)
+from .ir import (FAST, F32, I8, I16, I32, I64, LANES, array_data, array_shape, array_strides, lanes_below,
+                 masked_load, masked_store, offset, prefetch, splat, vector)
 
 
 # exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 split in two parts for exactness
@@ -69,6 +69,11 @@ def from_f32(typingctx, value, like):
     return None
 
 
+# cache_product asks for the cache lines this many columns ahead while it works down a block of
+# columns: a key's rows lie a cache row apart (4 KiB at 2048 slots of float16), too far for the
+# hardware prefetcher, and during decode the weights stream has evicted the cache since the last
+# step.
+PREFETCH_COLUMNS = 128
 # Rows of `a` (queries of one KV head) per pass of cache_product: 4 x 4 accumulators, 4 cache
 # vectors and 4 broadcast weights fit AVX-512's 32 registers.
 QUERIES_TOGETHER = 4
@@ -101,6 +106,7 @@ def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
         a_ptr = b.bitcast(array_data(context, b, a_type, a_v), F32.as_pointer())
         out_ptr = b.bitcast(array_data(context, b, out_type, out_v), F32.as_pointer())
         widen = (lambda v: b.fpext(v, vector(F32))) if element != F32 else (lambda v: v)
+        element_bytes = 2 if element != F32 else 4
 
         def cache_at(r, c):
             return b.gep(b.bitcast(offset(b, base, b.mul(r, row_stride)), element.as_pointer()), [c])
@@ -117,6 +123,11 @@ def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
             for acc in (acc for row in accs for acc in row):
                 b.store(zero, acc)
             with cgutils.for_range(b, n_rows) as rows:
+                if mask is None:  # this row of the columns PREFETCH_COLUMNS on (see there)
+                    ahead = b.bitcast(cache_at(rows.index, b.add(first, ir.Constant(I64, PREFETCH_COLUMNS))),
+                                      I8.as_pointer())
+                    for line in range(0, LANES * width * element_bytes, 64):
+                        prefetch(b, offset(b, ahead, line))
                 values = []
                 for u in range(width):
                     at = b.bitcast(cache_at(rows.index, b.add(first, ir.Constant(I64, u * LANES))),
