@@ -25,14 +25,32 @@ TEXT = (Path(__file__).parent / "data" / "ppl_text.txt").read_text()
 PROMPT = "The history of the printing press begins"
 
 
+# Logit gap under which the two backends may rank the top two tokens either way: their logits
+# differ by a few 1e-3 (the Numba products take 16-bit activations, torch's float32 ones).
+NEAR_TIE = 0.02
+
+
 def _greedy(lm, ids, n):
+    """n greedy tokens after ids, each with the gap between its logit and the runner-up's."""
     cache = lm.model.new_cache(len(ids) + n + 1)
     logits = lm.model.forward(ids, cache)
-    out = []
+    out, gaps = [], []
     for _ in range(n):
+        second, first = np.partition(logits, -2)[-2:]
         out.append(int(np.argmax(logits)))
+        gaps.append(float(first - second))
         logits = lm.model.forward([out[-1]], cache)
-    return out
+    return out, gaps
+
+
+def _assert_same_greedy(got, want):
+    """The same tokens up to the end, or up to a step where the reference's top two nearly tie
+    (the texts may part there, and are not comparable after)."""
+    (tokens, _), (reference, gaps) = got, want
+    for i, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            assert gaps[i] < NEAR_TIE, f"token {i}: {a} against {b}, {gaps[i]:.3f} ahead of the runner-up"
+            return
 
 
 @pytest.fixture(scope="module", params=["smollm_path", "gemma_path"])
@@ -44,7 +62,7 @@ def both_backends(request):
 def test_64_greedy_tokens_match_the_cpu_backend(both_backends):
     cpu, gpu = both_backends
     ids = cpu.tokenizer.encode(PROMPT)
-    assert _greedy(gpu, ids, 64) == _greedy(cpu, ids, 64)
+    _assert_same_greedy(_greedy(gpu, ids, 64), _greedy(cpu, ids, 64))
 
 
 def test_perplexity_within_half_a_percent(both_backends):
@@ -84,7 +102,7 @@ def test_compiled_decode_products_match_the_cpu_backend(both_backends):
     ids = cpu.tokenizer.encode(PROMPT)
     saved, lm.model.backend = lm.model.backend, TorchBackend(lm.backend.device.type, compiled=True)
     try:
-        assert _greedy(lm, ids, 12) == _greedy(cpu, ids, 12)
+        _assert_same_greedy(_greedy(lm, ids, 12), _greedy(cpu, ids, 12))
     finally:
         lm.model.backend = saved
 
