@@ -4,17 +4,17 @@ A decoder reads one block at pointer `p` and returns a Block: its scale groups i
 Group(scale, bias, values, signed): weight = scale * value + bias, with `values` the group's 16
 or 32 integer values as <16 x i8> vectors in position order (signed or unsigned bytes). `bias` is
 None for symmetric types, whose integer offset (Q4_0's -8 ...) is subtracted in the bytes
-instead. In K-quants, scale and bias are the groups' integer sub-scales and mins (i32), which the
-block's float d and dmin turn into weight = d * scale * value - dmin * bias: products can then
-stay integers over a whole super-block. rowdot.py multiplies the blocks with activations or
-writes them out as floats; nothing here knows about rows or tokens.
+instead. K-quant groups leave scale and bias to their Block: integer sub-scales and mins, one
+i16 lane per group, which the block's float d and dmin turn into weight = d * scale * value -
+dmin * min; products can then stay integers over a whole super-block. rowdot.py multiplies the
+blocks with activations or writes them out as floats; nothing here knows about rows or tokens.
 """
 from dataclasses import dataclass
 
 from llvmlite import ir
 from gguf import GGMLQuantizationType as T
 
-from .ir import F32, I8, I32, LANES, const_vector, load_byte, load_bytes, load_f16, load_u32
+from .ir import F32, I8, I16, I32, LANES, const_vector, load_bytes, load_f16, load_u32, vector
 
 
 @dataclass
@@ -28,15 +28,36 @@ class Group:
 @dataclass
 class Block:
     groups: list
-    d: ir.Value | None = None     # K-quants: float scale of the groups' integer scales ...
-    dmin: ir.Value | None = None  # ... and of their integer mins
+    d: ir.Value | None = None       # K-quants: float scale of the integer sub-scales ...
+    dmin: ir.Value | None = None    # ... and of the integer mins
+    scales: ir.Value | None = None  # K-quants: <groups x i16>, each group's integer scale
+    mins: ir.Value | None = None    # K-quants with mins: <groups x i16>, each group's integer min
 
     def float_groups(self, b):
         """(scale, bias) of each group as float32 (bias None where there is none)."""
         if self.d is None:
             return [(g.scale, g.bias) for g in self.groups]
-        return [(b.fmul(self.d, b.sitofp(g.scale, F32)),
-                 None if g.bias is None else b.fneg(b.fmul(self.dmin, b.sitofp(g.bias, F32)))) for g in self.groups]
+
+        def lane(v, i):
+            return b.sitofp(b.extract_element(v, ir.Constant(I32, i)), F32)
+        return [(b.fmul(self.d, lane(self.scales, i)),
+                 None if self.mins is None else b.fneg(b.fmul(self.dmin, lane(self.mins, i))))
+                for i in range(len(self.groups))]
+
+
+def _pick(b, v, lanes):
+    """The bytes of v at `lanes`, as a vector of len(lanes)."""
+    return b.shuffle_vector(v, v, const_vector(I32, lanes))
+
+
+def _lanes_op(op):
+    def apply(b, v, ks):
+        return op(b, v, const_vector(v.type.element, ks))
+    return apply
+
+
+_and_each = _lanes_op(lambda b, v, c: b.and_(v, c))
+_shr_each = _lanes_op(lambda b, v, c: b.lshr(v, c))
 
 
 def _bytes_op(op):
@@ -99,22 +120,21 @@ def _q8_0(b, p):  # d:f16 qs[32] int8
     return Block([Group(load_f16(b, p, 0), None, [load_bytes(b, p, 2 + 16 * h) for h in (0, 1)], True)])
 
 
-def _k4_scale_min(b, p, j):
-    """Q4_K/Q5_K: the j-th 6-bit (scale, min) of the 12 packed bytes at p, as i32."""
-    byte = lambda i: load_byte(b, p, i)  # noqa: E731
-    if j < 4:
-        return b.and_(byte(j), ir.Constant(I32, 63)), b.and_(byte(j + 4), ir.Constant(I32, 63))
-    top = lambda i: b.shl(b.lshr(byte(i), ir.Constant(I32, 6)), ir.Constant(I32, 4))  # noqa: E731
-    sc = b.or_(b.and_(byte(j + 4), ir.Constant(I32, 15)), top(j - 4))
-    mn = b.or_(b.lshr(byte(j + 4), ir.Constant(I32, 4)), top(j))
-    return sc, mn
-
-
 def _k4_groups(b, p, values):
-    """Q4_K/Q5_K: eight 32-weight groups with their packed scales and mins under d, dmin."""
-    scales_at = b.gep(p, [ir.Constant(I32, 4)])
-    return Block([Group(*_k4_scale_min(b, scales_at, j), v, False) for j, v in enumerate(values)],
-                 load_f16(b, p, 0), load_f16(b, p, 2))
+    """Q4_K/Q5_K: eight 32-weight groups under d, dmin and the 12 bytes at p + 4 that pack their
+    6-bit scales and mins: scale j < 4 is byte j & 63, min j < 4 byte j + 4 & 63; for j >= 4 the
+    low four bits come from byte j + 4 (scale: its low nibble, min: its high one) and the top two
+    from bits 6-7 of byte j - 4 (scale) or j (min)."""
+    v = load_bytes(b, p, 4)
+
+    def top(first):  # bits 6-7 of bytes first ... first + 3 as bits 4-5 of lanes 4-7
+        return b.lshr(_and_each(b, _pick(b, v, [first + i % 4 for i in range(8)]), [0] * 4 + [0xC0] * 4),
+                      const_vector(I8, [2] * 8))
+    scales = b.or_(_and_each(b, _pick(b, v, [0, 1, 2, 3, 8, 9, 10, 11]), [63] * 4 + [15] * 4), top(0))
+    mins = b.or_(_and_each(b, _shr_each(b, _pick(b, v, [4, 5, 6, 7, 8, 9, 10, 11]), [0] * 4 + [4] * 4),
+                           [63] * 4 + [15] * 4), top(4))
+    return Block([Group(None, None, group_values, False) for group_values in values],
+                 load_f16(b, p, 0), load_f16(b, p, 2), b.zext(scales, vector(I16, 8)), b.zext(mins, vector(I16, 8)))
 
 
 def _q4_k(b, p):  # d, dmin, scales[12], qs[128]: 32 bytes hold 64 weights, low nibbles first
@@ -131,8 +151,15 @@ def _q5_k(b, p):  # d, dmin, scales[12], qh[32], qs[128]: bit 2c / 2c+1 of qh[l]
     for chunk in range(4):
         halves = [load_bytes(b, p, 48 + 32 * chunk + 16 * h) for h in (0, 1)]
         for nibble, bit in ((lambda v: _and(b, v, 15), 2 * chunk), (lambda v: _shr(b, v, 4), 2 * chunk + 1)):
-            values.append([b.or_(nibble(v), _shl(b, _bits(b, h, bit, 1), 4)) for v, h in zip(halves, qh)])
+            values.append([_with_bit_4(b, nibble(v), h, bit) for v, h in zip(halves, qh)])
     return _k4_groups(b, p, values)
+
+
+def _with_bit_4(b, v, bits, bit):
+    """v | 16 in the lanes whose byte of `bits` has bit `bit` set (a test into a mask register
+    and a masked or on AVX-512, against four shifts and masks to move the bit into place)."""
+    is_set = b.icmp_unsigned("!=", _and(b, bits, 1 << bit), const_vector(I8, [0] * bits.type.count))
+    return b.select(is_set, b.or_(v, const_vector(I8, [16] * v.type.count)), v)
 
 
 def _sixteens(groups_by_index):
@@ -151,9 +178,8 @@ def _q6_k(b, p):  # ql[128], qh[64], scales[16] int8, d: 6-bit values offset by 
             for quarter, low in enumerate(quarters):
                 g = 8 * half + 2 * quarter + lane
                 value = _sub(b, b.or_(low, _shl(b, _bits(b, h, 2 * quarter, 3), 4)), 32)
-                scale = b.sext(b.load(b.gep(p, [ir.Constant(I32, 192 + g)])), I32)
-                groups[g] = Group(scale, None, [value], True)
-    return Block(_sixteens(groups), d)
+                groups[g] = Group(None, None, [value], True)
+    return Block(_sixteens(groups), d, scales=b.sext(load_bytes(b, p, 192), vector(I16)))
 
 
 def _two_bit_planes(b, p, at, make_group):
@@ -169,26 +195,27 @@ def _two_bit_planes(b, p, at, make_group):
 
 
 def _q2_k(b, p):  # scales[16] (4-bit scale | 4-bit min << 4), qs[64], d, dmin
-    d, dmin = load_f16(b, p, 80), load_f16(b, p, 82)
-
-    def group(g, half, plane, lane, v):
-        sc = load_byte(b, p, g)
-        return Group(b.and_(sc, ir.Constant(I32, 15)), b.lshr(sc, ir.Constant(I32, 4)), [v], False)
-    return Block(_two_bit_planes(b, p, 16, group), d, dmin)
+    packed = load_bytes(b, p, 0)
+    return Block(_two_bit_planes(b, p, 16, lambda g, half, plane, lane, v: Group(None, None, [v], False)),
+                 load_f16(b, p, 80), load_f16(b, p, 82),
+                 b.zext(_and(b, packed, 15), vector(I16)), b.zext(_shr(b, packed, 4), vector(I16)))
 
 
 def _q3_k(b, p):  # hmask[32], qs[64], scales[12] (6-bit, packed, offset 32), d
-    d = load_f16(b, p, 108)
     hmask = [load_bytes(b, p, 16 * lane) for lane in (0, 1)]
 
     def group(g, half, plane, lane, v):
-        low = b.and_(b.lshr(load_byte(b, p, 96 + g % 8), ir.Constant(I32, 4 * (g // 8))), ir.Constant(I32, 15))
-        high = b.and_(b.lshr(load_byte(b, p, 104 + g % 4), ir.Constant(I32, 2 * (g // 4))), ir.Constant(I32, 3))
-        sc = b.sub(b.or_(low, b.shl(high, ir.Constant(I32, 4))), ir.Constant(I32, 32))
         # a clear high-mask bit means value - 4
-        value = _sub(b, b.or_(v, _shl(b, _bits(b, hmask[lane], 4 * half + plane, 1), 2)), 4)
-        return Group(sc, None, [value], True)
-    return Block(_two_bit_planes(b, p, 32, group), d)
+        return Group(None, None, [_sub(b, b.or_(v, _shl(b, _bits(b, hmask[lane], 4 * half + plane, 1), 2)), 4)], True)
+    # Scale g: low four bits from byte 96 + g % 8 (shifted by 4 for g >= 8), top two from byte
+    # 104 + g % 4 (shifted by 2 * (g // 4)). The 16 bytes loaded end with the block's scales.
+    packed = load_bytes(b, p, 94)
+    low = _and_each(b, _shr_each(b, b.zext(_pick(b, packed, [2 + g % 8 for g in range(16)]), vector(I16)),
+                                 [4 * (g // 8) for g in range(16)]), [15] * 16)
+    high = _and_each(b, _shr_each(b, b.zext(_pick(b, packed, [10 + g % 4 for g in range(16)]), vector(I16)),
+                                  [2 * (g // 4) for g in range(16)]), [3] * 16)
+    scales = b.sub(b.or_(low, b.shl(high, const_vector(I16, [4] * 16))), const_vector(I16, [32] * 16))
+    return Block(_two_bit_planes(b, p, 32, group), load_f16(b, p, 108), scales=scales)
 
 
 DECODERS = {T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0,

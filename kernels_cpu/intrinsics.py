@@ -60,7 +60,8 @@ def round_f32(typingctx, x):
 
 @intrinsic
 def from_f32(typingctx, value, like):
-    """value as an element of the array `like`: float16 bits (uint16, rounded to nearest even) or float32."""
+    """value as an element of the array `like`: float16 bits (uint16, rounded to nearest even) or
+    float32."""
     if like.dtype == types.uint16:
         return types.uint16(value, like), lambda context, b, sig, args: b.bitcast(b.fptrunc(args[0], ir.HalfType()), I16)
     if like.dtype == types.float32:

@@ -58,10 +58,10 @@ def load_bytes(b, ptr, at, n=LANES):
     return b.load(b.bitcast(offset(b, ptr, at), vector(I8, n).as_pointer()), align=1)
 
 
-def load_ints(b, ptr, at_element, element, n=LANES):
-    """n integers of type `element` starting at element at_element (an i64 value) of an array at ptr."""
+def load_vector(b, ptr, at_element, element, n=LANES):
+    """n values of type `element` starting at element at_element (an i64 value) of an array at ptr."""
     p = b.gep(b.bitcast(ptr, element.as_pointer()), [at_element])
-    return b.load(b.bitcast(p, vector(element, n).as_pointer()), align=element.width // 8)
+    return b.load(b.bitcast(p, vector(element, n).as_pointer()), align=4 if element == F32 else element.width // 8)
 
 
 def load_f16(b, ptr, at):
@@ -71,11 +71,6 @@ def load_f16(b, ptr, at):
 
 def load_u32(b, ptr, at):
     return b.load(b.bitcast(offset(b, ptr, at), I32.as_pointer()), align=1)
-
-
-def load_byte(b, ptr, at):
-    """The byte at ptr + at, zero-extended to i32."""
-    return b.zext(b.load(offset(b, ptr, at)), I32)
 
 
 def to_float(b, ints, signed):
@@ -101,17 +96,6 @@ def pair_products(b, a, c):
     even = b.shuffle_vector(p, p, const_vector(I32, range(0, n, 2)))
     odd = b.shuffle_vector(p, p, const_vector(I32, range(1, n, 2)))
     return b.add(even, odd)
-
-
-def spread(b, scalars, n=LANES):
-    """A vector of n lanes holding each scalar in turn over an equal share of the lanes."""
-    if len(scalars) == 1:
-        return splat(b, scalars[0], n)
-    v = ir.Constant(vector(scalars[0].type, len(scalars)), ir.Undefined)
-    for i, s in enumerate(scalars):
-        v = b.insert_element(v, s, ir.Constant(I32, i))
-    share = n // len(scalars)
-    return b.shuffle_vector(v, v, const_vector(I32, [i // share for i in range(n)]))
 
 
 def lanes_below(b, n, lanes=LANES):

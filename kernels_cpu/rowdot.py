@@ -14,8 +14,9 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from .block_ir import DECODERS
-from .ir import (F32, FAST, I16, I64, LANES, array_row, array_shape, array_strides, concat, horizontal_sum,
-                 load_ints, mul_add, offset, pair_products, prefetch, splat, spread, to_float, vector, widen)
+from .ir import (F32, FAST, I16, I32, I64, LANES, array_row, array_shape, array_strides, concat, const_vector,
+                 horizontal_sum, load_vector, mul_add, offset, pair_products, prefetch, splat, to_float, vector,
+                 widen)
 
 
 # Independent accumulator chains, so that consecutive groups' multiply-adds need not wait for one
@@ -62,6 +63,7 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
     zero = ir.Constant(vector(F32), [0.0] * LANES)
     accs = [[cgutils.alloca_once_value(b, zero) for _ in range(per_row)] for _ in row_ptrs]
     bias_accs = [[cgutils.alloca_once_value(b, ir.Constant(F32, 0.0)) for _ in range(per_row)] for _ in row_ptrs]
+    min_accs = [cgutils.alloca_once_value(b, zero) for _ in row_ptrs]  # K-quant mins, lane per group
 
     def emit_block(i, slot):
         """Block i of every row, added into each row's next accumulator."""
@@ -73,12 +75,13 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
             prefetch(b, offset(b, block_ptr, PREFETCH_AHEAD))
             blocks.append(decode(b, block_ptr))
         units = _units(blocks[0].groups)
-        xqs = [load_ints(b, xq_ptr, b.add(first_weight, ir.Constant(I64, 2 * LANES * u)), I16, 2 * LANES)
+        xqs = [load_vector(b, xq_ptr, b.add(first_weight, ir.Constant(I64, 2 * LANES * u)), I16, 2 * LANES)
                for u in range(len(units))]
         dx = b.load(b.gep(b.bitcast(dx_ptr, F32.as_pointer()), [b.udiv(first_weight, ir.Constant(I64, DX_BLOCK))]))
         xsums = _group_sums(b, blocks[0].groups, first_weight, xsum_ptr)
+        group_sums = _group_sum_vector(b, blocks[0], first_weight, xsum_ptr)
         for r, blk in enumerate(blocks):
-            acc, bias_acc = accs[r][slot % per_row], bias_accs[r][slot % per_row]
+            acc, bias_acc, min_acc = accs[r][slot % per_row], bias_accs[r][slot % per_row], min_accs[r]
             row_units = _units(blk.groups)
             if blk.d is None:  # one unit, float scale and bias
                 (grp,) = blk.groups
@@ -87,18 +90,19 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
                 if grp.bias is not None:
                     b.store(mul_add(b, grp.bias, xsums[0], b.load(bias_acc)), bias_acc)
                 continue
-            total = None
-            for unit, xq in zip(row_units, xqs):
-                weights = b.mul(_unit_ints(b, unit), spread(b, [b.trunc(g.scale, I16) for g in unit], 2 * LANES))
-                products = pair_products(b, weights, xq)
+            total, first_group = None, 0
+            for unit, xq in zip(row_units, xqs):  # each unit's weights times their groups' scales
+                lanes = [first_group + i * len(unit) // (2 * LANES) for i in range(2 * LANES)]
+                multipliers = b.shuffle_vector(blk.scales, blk.scales, const_vector(I32, lanes))
+                products = pair_products(b, b.mul(_unit_ints(b, unit), multipliers), xq)
                 total = products if total is None else b.add(total, products)
+                first_group += len(unit)
             b.store(mul_add(b, b.sitofp(total, vector(F32)), splat(b, b.fmul(blk.d, dx, flags=FAST)), b.load(acc)), acc)
-            if blk.dmin is not None:  # sum of min * activation sum over the groups, times -dmin
-                mins = None
-                for grp, xsum in zip(blk.groups, xsums):
-                    term = b.fmul(b.sitofp(grp.bias, F32), xsum, flags=FAST)
-                    mins = term if mins is None else b.fadd(mins, term, flags=FAST)
-                b.store(mul_add(b, b.fneg(blk.dmin), mins, b.load(bias_acc)), bias_acc)
+            if blk.mins is not None:  # the groups' mins times their activation sums, times -dmin
+                mins = b.fmul(b.sitofp(blk.mins, vector(F32, len(blk.groups))), group_sums, flags=FAST)
+                mins = b.shuffle_vector(mins, ir.Constant(mins.type, [0.0] * mins.type.count),
+                                        const_vector(I32, range(LANES)))  # (to 16 lanes, zeros above)
+                b.store(mul_add(b, mins, splat(b, b.fneg(blk.dmin)), b.load(min_acc)), min_acc)
         return slot + 1
 
     unroll = BLOCKS_PER_STEP.get(block, 1)
@@ -110,8 +114,8 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
     with cgutils.for_range(b, b.urem(n_blocks, ir.Constant(I64, unroll))) as loop:
         emit_block(b.add(b.mul(steps, ir.Constant(I64, unroll)), loop.index), 0)
     sums = []
-    for row_accs, row_bias_accs in zip(accs, bias_accs):
-        total, bias_total = b.load(row_accs[0]), b.load(row_bias_accs[0])
+    for row_accs, row_bias_accs, min_acc in zip(accs, bias_accs, min_accs):
+        total, bias_total = b.fadd(b.load(row_accs[0]), b.load(min_acc), flags=FAST), b.load(row_bias_accs[0])
         for acc, bias_acc in zip(row_accs[1:], row_bias_accs[1:]):
             total = b.fadd(total, b.load(acc), flags=FAST)
             bias_total = b.fadd(bias_total, b.load(bias_acc), flags=FAST)
@@ -123,6 +127,18 @@ def _unit_ints(b, unit):
     """A unit's 32 integers widened to <32 x i16>."""
     values = [v for grp in unit for v in grp.values]
     return widen(b, concat(b, values[0], values[1]), I16, unit[0].signed)
+
+
+def _group_sum_vector(b, blk, first_weight, xsum_ptr):
+    """For K-quants with mins: the activation sums under the block's groups, one lane each (the
+    16-weight sums of xsum, added in pairs for 32-weight groups); else None."""
+    if blk.mins is None:
+        return None
+    sums = load_vector(b, xsum_ptr, b.udiv(first_weight, ir.Constant(I64, LANES)), F32)
+    if len(blk.groups) == LANES:
+        return sums
+    return b.fadd(b.shuffle_vector(sums, sums, const_vector(I32, range(0, LANES, 2))),
+                  b.shuffle_vector(sums, sums, const_vector(I32, range(1, LANES, 2))), flags=FAST)
 
 
 def _group_sums(b, groups, first_weight, xsum_ptr):
