@@ -63,7 +63,8 @@ def from_f32(typingctx, value, like):
     """value as an element of the array `like`: float16 bits (uint16, rounded to nearest even) or
     float32."""
     if like.dtype == types.uint16:
-        return types.uint16(value, like), lambda context, b, sig, args: b.bitcast(b.fptrunc(args[0], ir.HalfType()), I16)
+        return types.uint16(value, like), lambda context, b, sig, args: b.bitcast(
+            b.fptrunc(args[0], ir.HalfType()), I16)
     if like.dtype == types.float32:
         return types.float32(value, like), lambda context, b, sig, args: (
             args[0] if args[0].type == F32 else b.fptrunc(args[0], F32))
