@@ -65,14 +65,16 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
     bias_accs = [[cgutils.alloca_once_value(b, ir.Constant(F32, 0.0)) for _ in range(per_row)] for _ in row_ptrs]
     min_accs = [cgutils.alloca_once_value(b, zero) for _ in row_ptrs]  # K-quant mins, lane per group
 
-    def emit_block(i, slot):
-        """Block i of every row, added into each row's next accumulator."""
+    def emit_block(i, slot, prefetch_bytes):
+        """Block i of every row, added into each row's next accumulator; asks for the cache lines
+        of the prefetch_bytes from PREFETCH_AHEAD past the block (one per 64 bytes)."""
         first_weight = b.mul(i, ir.Constant(I64, block))
         block_at = b.mul(i, ir.Constant(I64, block_bytes))
         blocks = []
         for row_ptr in row_ptrs:
             block_ptr = offset(b, row_ptr, block_at)
-            prefetch(b, offset(b, block_ptr, PREFETCH_AHEAD))
+            for line in range(0, prefetch_bytes, 64):
+                prefetch(b, offset(b, block_ptr, PREFETCH_AHEAD + line))
             blocks.append(decode(b, block_ptr))
         units = _units(blocks[0].groups)
         xqs = [load_vector(b, xq_ptr, b.add(first_weight, ir.Constant(I64, 2 * LANES * u)), I16, 2 * LANES)
@@ -110,9 +112,11 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
     with cgutils.for_range(b, steps) as loop:
         slot = 0
         for u in range(unroll):
-            slot = emit_block(b.add(b.mul(loop.index, ir.Constant(I64, unroll)), ir.Constant(I64, u)), slot)
+            # small blocks: the step's lines, asked for with its first block
+            ahead = block_bytes * unroll if u == 0 else 0
+            slot = emit_block(b.add(b.mul(loop.index, ir.Constant(I64, unroll)), ir.Constant(I64, u)), slot, ahead)
     with cgutils.for_range(b, b.urem(n_blocks, ir.Constant(I64, unroll))) as loop:
-        emit_block(b.add(b.mul(steps, ir.Constant(I64, unroll)), loop.index), 0)
+        emit_block(b.add(b.mul(steps, ir.Constant(I64, unroll)), loop.index), 0, block_bytes)
     sums = []
     for row_accs, row_bias_accs, min_acc in zip(accs, bias_accs, min_accs):
         total, bias_total = b.fadd(b.load(row_accs[0]), b.load(min_acc), flags=FAST), b.load(row_bias_accs[0])
