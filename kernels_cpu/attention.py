@@ -71,7 +71,18 @@ def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, m
     group = n_head // n_kv
     n_chunks = (n_slots + SLOT_CHUNK - 1) // SLOT_CHUNK
     t, kv, first = job // (n_kv * n_chunks), job // n_chunks % n_kv, job % n_chunks * SLOT_CHUNK
-    n = min(first + SLOT_CHUNK, n_slots) - first
+    # only the span of the chunk's slots that the query can see (a sliding window's ring holds
+    # up to twice the window; the slots outside it cost as much as the ones inside)
+    qp, begin, end = q_pos[t], SLOT_CHUNK, 0
+    for s in range(first, min(first + SLOT_CHUNK, n_slots)):
+        kp = k_pos[s]
+        if (kp >= 0) & (kp <= qp) & ((window == 0) | (qp - kp < window)):
+            begin, end = min(begin, s - first), s - first + 1
+    if end <= begin:
+        for g in range(group):
+            maxima[job, g], sums[job, g] = MASKED, 0.0
+        return
+    first, n = first + begin, end - begin
     queries = np.empty((group, key_dim), dtype=np.float32)
     for g in range(group):
         for i in range(key_dim):
