@@ -80,8 +80,7 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
         xqs = [load_vector(b, xq_ptr, b.add(first_weight, ir.Constant(I64, 2 * LANES * u)), I16, 2 * LANES)
                for u in range(len(units))]
         dx = b.load(b.gep(b.bitcast(dx_ptr, F32.as_pointer()), [b.udiv(first_weight, ir.Constant(I64, DX_BLOCK))]))
-        xsums = _group_sums(b, blocks[0].groups, first_weight, xsum_ptr)
-        group_sums = _group_sum_vector(b, blocks[0], first_weight, xsum_ptr)
+        group_sums = _group_sums(b, blocks[0], first_weight, xsum_ptr)
         for r, blk in enumerate(blocks):
             acc, bias_acc, min_acc = accs[r][slot % per_row], bias_accs[r][slot % per_row], min_accs[r]
             row_units = _units(blk.groups)
@@ -90,7 +89,7 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
                 products = b.sitofp(pair_products(b, _unit_ints(b, row_units[0]), xqs[0]), vector(F32))
                 b.store(mul_add(b, products, splat(b, b.fmul(grp.scale, dx, flags=FAST)), b.load(acc)), acc)
                 if grp.bias is not None:
-                    b.store(mul_add(b, grp.bias, xsums[0], b.load(bias_acc)), bias_acc)
+                    b.store(mul_add(b, grp.bias, group_sums, b.load(bias_acc)), bias_acc)
                 continue
             total, first_group = None, 0
             for unit, xq in zip(row_units, xqs):  # each unit's weights times their groups' scales
@@ -133,32 +132,24 @@ def _unit_ints(b, unit):
     return widen(b, concat(b, values[0], values[1]), I16, unit[0].signed)
 
 
-def _group_sum_vector(b, blk, first_weight, xsum_ptr):
-    """For K-quants with mins: the activation sums under the block's groups, one lane each (the
-    16-weight sums of xsum, added in pairs for 32-weight groups); else None."""
+def _group_sums(b, blk, first_weight, xsum_ptr):
+    """The activation sums under a block's groups, from xsum's sums of 16, where the block has a
+    bias: for a one-group block its sum, for a K-quant one lane per group (the sums of 16 added
+    in pairs for 32-weight groups); else None."""
+    first = b.udiv(first_weight, ir.Constant(I64, LANES))
+    if blk.d is None:
+        if blk.groups[0].bias is None:
+            return None
+        pair = load_vector(b, xsum_ptr, first, F32, 2)
+        return b.fadd(b.extract_element(pair, ir.Constant(I32, 0)), b.extract_element(pair, ir.Constant(I32, 1)),
+                      flags=FAST)
     if blk.mins is None:
         return None
-    sums = load_vector(b, xsum_ptr, b.udiv(first_weight, ir.Constant(I64, LANES)), F32)
+    sums = load_vector(b, xsum_ptr, first, F32)
     if len(blk.groups) == LANES:
         return sums
     return b.fadd(b.shuffle_vector(sums, sums, const_vector(I32, range(0, LANES, 2))),
                   b.shuffle_vector(sums, sums, const_vector(I32, range(1, LANES, 2))), flags=FAST)
-
-
-def _group_sums(b, groups, first_weight, xsum_ptr):
-    """The activation sum under each group with a bias (None for the others), from xsum's sums
-    of 16."""
-    sums, at = [], 0
-    for grp in groups:
-        if grp.bias is None:
-            sums.append(None)
-        else:
-            first = b.udiv(b.add(first_weight, ir.Constant(I64, at)), ir.Constant(I64, LANES))
-            parts = [b.load(b.gep(b.bitcast(xsum_ptr, F32.as_pointer()), [b.add(first, ir.Constant(I64, j))]))
-                     for j in range(len(grp.values))]
-            sums.append(parts[0] if len(parts) == 1 else b.fadd(parts[0], parts[1], flags=FAST))
-        at += LANES * len(grp.values)
-    return sums
 
 
 def _switch_on_type(b, qtype_value, emit):
