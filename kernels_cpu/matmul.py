@@ -28,9 +28,9 @@ STREAMS = 4
 def _quantize_activations(x):
     """x (T, K) as 16-bit integers xq with a float32 scale dx per DX_BLOCK values (x ~ dx * xq,
     off by at most 1/65534 of the largest |x| among them), and the sums of each 16 values (exact,
-    for the mins of affine types). 16 bits keep the products within 1e-5 of float arithmetic
-    (8-bit activations, as llama.cpp's, would not), and let the integer units multiply 32 pairs
-    at once."""
+    for the mins of affine types). 16 bits keep a product's error within 1e-5 of max|w| * sum|x|
+    (the kernel tests' bound; 8-bit activations, as llama.cpp's, would not), and let the integer
+    units multiply 32 pairs at once."""
     n_tokens, k = x.shape
     n_scales = (k + DX_BLOCK - 1) // DX_BLOCK
     xq = np.empty((n_tokens, k), dtype=np.int16)
