@@ -2,7 +2,8 @@
 
 A decoder reads one block at pointer `p` and returns a Block: its scale groups in order, each as
 Group(scale, bias, values, signed): weight = scale * value + bias, with `values` the group's 16
-or 32 integer values as <16 x i8> vectors in position order (signed or unsigned bytes). `bias` is
+or 32 integer values as <16 x i8> or <32 x i8> vectors in position order (signed or unsigned
+bytes). `bias` is
 None for symmetric types, whose integer offset (Q4_0's -8 ...) is subtracted in the bytes
 instead. K-quant groups leave scale and bias to their Block: integer sub-scales and mins, one
 i16 lane per group, which the block's float d and dmin turn into weight = d * scale * value -
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 from gguf import GGMLQuantizationType as T
 
-from .ir import F32, I8, I16, I32, LANES, const_vector, load_bytes, load_f16, load_u32, vector
+from .ir import F32, I8, I16, I32, LANES, concat, const_vector, load_bytes, load_f16, load_u32, vector
 
 
 @dataclass
@@ -82,13 +83,12 @@ def _nibble_halves(b, p, at):
     return _and(b, qs, 15), _shr(b, qs, 4)
 
 
-def _with_fifth_bits(b, v, qh, first, offset):
-    """v (<16 x i8> nibbles) with its fifth bits, minus `offset`: lane j gains 16 when bit
-    (first + j) of the 32-bit qh is set. Those 16 bits serve as a lane mask as they stand (a mask
-    register on AVX-512, loaded straight from the block): Q5_0 products went from 12.7 to 16
-    GMAC/s over spreading each bit to its lane with vector shifts."""
-    bits = b.trunc(b.lshr(qh, ir.Constant(I32, first)), ir.IntType(LANES))
-    mask = b.bitcast(bits, ir.VectorType(ir.IntType(1), LANES))
+def _with_fifth_bits(b, v, qh, offset):
+    """v (<32 x i8> nibbles) with its fifth bits, minus `offset`: lane j gains 16 when bit j of
+    the 32-bit qh is set. Those bits serve as a lane mask as they stand (one mask register on
+    AVX-512, loaded straight from the block): Q5_0 products went from 12.7 to 16 GMAC/s over
+    spreading each bit to its lane with vector shifts."""
+    mask = b.bitcast(qh, ir.VectorType(ir.IntType(1), 32))
     return b.select(mask, _sub(b, v, offset - 16), _sub(b, v, offset))
 
 
@@ -103,17 +103,16 @@ def _q4_1(b, p):  # d:f16 m:f16 qs[16]
 
 
 def _q5(b, p, qh_at, qs_at, offset):
-    lo, hi = _nibble_halves(b, p, qs_at)
-    qh = load_u32(b, p, qh_at)
-    return _with_fifth_bits(b, lo, qh, 0, offset), _with_fifth_bits(b, hi, qh, 16, offset)
+    """The 32 values of a Q5_0/Q5_1 block as one <32 x i8>."""
+    return _with_fifth_bits(b, concat(b, *_nibble_halves(b, p, qs_at)), load_u32(b, p, qh_at), offset)
 
 
 def _q5_0(b, p):  # d:f16 qh[4] qs[16]
-    return Block([Group(load_f16(b, p, 0), None, list(_q5(b, p, 2, 6, 16)), True)])
+    return Block([Group(load_f16(b, p, 0), None, [_q5(b, p, 2, 6, 16)], True)])
 
 
 def _q5_1(b, p):  # d:f16 m:f16 qh[4] qs[16]
-    return Block([Group(load_f16(b, p, 0), load_f16(b, p, 2), list(_q5(b, p, 4, 8, 0)), False)])
+    return Block([Group(load_f16(b, p, 0), load_f16(b, p, 2), [_q5(b, p, 4, 8, 0)], False)])
 
 
 def _q8_0(b, p):  # d:f16 qs[32] int8

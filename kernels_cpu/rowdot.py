@@ -37,7 +37,7 @@ def _units(groups):
     units, pending = [], []
     for grp in groups:
         pending.append(grp)
-        if sum(len(g.values) for g in pending) == 2:
+        if sum(v.type.count for g in pending for v in g.values) == 2 * LANES:
             units.append(pending)
             pending = []
     return units
@@ -129,7 +129,7 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
 def _unit_ints(b, unit):
     """A unit's 32 integers widened to <32 x i16>."""
     values = [v for grp in unit for v in grp.values]
-    return widen(b, concat(b, values[0], values[1]), I16, unit[0].signed)
+    return widen(b, values[0] if len(values) == 1 else concat(b, *values), I16, unit[0].signed)
 
 
 def _group_sums(b, blk, first_weight, xsum_ptr):
@@ -208,14 +208,14 @@ def _emit_dequantize(b, qtype, row_ptr, row_bytes, out_ptr):
         position = b.mul(loop.index, ir.Constant(I64, block))
         blk = DECODERS[qtype](b, offset(b, row_ptr, b.mul(loop.index, ir.Constant(I64, block_bytes))))
         for grp, (scale, bias) in zip(blk.groups, blk.float_groups(b)):
-            scale = splat(b, scale)
-            bias = splat(b, bias) if bias is not None else None
             for ints in grp.values:
+                n = ints.type.count
                 values = to_float(b, ints, grp.signed)
-                weights = b.fmul(values, scale) if bias is None else mul_add(b, values, scale, bias)
+                weights = (b.fmul(values, splat(b, scale, n)) if bias is None
+                           else mul_add(b, values, splat(b, scale, n), splat(b, bias, n)))
                 target = b.gep(b.bitcast(out_ptr, F32.as_pointer()), [position])
-                b.store(weights, b.bitcast(target, vector(F32).as_pointer()), align=4)
-                position = b.add(position, ir.Constant(I64, LANES))
+                b.store(weights, b.bitcast(target, vector(F32, n).as_pointer()), align=4)
+                position = b.add(position, ir.Constant(I64, n))
 
 
 @intrinsic
