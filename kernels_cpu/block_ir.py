@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 from gguf import GGMLQuantizationType as T
 
-from .ir import F32, I8, I16, I32, LANES, concat, const_vector, load_bytes, load_f16, load_u32, vector
+from .ir import F32, I8, I16, I32, concat, const_vector, load_bytes, load_f16, load_u32, vector
 
 
 @dataclass
