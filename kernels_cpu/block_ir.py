@@ -116,7 +116,7 @@ def _q5_1(b, p):  # d:f16 m:f16 qh[4] qs[16]
 
 
 def _q8_0(b, p):  # d:f16 qs[32] int8
-    return Block([Group(load_f16(b, p, 0), None, [load_bytes(b, p, 2 + 16 * h) for h in (0, 1)], True)])
+    return Block([Group(load_f16(b, p, 0), None, [load_bytes(b, p, 2, 32)], True)])
 
 
 def _k4_groups(b, p, values):
