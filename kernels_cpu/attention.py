@@ -24,21 +24,25 @@ MASKED = np.float32(-1e30)
 SLOT_CHUNK = 256
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _visible(kp, qp, window):
+    """Whether a query at position qp sees the slot holding position kp: 0 <= kp <= qp and, with
+    a sliding window, qp - kp < window; empty slots hold -1. (Bitwise &, |: no branches in loops.)"""
+    return (kp >= 0) & (kp <= qp) & ((window == 0) | (qp - kp < window))
+
+
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _exp_scores(row, qp, k_pos, window, softcap):
     """Scores of one query at position qp -> exp(score - max), in place; returns (max, sum).
 
-    Slot s is visible when 0 <= k_pos[s] <= qp and, with a sliding window, qp - k_pos[s] < window;
-    empty slots carry position -1. Invisible slots get 0. (Bitwise &, |: no branches in the loop.)
+    Invisible slots (see _visible) get 0.
     """
     if softcap > 0:  # (a loop of its own: libm's tanh would keep the masking loop from vectorizing)
         for s in range(row.shape[0]):
             row[s] = softcap * math.tanh(row[s] / softcap)
     best = MASKED
     for s in range(row.shape[0]):
-        kp = k_pos[s]
-        visible = (kp >= 0) & (kp <= qp) & ((window == 0) | (qp - kp < window))
-        v = row[s] if visible else MASKED
+        v = row[s] if _visible(k_pos[s], qp, window) else MASKED
         row[s] = v
         best = max_f32(best, v)
     total = np.float32(0.0)
@@ -75,8 +79,7 @@ def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, m
     # up to twice the window; the slots outside it cost as much as the ones inside)
     qp, begin, end = q_pos[t], SLOT_CHUNK, 0
     for s in range(first, min(first + SLOT_CHUNK, n_slots)):
-        kp = k_pos[s]
-        if (kp >= 0) & (kp <= qp) & ((window == 0) | (qp - kp < window)):
+        if _visible(k_pos[s], qp, window):
             begin, end = min(begin, s - first), s - first + 1
     if end <= begin:
         for g in range(group):
@@ -90,7 +93,7 @@ def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, m
     scores = np.empty((group, n), dtype=np.float32)
     cache_product(keys, kv, 0, first, queries, scores)
     for g in range(group):
-        maxima[job, g], sums[job, g] = _exp_scores(scores[g], q_pos[t], k_pos[first:first + n], window, softcap)
+        maxima[job, g], sums[job, g] = _exp_scores(scores[g], qp, k_pos[first:first + n], window, softcap)
     cache_product(values, kv, first, 0, scores, partial[job])
 
 

@@ -1,11 +1,10 @@
-"""Each quantized type's block layout, decoded in LLVM IR to float vectors (byte layouts: ggml-common.h).
+"""Each quantized type's block layout, decoded in LLVM IR to integer vectors (byte layouts: ggml-common.h).
 
 A decoder reads one block at pointer `p` and returns a Block: its scale groups in order, each as
 Group(scale, bias, values, signed): weight = scale * value + bias, with `values` the group's 16
 or 32 integer values as <16 x i8> or <32 x i8> vectors in position order (signed or unsigned
-bytes). `bias` is
-None for symmetric types, whose integer offset (Q4_0's -8 ...) is subtracted in the bytes
-instead. K-quant groups leave scale and bias to their Block: integer sub-scales and mins, one
+bytes). `bias` is None for symmetric types, whose integer offset (Q4_0's -8 ...) is subtracted in
+the bytes instead. K-quant groups leave scale and bias to their Block: integer sub-scales and mins, one
 i16 lane per group, which the block's float d and dmin turn into weight = d * scale * value -
 dmin * min; products can then stay integers over a whole super-block. rowdot.py multiplies the
 blocks with activations or writes them out as floats; nothing here knows about rows or tokens.
@@ -52,25 +51,17 @@ def _pick(b, v, lanes):
 
 
 def _lanes_op(op):
+    """op(b, v, c) against a constant vector c: one value per lane (a list) or the same value in
+    every lane (an int)."""
     def apply(b, v, ks):
-        return op(b, v, const_vector(v.type.element, ks))
+        return op(b, v, const_vector(v.type.element, [ks] * v.type.count if isinstance(ks, int) else ks))
     return apply
 
 
-_and_each = _lanes_op(lambda b, v, c: b.and_(v, c))
-_shr_each = _lanes_op(lambda b, v, c: b.lshr(v, c))
-
-
-def _bytes_op(op):
-    def apply(b, v, k):
-        return op(b, v, const_vector(I8, [k] * v.type.count))
-    return apply
-
-
-_and = _bytes_op(lambda b, v, c: b.and_(v, c))
-_shr = _bytes_op(lambda b, v, c: b.lshr(v, c))
-_shl = _bytes_op(lambda b, v, c: b.shl(v, c))
-_sub = _bytes_op(lambda b, v, c: b.sub(v, c))
+_and = _lanes_op(lambda b, v, c: b.and_(v, c))
+_shr = _lanes_op(lambda b, v, c: b.lshr(v, c))
+_shl = _lanes_op(lambda b, v, c: b.shl(v, c))
+_sub = _lanes_op(lambda b, v, c: b.sub(v, c))
 
 
 def _bits(b, v, shift, mask):
@@ -127,11 +118,10 @@ def _k4_groups(b, p, values):
     v = load_bytes(b, p, 4)
 
     def top(first):  # bits 6-7 of bytes first ... first + 3 as bits 4-5 of lanes 4-7
-        return b.lshr(_and_each(b, _pick(b, v, [first + i % 4 for i in range(8)]), [0] * 4 + [0xC0] * 4),
-                      const_vector(I8, [2] * 8))
-    scales = b.or_(_and_each(b, _pick(b, v, [0, 1, 2, 3, 8, 9, 10, 11]), [63] * 4 + [15] * 4), top(0))
-    mins = b.or_(_and_each(b, _shr_each(b, _pick(b, v, [4, 5, 6, 7, 8, 9, 10, 11]), [0] * 4 + [4] * 4),
-                           [63] * 4 + [15] * 4), top(4))
+        return _shr(b, _and(b, _pick(b, v, [first + i % 4 for i in range(8)]), [0] * 4 + [0xC0] * 4), 2)
+    scales = b.or_(_and(b, _pick(b, v, [0, 1, 2, 3, 8, 9, 10, 11]), [63] * 4 + [15] * 4), top(0))
+    mins = b.or_(_and(b, _shr(b, _pick(b, v, [4, 5, 6, 7, 8, 9, 10, 11]), [0] * 4 + [4] * 4), [63] * 4 + [15] * 4),
+                 top(4))
     return Block([Group(None, None, group_values, False) for group_values in values],
                  load_f16(b, p, 0), load_f16(b, p, 2), b.zext(scales, vector(I16, 8)), b.zext(mins, vector(I16, 8)))
 
@@ -209,11 +199,11 @@ def _q3_k(b, p):  # hmask[32], qs[64], scales[12] (6-bit, packed, offset 32), d
     # Scale g: low four bits from byte 96 + g % 8 (shifted by 4 for g >= 8), top two from byte
     # 104 + g % 4 (shifted by 2 * (g // 4)). The 16 bytes loaded end with the block's scales.
     packed = load_bytes(b, p, 94)
-    low = _and_each(b, _shr_each(b, b.zext(_pick(b, packed, [2 + g % 8 for g in range(16)]), vector(I16)),
-                                 [4 * (g // 8) for g in range(16)]), [15] * 16)
-    high = _and_each(b, _shr_each(b, b.zext(_pick(b, packed, [10 + g % 4 for g in range(16)]), vector(I16)),
-                                  [2 * (g // 4) for g in range(16)]), [3] * 16)
-    scales = b.sub(b.or_(low, b.shl(high, const_vector(I16, [4] * 16))), const_vector(I16, [32] * 16))
+    low = _and(b, _shr(b, b.zext(_pick(b, packed, [2 + g % 8 for g in range(16)]), vector(I16)),
+                       [4 * (g // 8) for g in range(16)]), 15)
+    high = _and(b, _shr(b, b.zext(_pick(b, packed, [10 + g % 4 for g in range(16)]), vector(I16)),
+                        [2 * (g // 4) for g in range(16)]), 3)
+    scales = _sub(b, b.or_(low, _shl(b, high, 4)), 32)
     return Block(_two_bit_planes(b, p, 32, group), load_f16(b, p, 108), scales=scales)
 
 

@@ -149,6 +149,7 @@ class _Stack:
         _products(self.qtypes, self.raws, self.tasks, self.single_rows, x, out)
         return out
 
+
 def _tasks(matrices, first_columns):
     """_products' tasks: (matrix, first row, first output column) of ROWS rows each, the last
     one of a matrix overlapping its predecessor when ROWS does not divide the rows (they write the

@@ -168,10 +168,11 @@ def _switch_on_type(b, qtype_value, emit):
 
 def _rows_dot(n_rows):
     """An intrinsic (qtype, w, row, xq, dx, t, xsum, out, col): out[t, col + i] = row `row + i` of
-    the raw blocks w (rows, bytes per row) of type qtype dotted with x[t] ~ dx[t, j // 256] * xq[t, j],
-    for i < n_rows (see quantize_activations); xsum[t] holds the sums of x[t]'s consecutive
-    16-weight runs. Callers guarantee row + n_rows <= len(w), x[t] as long as a row,
-    col + n_rows <= out.shape[1] and a qtype in DECODERS."""
+    the raw blocks w (rows, bytes per row) of type qtype dotted with x[t], for i < n_rows; x is
+    given as x[t, j] ~ dx[t, j // DX_BLOCK] * xq[t, j] (see matmul._quantize_activations), and
+    xsum[t] holds the sums of x[t]'s consecutive 16-weight runs. Callers guarantee
+    row + n_rows <= len(w), x[t] as long as a row, col + n_rows <= out.shape[1] and a qtype in
+    DECODERS."""
     @intrinsic
     def rows_dot(typingctx, qtype, w, row, xq, dx, t, xsum, out, col):
         def codegen(context, b, signature, args):
