@@ -1,5 +1,10 @@
-"""Attention over the KV cache: keys (kv heads, dim, slots), values (kv heads, slots, dim), held
-as float32 or as float16 bits (uint16).
+"""Attention over the KV cache, and the cache's layout: values (kv heads, slots, dim), keys tiled
+by slots, (kv heads, slots / KEY_TILE, dim, KEY_TILE), held as float32 or float16 (the kernels
+take float16 as its uint16 bits).
+
+Keys are transposed so that a query's scores run along slots in vector lanes, and tiled so that
+one slot's key is a few cache lines in one place (a plain (kv heads, dim, slots) array spreads
+it over `dim` pages: writing it and reading a block of slots then missed the TLB on every row).
 
 Every slot carries the position it holds, and the mask is computed from positions, never from
 slot indices, so any slot order works (the ring of kv_cache.py, sliding windows).
@@ -11,7 +16,11 @@ import numpy as np
 from numba import njit, prange
 
 from .intrinsics import cache_product, exp_f32, max_f32
+from .ir import LANES
 from .threads import in_parallel
+
+# Slots per key tile: one vector of scores (see cache_product).
+KEY_TILE = LANES
 
 # Up to this many queries, the Numba kernel; beyond, BLAS, over chunks of this many queries.
 FEW_QUERIES = 8
@@ -70,7 +79,7 @@ def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, m
     """Job (token, kv head, chunk of slots) of attention_few: the chunk's softmax max and sum and
     its weighted values, from register-blocked cache_product calls."""
     _, n_head, _ = q.shape
-    n_kv, key_dim, _ = keys.shape
+    n_kv, key_dim = keys.shape[0], keys.shape[2]
     n_slots = k_pos.shape[0]
     group = n_head // n_kv
     n_chunks = (n_slots + SLOT_CHUNK - 1) // SLOT_CHUNK
@@ -85,6 +94,7 @@ def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, m
         for g in range(group):
             maxima[job, g], sums[job, g] = MASKED, 0.0
         return
+    begin -= begin % KEY_TILE  # (key tiles are read whole; the slots before begin score 0)
     first, n = first + begin, end - begin
     queries = np.empty((group, key_dim), dtype=np.float32)
     for g in range(group):
@@ -127,7 +137,7 @@ PARALLEL_FROM = 256
 
 def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, out):
     """Grouped-query attention of a few queries q (T, heads, dim) over the first len(k_pos) slots
-    of the cache, keys (kv heads, dim, slots) and values (kv heads, slots, dim).
+    of the cache, keys and values as new_cache lays them out.
 
     Jobs are (token, kv head, chunk of slots); each chunk keeps its own softmax max and sum,
     rescaled when the chunks are added up."""
@@ -161,6 +171,25 @@ def _combine_chunks(maxima, sums, partial, n_kv, n_chunks, out):
                 row[i] *= inv
 
 
+def new_cache(n_kv, key_dim, value_dim, slots, dtype):
+    """Zeroed keys and values for `slots` slots (keys get whole tiles)."""
+    tiles = -(-slots // KEY_TILE)
+    return np.zeros((n_kv, tiles, key_dim, KEY_TILE), dtype), np.zeros((n_kv, slots, value_dim), dtype)
+
+
+def cached_rows(keys, values, n):
+    """Slots 0..n-1 of the cache as float32 (n, kv heads, dim) keys and values."""
+    n_kv, _, key_dim, _ = keys.shape
+    k = keys.transpose(1, 3, 0, 2).reshape(-1, n_kv, key_dim)[:n]
+    return k.astype(np.float32), values[:, :n].transpose(1, 0, 2).astype(np.float32)
+
+
+def _key_columns(keys, kv, n):
+    """KV head kv's keys of slots 0..n-1 as a float32 (dim, n) matrix."""
+    tiles = keys[kv, :-(-n // KEY_TILE)].astype(np.float32)
+    return tiles.transpose(1, 0, 2).reshape(keys.shape[2], -1)[:, :n]
+
+
 def as_kernel_array(cache):
     """A cache array as the kernels take it: float16 as its uint16 bits, float32 as is."""
     return cache.view(np.uint16) if cache.dtype == np.float16 else cache
@@ -185,7 +214,7 @@ def attention(q, keys, values, q_pos, k_pos, scale, window, softcap):
         for h in range(first, last):
             kv = h // group
             if kv not in converted:
-                converted[kv] = keys[kv, :, :n].astype(np.float32), values[kv, :n].astype(np.float32)
+                converted[kv] = _key_columns(keys, kv, n), values[kv, :n].astype(np.float32)
             k, v = converted[kv]
             for (a, b), (begin, end) in zip(chunks, spans):
                 scores = (q[a:b, h, :] * args[0]) @ k[:, begin:end]

@@ -8,7 +8,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from . import ops
-from .attention import as_kernel_array, attention
+from .attention import as_kernel_array, attention, cached_rows, new_cache
 from .bandwidth import read_bandwidth
 from .blocks import SUPPORTED_TYPES
 from .matmul import load_matrix, matmuls
@@ -79,8 +79,11 @@ class CpuBackend:
     def read_bandwidth(self):
         return read_bandwidth()
 
-    def kv_zeros(self, shape, kv_type):
-        return np.zeros(shape, dtype={"f16": np.float16, "f32": np.float32}[kv_type])
+    def new_kv(self, n_kv, key_dim, value_dim, slots, kv_type):
+        return new_cache(n_kv, key_dim, value_dim, slots, {"f16": np.float16, "f32": np.float32}[kv_type])
+
+    def read_kv(self, keys, values, n):
+        return cached_rows(keys, values, n)
 
     def store_kv(self, keys, values, slots, k, v):
         ops.store_kv(as_kernel_array(keys), as_kernel_array(values), slots, np.ascontiguousarray(k),

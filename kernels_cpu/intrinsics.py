@@ -71,11 +71,11 @@ def from_f32(typingctx, value, like):
     return None
 
 
-# cache_product asks for the cache lines this many columns ahead while it works down a block of
-# columns: a key's rows lie a cache row apart (4 KiB at 2048 slots of float16), too far for the
-# hardware prefetcher, and during decode the weights stream has evicted the cache since the last
-# step.
-PREFETCH_COLUMNS = 128
+# cache_product asks for the cache lines this many bytes past each vector it loads: during decode
+# the weights stream has evicted the cache since the last step. Both layouts are read forwards
+# (tiled keys tile by tile, values row by row). Attention over 2048 slots of SmolLM2 took ~15%
+# less time in a decode step than with no prefetch; 16 KiB ahead measured the same.
+PREFETCH_BYTES = 4096
 # Rows of `a` (queries of one KV head) per pass of cache_product: 4 x 4 accumulators, 4 cache
 # vectors and 4 broadcast weights fit AVX-512's 32 registers.
 QUERIES_TOGETHER = 4
@@ -83,35 +83,49 @@ QUERIES_TOGETHER = 4
 
 @intrinsic
 def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
-    """out[g, c] = sum_r a[g, r] * cache[kv, row_first + r, col_first + c] for g < len(a),
-    r < a.shape[1], c < out.shape[1]: a small matrix product against a block of a KV cache, which
-    holds float32 or float16 bits with contiguous last dimension; a and out are C-contiguous
-    float32. Callers guarantee the bounds. Attention uses it twice: scores are queries times keys
-    (kv heads, dim, slots), outputs are weights times values (kv heads, slots, dim).
+    """out[g, c] = sum_r a[g, r] * C[kv, row_first + r, col_first + c] for g < len(a),
+    r < a.shape[1], c < out.shape[1]: a small matrix product against a block of a KV cache C of
+    float32 or float16 bits (uint16); a and out are C-contiguous float32. C is either the array
+    itself (kv heads, rows, columns), contiguous along columns, or, for a 4-d array, tiled by
+    columns: (kv heads, columns / LANES, rows, LANES), where col_first must be a multiple of LANES.
+    Callers guarantee the bounds. Attention uses it twice: scores are queries times keys (tiled:
+    kv heads, dim, slots), outputs are weights times values (kv heads, slots, dim).
 
     Register-blocked: 64 columns of QUERIES_TOGETHER rows of a in 16-lane accumulators run down all
     rows, each cache vector converted once where it is loaded for all of them (the queries of a
     grouped-query head share their keys and values).
     """
     element = ir.HalfType() if cache.dtype == types.uint16 else F32
-    if cache.dtype not in (types.uint16, types.float32) or a.dtype != types.float32:
+    if cache.dtype not in (types.uint16, types.float32) or a.dtype != types.float32 or cache.ndim not in (3, 4):
         return None
+    tiled = cache.ndim == 4
 
     def codegen(context, b, signature, args):
         cache_type, _, _, _, a_type, out_type = signature.args
         cache_v, kv, row_first, col_first, a_v, out_v = args
-        kv_stride, row_stride, col_stride = array_strides(context, b, cache_type, cache_v)
+        strides = array_strides(context, b, cache_type, cache_v)
+        if tiled:  # a vector of LANES columns starting at a multiple of LANES is one tile's row
+            kv_stride, tile_stride, row_stride, _ = strides
+            first_at = b.mul(b.udiv(col_first, ir.Constant(I64, LANES)), tile_stride)
+        else:
+            kv_stride, row_stride, col_stride = strides
+            first_at = b.mul(col_first, col_stride)
         base = offset(b, array_data(context, b, cache_type, cache_v),
-                      b.add(b.add(b.mul(kv, kv_stride), b.mul(row_first, row_stride)), b.mul(col_first, col_stride)))
+                      b.add(b.add(b.mul(kv, kv_stride), b.mul(row_first, row_stride)), first_at))
         n_group, n_rows = array_shape(context, b, a_type, a_v)
         n_cols = array_shape(context, b, out_type, out_v)[1]
         a_ptr = b.bitcast(array_data(context, b, a_type, a_v), F32.as_pointer())
         out_ptr = b.bitcast(array_data(context, b, out_type, out_v), F32.as_pointer())
         widen = (lambda v: b.fpext(v, vector(F32))) if element != F32 else (lambda v: v)
-        element_bytes = 2 if element != F32 else 4
 
-        def cache_at(r, c):
-            return b.gep(b.bitcast(offset(b, base, b.mul(r, row_stride)), element.as_pointer()), [c])
+        def cache_vector(r, c):
+            """Pointer to the LANES columns from c (a multiple of LANES) of row r."""
+            row = offset(b, base, b.mul(r, row_stride))
+            if tiled:
+                at = offset(b, row, b.mul(b.udiv(c, ir.Constant(I64, LANES)), tile_stride))
+            else:
+                at = b.gep(b.bitcast(row, element.as_pointer()), [c])
+            return b.bitcast(at, vector(element, LANES).as_pointer())
 
         def a_at(g, r):
             return b.load(b.gep(a_ptr, [b.add(b.mul(g, n_rows), r)]))
@@ -125,15 +139,12 @@ def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
             for acc in (acc for row in accs for acc in row):
                 b.store(zero, acc)
             with cgutils.for_range(b, n_rows) as rows:
-                if mask is None:  # this row of the columns PREFETCH_COLUMNS on (see there)
-                    ahead = b.bitcast(cache_at(rows.index, b.add(first, ir.Constant(I64, PREFETCH_COLUMNS))),
-                                      I8.as_pointer())
-                    for line in range(0, LANES * width * element_bytes, 64):
-                        prefetch(b, offset(b, ahead, line))
                 values = []
                 for u in range(width):
-                    at = b.bitcast(cache_at(rows.index, b.add(first, ir.Constant(I64, u * LANES))),
-                                   vector(element, LANES).as_pointer())
+                    column = b.add(first, ir.Constant(I64, u * LANES))
+                    at = cache_vector(rows.index, column)
+                    if mask is None:
+                        prefetch(b, offset(b, b.bitcast(at, I8.as_pointer()), PREFETCH_BYTES))
                     values.append(widen(b.load(at, align=2) if mask is None else masked_load(b, at, mask, 2)))
                 for g, row_accs in zip(gs, accs):
                     weight = splat(b, a_at(g, rows.index))

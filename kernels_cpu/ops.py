@@ -56,14 +56,15 @@ def rope(x, cos, sin, neox):
 
 @njit(cache=True)
 def store_kv(keys, values, slots, k, v):
-    """Write token t's k[t] (kv heads, dim) into column slots[t] of keys (kv heads, dim, slots)
-    and its v[t] into row slots[t] of values (kv heads, slots, dim); caches hold float32 or
-    float16 bits (uint16)."""
+    """Write token t's k[t] (kv heads, dim) into slot slots[t] of keys (kv heads, slots / tile,
+    dim, tile) and its v[t] into row slots[t] of values (kv heads, slots, dim); caches hold
+    float32 or float16 bits (uint16)."""
+    tile = keys.shape[3]
     for t in range(slots.shape[0]):
         s = slots[t]
         for h in range(keys.shape[0]):
-            for i in range(keys.shape[1]):
-                keys[h, i, s] = from_f32(k[t, h, i], keys)
+            for i in range(keys.shape[2]):
+                keys[h, s // tile, i, s % tile] = from_f32(k[t, h, i], keys)
             for i in range(values.shape[2]):
                 values[h, s, i] = from_f32(v[t, h, i], values)
 

@@ -8,6 +8,7 @@ steps are replayed from CUDA graphs (step_graph.py).
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -80,8 +81,13 @@ class TorchBackend:
     def rope(self, x, positions, n_rot, base, pos_scale, neox, freq_factors):
         ops.rope(x, self._tensor(positions), n_rot, base, pos_scale, neox, freq_factors)
 
-    def kv_zeros(self, shape, kv_type):
-        return torch.zeros(shape, dtype={"f16": torch.float16, "f32": torch.float32}[kv_type], device=self.device)
+    def new_kv(self, n_kv, key_dim, value_dim, slots, kv_type):
+        zeros = partial(torch.zeros, dtype={"f16": torch.float16, "f32": torch.float32}[kv_type], device=self.device)
+        return zeros((n_kv, key_dim, slots)), zeros((n_kv, slots, value_dim))
+
+    def read_kv(self, keys, values, n):
+        return tuple(self.to_numpy(a.to(torch.float32)) for a in (keys[:, :, :n].permute(2, 0, 1),
+                                                                   values[:, :n].permute(1, 0, 2)))
 
     def store_kv(self, keys, values, slots, k, v):
         ops.store_kv(keys, values, self._tensor(slots, np.int64), k, v)

@@ -44,12 +44,15 @@ class Backend(Protocol):
     def read_bandwidth(self) -> float:
         """Bytes per second the device reads from its memory: the ceiling of a decode step."""
 
-    def kv_zeros(self, shape, kv_type: str) -> Any:
-        """A zeroed KV-cache buffer of precision kv_type: "f16" or "f32"."""
+    def new_kv(self, n_kv: int, key_dim: int, value_dim: int, slots: int, kv_type: str) -> tuple:
+        """Zeroed (keys, values) of one layer's cache, `slots` slots of precision kv_type ("f16" or
+        "f32"), laid out as the backend's store_kv and attention take them."""
+
+    def read_kv(self, keys, values, n: int) -> tuple:
+        """Slots 0..n-1 of a cache as host float32 (n, kv heads, dim) keys and values."""
 
     def store_kv(self, keys, values, slots, k, v) -> None:
-        """Token t's k[t] into keys[:, :, slots[t]] (kv heads, dim, slots) and v[t] into
-        values[:, slots[t]] (kv heads, slots, dim)."""
+        """Token t's k[t] and v[t] (kv heads, dim) into slot slots[t] of keys and values."""
 
     def attention(self, q, keys, values, q_pos, k_pos, scale: float, window: int, softcap: float) -> Any:
         """Causal grouped-query attention of q (T, heads, dim) over cache slots at positions k_pos."""

@@ -61,9 +61,9 @@ class KVCache:
         self.n_ctx, self.max_batch, self.ring = n_ctx, max_batch, ring
         self.windowed = [w > 0 for w in layer_windows]
         self.capacity = [min(n_ctx, w + max_batch) if w else n_ctx for w in layer_windows]
-        # keys are stored transposed, (kv heads, dim, slots), so that a query's scores run along slots
-        self.keys = [backend.kv_zeros((n_kv_head, key_dim, cap), kv_type) for cap in self.capacity]
-        self.values = [backend.kv_zeros((n_kv_head, cap, value_dim), kv_type) for cap in self.capacity]
+        # in the backend's layout: the cache only hands them to its store_kv and attention
+        self.keys, self.values = map(list, zip(*[backend.new_kv(n_kv_head, key_dim, value_dim, cap, kv_type)
+                                                 for cap in self.capacity]))
         # each layer's kind: ("window" or "global", capacity); layers of one kind share a position table
         kinds = [("window", cap) if w else ("global", cap) for w, cap in zip(self.windowed, self.capacity)]
         self.kind_list = sorted(set(kinds))
@@ -130,9 +130,8 @@ class KVCache:
         if self.used >= self.n_ctx:
             raise ContextFullError("the pinned prefix must leave room in the context")
         self.pinned = self.used
-        to_host = lambda a: np.asarray(self.backend.to_numpy(a), dtype=np.float32)  # noqa: E731
-        self._pinned = {i: (np.ascontiguousarray(to_host(self.keys[i][:, :, :self.pinned]).transpose(2, 0, 1)),
-                            np.ascontiguousarray(to_host(self.values[i][:, :self.pinned]).transpose(1, 0, 2)))
+        self._pinned = {i: tuple(map(np.ascontiguousarray,
+                                     self.backend.read_kv(self.keys[i], self.values[i], self.pinned)))
                         for i, w in enumerate(self.windowed) if not w}
 
     def pinned_source(self, layer: int):

@@ -16,7 +16,7 @@ from gguf_io import GGUFFile
 from kernels_cpu.backend import CpuBackend
 
 from .test_kernels import K_QUANT_SCALES, TYPES, _random_k_blocks, _weights
-from .test_ops import attention_case
+from .test_ops import attention_case, filled_cache
 
 torch = pytest.importorskip("torch")
 from kernels_gpu.backend import TorchBackend  # noqa: E402
@@ -141,11 +141,12 @@ def test_store_kv_matches_numba(kv_type):
     k = rng.standard_normal((3, n_kv, d)).astype(np.float32)
     v = rng.standard_normal((3, n_kv, d)).astype(np.float32)
     slots = np.array([4, 0, 9], dtype=np.int64)
-    keys, values = be.kv_zeros((n_kv, d, slots_n), kv_type), be.kv_zeros((n_kv, slots_n, d), kv_type)
-    want_k, want_v = cpu.kv_zeros((n_kv, d, slots_n), kv_type), cpu.kv_zeros((n_kv, slots_n, d), kv_type)
+    keys, values = be.new_kv(n_kv, d, d, slots_n, kv_type)
+    want_k, want_v = cpu.new_kv(n_kv, d, d, slots_n, kv_type)
     be.store_kv(keys, values, slots, _t(k), _t(v))
     cpu.store_kv(want_k, want_v, slots, k, v)
-    assert np.array_equal(_np(keys), want_k) and np.array_equal(_np(values), want_v)
+    for got, want in zip(be.read_kv(keys, values, slots_n), cpu.read_kv(want_k, want_v, slots_n)):
+        assert np.array_equal(got, want)
 
 
 @pytest.mark.parametrize("window", [0, 3])
@@ -154,13 +155,13 @@ def test_store_kv_matches_numba(kv_type):
 @pytest.mark.parametrize("kv_type", [np.float16, np.float32])
 def test_attention_matches_numba(window, softcap, n_tok, kv_type):
     q, keys, values, q_pos, k_pos = attention_case(n_tok, kv_type)
-    want = cpu.attention(q, keys, values, q_pos, k_pos, 0.3, window, softcap)
+    want = cpu.attention(q, *filled_cache(cpu, keys, values), q_pos, k_pos, 0.3, window, softcap)
     # slots past the ones attention is told to read (graph padding) must not count
     n_kv, d = keys.shape[:2]
     padded = np.concatenate([k_pos, np.full(5, -1, np.int32)])
     keys_p = np.concatenate([keys, np.full((n_kv, d, 5), 9.0, kv_type)], axis=2)
     values_p = np.concatenate([values, np.full((n_kv, 5, d), 9.0, kv_type)], axis=1)
-    got = be.attention(_t(q), _t(keys_p), _t(values_p), _t(q_pos), _t(padded), 0.3, window, softcap)
+    got = be.attention(_t(q), *filled_cache(be, keys_p, values_p, _t), _t(q_pos), _t(padded), 0.3, window, softcap)
     assert np.allclose(_np(got), want, atol=2e-5)
 
 

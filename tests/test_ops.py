@@ -48,7 +48,8 @@ def test_rope(neox, n_rot):
 
 def attention_case(n_tok, kv_type):
     """Queries, keys (kv heads, dim, slots), values (kv heads, slots, dim) and positions of a
-    grouped-query attention over slots out of position order, one of them empty."""
+    grouped-query attention over slots out of position order, one of them empty (the keys and
+    values as plain arrays: filled_cache puts them into a backend's cache)."""
     n_head, n_kv, d, n_slots = 6, 2, 37, n_tok + 300  # odd sizes: vector tails; two slot chunks
     q = rng.standard_normal((n_tok, n_head, d)).astype(np.float32)
     keys = rng.standard_normal((n_kv, d, n_slots)).astype(kv_type)
@@ -60,6 +61,17 @@ def attention_case(n_tok, kv_type):
     return q, keys, values, q_pos, k_pos
 
 
+def filled_cache(backend, keys, values, to_backend=lambda a: a):
+    """A backend's cache holding keys (kv heads, dim, slots) and values (kv heads, slots, dim),
+    through its store_kv."""
+    n_kv, d, n = keys.shape
+    kv_type = {np.float16: "f16", np.float32: "f32"}[keys.dtype.type]
+    cache_k, cache_v = backend.new_kv(n_kv, d, values.shape[2], n, kv_type)
+    k, v = (to_backend(a.astype(np.float32)) for a in (keys.transpose(2, 0, 1), values.transpose(1, 0, 2)))
+    backend.store_kv(cache_k, cache_v, np.arange(n, dtype=np.int64), k, v)
+    return cache_k, cache_v
+
+
 @pytest.mark.parametrize("window", [0, 3])
 @pytest.mark.parametrize("softcap", [0.0, 2.0])
 @pytest.mark.parametrize("n_tok", [4, 20])  # the decode kernel and the BLAS path
@@ -67,7 +79,7 @@ def attention_case(n_tok, kv_type):
 def test_attention_grouped_causal(window, softcap, n_tok, kv_type):
     q, keys, v, q_pos, k_pos = attention_case(n_tok, kv_type)
     n_head, n_kv = q.shape[1], keys.shape[0]
-    got = be.attention(q, keys, v, q_pos, k_pos, 0.25, window, softcap)
+    got = be.attention(q, *filled_cache(be, keys, v), q_pos, k_pos, 0.25, window, softcap)
     k, v = keys.transpose(0, 2, 1).astype(np.float64), v.astype(np.float64)
     for t in range(n_tok):
         for h in range(n_head):
@@ -85,15 +97,18 @@ def test_attention_grouped_causal(window, softcap, n_tok, kv_type):
 
 
 @pytest.mark.parametrize("kv_type", ["f16", "f32"])
-def test_store_kv_writes_the_slots(kv_type):
-    n_kv, d, slots = 3, 20, 10
-    keys, values = be.kv_zeros((n_kv, d, slots), kv_type), be.kv_zeros((n_kv, slots, d), kv_type)
+@pytest.mark.parametrize("slots", [10, 40])  # a part of one key tile, several tiles
+def test_store_kv_writes_the_slots(kv_type, slots):
+    n_kv, d = 3, 20
+    keys, values = be.new_kv(n_kv, d, d, slots, kv_type)
     k = rng.standard_normal((2, n_kv, d)).astype(np.float32)
     v = rng.standard_normal((2, n_kv, d)).astype(np.float32)
-    be.store_kv(keys, values, np.array([7, 2]), k, v)
-    assert np.array_equal(keys[:, :, 7], k[0].astype(keys.dtype)) and np.array_equal(keys[:, :, 2], k[1].astype(keys.dtype))
-    assert np.array_equal(values[:, 7], v[0].astype(keys.dtype)) and np.array_equal(values[:, 2], v[1].astype(keys.dtype))
-    assert not keys[:, :, [0, 1, 3, 4, 5, 6, 8, 9]].any()
+    be.store_kv(keys, values, np.array([7, slots - 1]), k, v)
+    got_k, got_v = be.read_kv(keys, values, slots)
+    rounded = np.float16 if kv_type == "f16" else np.float32
+    for got, want in ((got_k, k), (got_v, v)):
+        assert np.array_equal(got[[7, slots - 1]], want.astype(rounded).astype(np.float32))
+        assert not np.delete(got, [7, slots - 1], axis=0).any()
 
 
 def test_silu_mul():
@@ -134,11 +149,16 @@ def _cache_product(cache, kv, row_first, col_first, a, out):
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("rows,cols", [(37, 1), (37, 15), (64, 100), (5, 256), (300, 64)])
-def test_cache_product_against_numpy(dtype, rows, cols):
-    """The register-blocked product of attention: 64-, 16- and 1-column tails, both cache precisions."""
-    cache = rng.standard_normal((3, 320, 340)).astype(dtype)
+@pytest.mark.parametrize("tiled", [False, True])
+def test_cache_product_against_numpy(dtype, rows, cols, tiled):
+    """The register-blocked product of attention: 64-, 16- and 1-column tails, both cache
+    precisions, plain and tiled by 16 columns."""
+    cache = rng.standard_normal((3, 320, 352)).astype(dtype)
     a = rng.standard_normal((3, rows)).astype(np.float32)
     out = np.zeros((3, cols), np.float32)
-    _cache_product(cache.view(np.uint16) if dtype == np.float16 else cache, 2, 7, 11, a, out)
-    want = a.astype(np.float64) @ cache[2, 7:7 + rows, 11:11 + cols].astype(np.float64)
+    col_first = 16 if tiled else 11
+    # (kv, rows, columns) -> (kv, columns / 16, rows, 16)
+    arg = np.ascontiguousarray(cache.reshape(3, 320, 22, 16).transpose(0, 2, 1, 3)) if tiled else cache
+    _cache_product(arg.view(np.uint16) if dtype == np.float16 else arg, 2, 7, col_first, a, out)
+    want = a.astype(np.float64) @ cache[2, 7:7 + rows, col_first:col_first + cols].astype(np.float64)
     assert np.allclose(out, want, rtol=1e-5, atol=1e-4)
