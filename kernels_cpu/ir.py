@@ -26,6 +26,15 @@ def splat(b, value, n=LANES):
     return b.shuffle_vector(one, one, const_vector(I32, [0] * n))
 
 
+def splat_float(b, value, n=LANES):
+    """splat for a float32 scalar; one converted from float16 is splatted as float16 and
+    converted as a vector, which AVX512-FP16 does in one instruction from memory (vcvtph2psx with
+    a broadcast load) where scalar load, convert and broadcast took three."""
+    if isinstance(value, ir.CastInstr) and value.opname == "fpext" and isinstance(value.operands[0].type, ir.HalfType):
+        return b.fpext(splat(b, value.operands[0], n), vector(F32, n))
+    return splat(b, value, n)
+
+
 def array_data(context, b, array_type, array_value):
     """The data pointer of a Numba array, as i8*."""
     data = cgutils.create_struct_proxy(array_type)(context, b, value=array_value).data

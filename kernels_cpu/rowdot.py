@@ -15,20 +15,20 @@ from numba.core.extending import intrinsic
 
 from .block_ir import DECODERS
 from .ir import (F32, FAST, I16, I32, I64, LANES, array_row, array_shape, array_strides, concat, const_vector,
-                 horizontal_sum, load_vector, mul_add, offset, pair_products, prefetch, splat, to_float, vector,
-                 widen)
+                 horizontal_sum, load_vector, mul_add, offset, pair_products, prefetch, splat, splat_float, to_float,
+                 vector, widen)
 
 
 # Independent accumulator chains, so that consecutive groups' multiply-adds need not wait for one
-# another (an FMA takes 4 cycles, a group's other work about as long); 32-weight blocks are also
-# unrolled in pairs to give each loop step enough groups to spread.
+# another (an FMA takes 4 cycles, a group's other work about as long).
 ACCUMULATORS = 4
 # Rows stream from memory; asking for the bytes ~4 KiB ahead measured 25% faster than no prefetch
 # (and ~5% faster than 2 or 8 KiB) on the 96 MB of SmolLM2's matrices (2 threads).
 PREFETCH_AHEAD = 4096
-BLOCKS_PER_STEP = {32: 2}
 # Activations share a float scale per this many values (see matmul._quantize_activations): a
-# K-quant super-block's integer products then add up before any conversion.
+# K-quant super-block's integer products then add up before any conversion, and the blocks of
+# 32 weights within one add up as floats before one multiplication by it (unrolled, 8 blocks
+# per loop step).
 DX_BLOCK = 256
 
 
@@ -61,13 +61,19 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
     n_blocks = b.udiv(row_bytes, ir.Constant(I64, block_bytes))
     per_row = max(1, ACCUMULATORS // len(row_ptrs))
     zero = ir.Constant(vector(F32), [0.0] * LANES)
-    accs = [[cgutils.alloca_once_value(b, zero) for _ in range(per_row)] for _ in row_ptrs]
+
+    def accumulators():
+        return [[cgutils.alloca_once_value(b, zero) for _ in range(per_row)] for _ in row_ptrs]
+    accs = accumulators()
     bias_accs = [[cgutils.alloca_once_value(b, ir.Constant(F32, 0.0)) for _ in range(per_row)] for _ in row_ptrs]
     min_accs = [cgutils.alloca_once_value(b, zero) for _ in row_ptrs]  # K-quant mins, lane per group
+    # 32-weight blocks add up without dx into these, times dx once per DX_BLOCK weights
+    chunk_accs = accumulators() if block < DX_BLOCK else None
 
     def emit_block(i, slot, prefetch_bytes):
-        """Block i of every row, added into each row's next accumulator; asks for the cache lines
-        of the prefetch_bytes from PREFETCH_AHEAD past the block (one per 64 bytes)."""
+        """Block i of every row, added into each row's next accumulator (of chunk_accs for
+        32-weight blocks); asks for the cache lines of the prefetch_bytes from PREFETCH_AHEAD
+        past the block (one per 64 bytes)."""
         first_weight = b.mul(i, ir.Constant(I64, block))
         block_at = b.mul(i, ir.Constant(I64, block_bytes))
         blocks = []
@@ -79,18 +85,20 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
         units = _units(blocks[0].groups)
         xqs = [load_vector(b, xq_ptr, b.add(first_weight, ir.Constant(I64, 2 * LANES * u)), I16, 2 * LANES)
                for u in range(len(units))]
-        dx = b.load(b.gep(b.bitcast(dx_ptr, F32.as_pointer()), [b.udiv(first_weight, ir.Constant(I64, DX_BLOCK))]))
         group_sums = _group_sums(b, blocks[0], first_weight, xsum_ptr)
         for r, blk in enumerate(blocks):
-            acc, bias_acc, min_acc = accs[r][slot % per_row], bias_accs[r][slot % per_row], min_accs[r]
+            bias_acc, min_acc = bias_accs[r][slot % per_row], min_accs[r]
             row_units = _units(blk.groups)
             if blk.d is None:  # one unit, float scale and bias
                 (grp,) = blk.groups
+                acc = chunk_accs[r][slot % per_row]
                 products = b.sitofp(pair_products(b, _unit_ints(b, row_units[0]), xqs[0]), vector(F32))
-                b.store(mul_add(b, products, splat(b, b.fmul(grp.scale, dx, flags=FAST)), b.load(acc)), acc)
+                b.store(mul_add(b, products, splat_float(b, grp.scale), b.load(acc)), acc)
                 if grp.bias is not None:
                     b.store(mul_add(b, grp.bias, group_sums, b.load(bias_acc)), bias_acc)
                 continue
+            acc = accs[r][slot % per_row]
+            dx = _dx(b, dx_ptr, first_weight)
             total, first_group = None, 0
             for unit, xq in zip(row_units, xqs):  # each unit's weights times their groups' scales
                 lanes = [first_group + i * len(unit) // (2 * LANES) for i in range(2 * LANES)]
@@ -106,16 +114,35 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
                 b.store(mul_add(b, mins, splat(b, b.fneg(blk.dmin)), b.load(min_acc)), min_acc)
         return slot + 1
 
-    unroll = BLOCKS_PER_STEP.get(block, 1)
-    steps = b.udiv(n_blocks, ir.Constant(I64, unroll))
-    with cgutils.for_range(b, steps) as loop:
-        slot = 0
-        for u in range(unroll):
-            # small blocks: the step's lines, asked for with its first block
-            ahead = block_bytes * unroll if u == 0 else 0
-            slot = emit_block(b.add(b.mul(loop.index, ir.Constant(I64, unroll)), ir.Constant(I64, u)), slot, ahead)
-    with cgutils.for_range(b, b.urem(n_blocks, ir.Constant(I64, unroll))) as loop:
-        emit_block(b.add(b.mul(steps, ir.Constant(I64, unroll)), loop.index), 0, block_bytes)
+    if chunk_accs is None:  # a block is a chunk of DX_BLOCK weights
+        with cgutils.for_range(b, n_blocks) as loop:
+            emit_block(loop.index, 0, block_bytes)
+    else:
+        per_chunk = DX_BLOCK // block
+
+        def emit_chunk(first_block, count):
+            """`count` blocks from first_block (an int: unrolled, else a loop), into chunk_accs,
+            then those times their dx into accs."""
+            for acc in (acc for row in chunk_accs for acc in row):
+                b.store(zero, acc)
+            if isinstance(count, int):
+                slot = 0
+                for u in range(count):  # the chunk's lines, asked for with its first block
+                    slot = emit_block(b.add(first_block, ir.Constant(I64, u)), slot, block_bytes * count if u == 0 else 0)
+            else:
+                with cgutils.for_range(b, count) as loop:
+                    emit_block(b.add(first_block, loop.index), 0, block_bytes)
+            dx = splat(b, _dx(b, dx_ptr, b.mul(first_block, ir.Constant(I64, block))))
+            for row_accs, row_chunk_accs in zip(accs, chunk_accs):
+                for acc, chunk_acc in zip(row_accs, row_chunk_accs):
+                    b.store(mul_add(b, b.load(chunk_acc), dx, b.load(acc)), acc)
+
+        full_chunks = b.udiv(n_blocks, ir.Constant(I64, per_chunk))
+        with cgutils.for_range(b, full_chunks) as loop:
+            emit_chunk(b.mul(loop.index, ir.Constant(I64, per_chunk)), per_chunk)
+        rest = b.urem(n_blocks, ir.Constant(I64, per_chunk))
+        with b.if_then(b.icmp_unsigned(">", rest, ir.Constant(I64, 0))):
+            emit_chunk(b.mul(full_chunks, ir.Constant(I64, per_chunk)), rest)
     sums = []
     for row_accs, row_bias_accs, min_acc in zip(accs, bias_accs, min_accs):
         total, bias_total = b.fadd(b.load(row_accs[0]), b.load(min_acc), flags=FAST), b.load(row_bias_accs[0])
@@ -124,6 +151,11 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
             bias_total = b.fadd(bias_total, b.load(bias_acc), flags=FAST)
         sums.append(b.fadd(horizontal_sum(b, total), bias_total, flags=FAST))
     return sums
+
+
+def _dx(b, dx_ptr, first_weight):
+    """The activations' scale over the DX_BLOCK weights from first_weight."""
+    return b.load(b.gep(b.bitcast(dx_ptr, F32.as_pointer()), [b.udiv(first_weight, ir.Constant(I64, DX_BLOCK))]))
 
 
 def _unit_ints(b, unit):
