@@ -112,7 +112,6 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
                 mins = b.shuffle_vector(mins, ir.Constant(mins.type, [0.0] * mins.type.count),
                                         const_vector(I32, range(LANES)))  # (to 16 lanes, zeros above)
                 b.store(mul_add(b, mins, splat(b, b.fneg(blk.dmin)), b.load(min_acc)), min_acc)
-        return slot + 1
 
     if chunk_accs is None:  # a block is a chunk of DX_BLOCK weights
         with cgutils.for_range(b, n_blocks) as loop:
@@ -126,9 +125,8 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
             for acc in (acc for row in chunk_accs for acc in row):
                 b.store(zero, acc)
             if isinstance(count, int):
-                slot = 0
                 for u in range(count):  # the chunk's lines, asked for with its first block
-                    slot = emit_block(b.add(first_block, ir.Constant(I64, u)), slot, block_bytes * count if u == 0 else 0)
+                    emit_block(b.add(first_block, ir.Constant(I64, u)), u, block_bytes * count if u == 0 else 0)
             else:
                 with cgutils.for_range(b, count) as loop:
                     emit_block(b.add(first_block, loop.index), 0, block_bytes)
