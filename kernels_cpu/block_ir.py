@@ -209,3 +209,6 @@ def _q3_k(b, p):  # hmask[32], qs[64], scales[12] (6-bit, packed, offset 32), d
 
 DECODERS = {T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0,
             T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k}
+# Where the 32-weight affine types keep their float16 min m (weight = d * q + m) in a block: the
+# dot products read the mins of a row from a copy of them laid side by side (see rowdot.py).
+MIN_OFFSET = {T.Q4_1: 2, T.Q5_1: 2}

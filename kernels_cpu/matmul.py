@@ -7,10 +7,13 @@ beats any hand loop once a tile is reused across tokens.
 """
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
+from .block_ir import MIN_OFFSET
 from .blocks import FLOAT_TYPES, float_rows
 from .intrinsics import max_f32, min_f32, round_f32
 from .rowdot import DX_BLOCK, ROWS, row_dequantize, row_dot, rows_dot
@@ -68,8 +71,9 @@ def _quantize_activations(x):
 
 
 @njit(cache=True, parallel=True)
-def _products(qtypes, raws, tasks, single_rows, x, out):
-    """out = x @ [W_0; W_1; ...].T for matrices stacked by rows (raws: a tuple of raw rows).
+def _products(qtypes, raws, mins, tasks, single_rows, x, out):
+    """out = x @ [W_0; W_1; ...].T for matrices stacked by rows (raws: a tuple of raw rows; mins:
+    their block mins, see block_mins).
 
     One parallel loop covers all the matrices that share an input (Q, K and V; gate and up).
     Task (m, row, col) is ROWS rows of matrix m from `row`, whose products go to out[:, col...];
@@ -88,11 +92,11 @@ def _products(qtypes, raws, tasks, single_rows, x, out):
                 break
             m = tasks[j, 0]
             for t in range(n_tokens):
-                rows_dot(qtypes[m], raws[m], tasks[j, 1], xq, dx, t, xsum, out, tasks[j, 2])
+                rows_dot(qtypes[m], raws[m], mins[m], tasks[j, 1], xq, dx, t, xsum, out, tasks[j, 2])
     for j in range(single_rows.shape[0]):
         m = single_rows[j, 0]
         for t in range(n_tokens):
-            row_dot(qtypes[m], raws[m], single_rows[j, 1], xq, dx, t, xsum, out, single_rows[j, 2])
+            row_dot(qtypes[m], raws[m], mins[m], single_rows[j, 1], xq, dx, t, xsum, out, single_rows[j, 2])
 
 
 @njit(cache=True, nogil=True)
@@ -109,6 +113,18 @@ class QuantMatrix:
     def __init__(self, qtype: GGMLQuantizationType, raw: np.ndarray, k: int):
         self.qtype, self.shape, self.raw = qtype, (raw.shape[0], k), raw
         self.stacks = {}  # see _stack
+
+    @cached_property
+    def mins(self) -> np.ndarray:
+        """The float16 mins of Q4_1/Q5_1 blocks as uint16 (rows, blocks per row), copied side by
+        side for the dot products (a tenth of the matrix); (rows, 0) for other types. Made at the
+        first product, so a prompt-only run never copies them."""
+        at = MIN_OFFSET.get(self.qtype)
+        if at is None:
+            return np.zeros((self.shape[0], 0), dtype=np.uint16)
+        block_bytes = GGML_QUANT_SIZES[self.qtype][1]
+        blocks = self.raw.reshape(self.shape[0], -1, block_bytes)
+        return np.ascontiguousarray(blocks[:, :, at:at + 2]).view(np.uint16).reshape(self.shape[0], -1)
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """x (T, K) float32 -> x @ W.T, (T, N)."""
@@ -150,6 +166,7 @@ class _Stack:
             raise ValueError("matrices of one product must take inputs of the same size")
         self.qtypes = np.array([int(m.qtype) for m in matrices], dtype=np.int64)
         self.raws = tuple(m.raw for m in matrices)
+        self.mins = tuple(m.mins for m in matrices)
         ends = np.cumsum([m.shape[0] for m in matrices]).tolist()
         self.n, self.spans = ends[-1], list(zip([0] + ends[:-1], ends))
         self.tasks, self.single_rows = _tasks(matrices, [0] + ends[:-1])
@@ -158,7 +175,7 @@ class _Stack:
         """x @ [W_0; W_1; ...].T for a few tokens x (T, K)."""
         x = _checked(x, self.k)
         out = np.empty((x.shape[0], self.n), dtype=np.float32)
-        _products(self.qtypes, self.raws, self.tasks, self.single_rows, x, out)
+        _products(self.qtypes, self.raws, self.mins, self.tasks, self.single_rows, x, out)
         return out
 
 

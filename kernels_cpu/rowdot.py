@@ -13,10 +13,10 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .block_ir import DECODERS
+from .block_ir import DECODERS, MIN_OFFSET
 from .ir import (F32, FAST, I16, I32, I64, LANES, array_row, array_shape, array_strides, concat, const_vector,
-                 horizontal_sum, load_vector, mul_add, offset, pair_products, prefetch, splat, splat_float, to_float,
-                 vector, widen)
+                 horizontal_sum, lanes_below, load_vector, masked_load, mul_add, offset, pair_products, prefetch,
+                 splat, splat_float, to_float, vector, widen)
 
 
 # Independent accumulator chains, so that consecutive groups' multiply-adds need not wait for one
@@ -43,7 +43,7 @@ def _units(groups):
     return units
 
 
-def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
+def _emit_rows(b, qtype, row_ptrs, min_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
     """IR for the dot products of several rows of qtype blocks with one activation vector, given
     as 16-bit integers xq with a float scale dx per DX_BLOCK values (x ~ dx * xq); returns their
     float32 sums.
@@ -55,6 +55,10 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
     super-block first multiplies its units by their integer sub-scales (16-bit lanes) and adds
     them up as integers, so it converts once for 256 weights. The rows advance block by block
     together, so the activations are loaded once for all of them.
+
+    The mins of 32-weight affine blocks (Q4_1, Q5_1) come from min_ptrs, each row's float16 mins
+    side by side: eight blocks' mins times their activation sums are one vector multiply-add,
+    where reading each from its block cost three scalar instructions of the ~12 per block.
     """
     block, block_bytes = GGML_QUANT_SIZES[qtype]
     decode = DECODERS[qtype]
@@ -65,8 +69,7 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
     def accumulators():
         return [[cgutils.alloca_once_value(b, zero) for _ in range(per_row)] for _ in row_ptrs]
     accs = accumulators()
-    bias_accs = [[cgutils.alloca_once_value(b, ir.Constant(F32, 0.0)) for _ in range(per_row)] for _ in row_ptrs]
-    min_accs = [cgutils.alloca_once_value(b, zero) for _ in row_ptrs]  # K-quant mins, lane per group
+    min_accs = [cgutils.alloca_once_value(b, zero) for _ in row_ptrs]  # mins, lane per group or block
     # 32-weight blocks add up without dx into these, times dx once per DX_BLOCK weights
     chunk_accs = accumulators() if block < DX_BLOCK else None
 
@@ -85,17 +88,15 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
         units = _units(blocks[0].groups)
         xqs = [load_vector(b, xq_ptr, b.add(first_weight, ir.Constant(I64, 2 * LANES * u)), I16, 2 * LANES)
                for u in range(len(units))]
-        group_sums = _group_sums(b, blocks[0], first_weight, xsum_ptr)
+        group_sums = _k_group_sums(b, blocks[0], first_weight, xsum_ptr)
         for r, blk in enumerate(blocks):
-            bias_acc, min_acc = bias_accs[r][slot % per_row], min_accs[r]
+            min_acc = min_accs[r]
             row_units = _units(blk.groups)
-            if blk.d is None:  # one unit, float scale and bias
+            if blk.d is None:  # one unit, float scale (its min: see emit_chunk)
                 (grp,) = blk.groups
                 acc = chunk_accs[r][slot % per_row]
                 products = b.sitofp(pair_products(b, _unit_ints(b, row_units[0]), xqs[0]), vector(F32))
                 b.store(mul_add(b, products, splat_float(b, grp.scale), b.load(acc)), acc)
-                if grp.bias is not None:
-                    b.store(mul_add(b, grp.bias, group_sums, b.load(bias_acc)), bias_acc)
                 continue
             acc = accs[r][slot % per_row]
             dx = _dx(b, dx_ptr, first_weight)
@@ -109,9 +110,7 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
             b.store(mul_add(b, b.sitofp(total, vector(F32)), splat(b, b.fmul(blk.d, dx, flags=FAST)), b.load(acc)), acc)
             if blk.mins is not None:  # the groups' mins times their activation sums, times -dmin
                 mins = b.fmul(b.sitofp(blk.mins, vector(F32, len(blk.groups))), group_sums, flags=FAST)
-                mins = b.shuffle_vector(mins, ir.Constant(mins.type, [0.0] * mins.type.count),
-                                        const_vector(I32, range(LANES)))  # (to 16 lanes, zeros above)
-                b.store(mul_add(b, mins, splat(b, b.fneg(blk.dmin)), b.load(min_acc)), min_acc)
+                b.store(mul_add(b, _widen_lanes(b, mins), splat(b, b.fneg(blk.dmin)), b.load(min_acc)), min_acc)
 
     if chunk_accs is None:  # a block is a chunk of DX_BLOCK weights
         with cgutils.for_range(b, n_blocks) as loop:
@@ -134,6 +133,15 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
             for row_accs, row_chunk_accs in zip(accs, chunk_accs):
                 for acc, chunk_acc in zip(row_accs, row_chunk_accs):
                     b.store(mul_add(b, b.load(chunk_acc), dx, b.load(acc)), acc)
+            if qtype in MIN_OFFSET:  # the chunk's mins times their blocks' activation sums
+                mask = None if isinstance(count, int) else lanes_below(b, count, per_chunk)
+                sums = _block_sums(b, xsum_ptr, first_block, per_chunk, mask)
+                for min_ptr, min_acc in zip(min_ptrs, min_accs):
+                    at = b.bitcast(offset(b, min_ptr, b.mul(first_block, ir.Constant(I64, 2))),
+                                   vector(ir.HalfType(), per_chunk).as_pointer())
+                    mins = b.fpext(b.load(at, align=2) if mask is None else masked_load(b, at, mask, 2),
+                                   vector(F32, per_chunk))
+                    b.store(mul_add(b, _widen_lanes(b, mins), _widen_lanes(b, sums), b.load(min_acc)), min_acc)
 
         full_chunks = b.udiv(n_blocks, ir.Constant(I64, per_chunk))
         with cgutils.for_range(b, full_chunks) as loop:
@@ -142,12 +150,11 @@ def _emit_rows(b, qtype, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
         with b.if_then(b.icmp_unsigned(">", rest, ir.Constant(I64, 0))):
             emit_chunk(b.mul(full_chunks, ir.Constant(I64, per_chunk)), rest)
     sums = []
-    for row_accs, row_bias_accs, min_acc in zip(accs, bias_accs, min_accs):
-        total, bias_total = b.fadd(b.load(row_accs[0]), b.load(min_acc), flags=FAST), b.load(row_bias_accs[0])
-        for acc, bias_acc in zip(row_accs[1:], row_bias_accs[1:]):
+    for row_accs, min_acc in zip(accs, min_accs):
+        total = b.load(min_acc)
+        for acc in row_accs:
             total = b.fadd(total, b.load(acc), flags=FAST)
-            bias_total = b.fadd(bias_total, b.load(bias_acc), flags=FAST)
-        sums.append(b.fadd(horizontal_sum(b, total), bias_total, flags=FAST))
+        sums.append(horizontal_sum(b, total))
     return sums
 
 
@@ -162,24 +169,37 @@ def _unit_ints(b, unit):
     return widen(b, values[0] if len(values) == 1 else concat(b, *values), I16, unit[0].signed)
 
 
-def _group_sums(b, blk, first_weight, xsum_ptr):
-    """The activation sums under a block's groups, from xsum's sums of 16, where the block has a
-    bias: for a one-group block its sum, for a K-quant one lane per group (the sums of 16 added
-    in pairs for 32-weight groups); else None."""
-    first = b.udiv(first_weight, ir.Constant(I64, LANES))
-    if blk.d is None:
-        if blk.groups[0].bias is None:
-            return None
-        pair = load_vector(b, xsum_ptr, first, F32, 2)
-        return b.fadd(b.extract_element(pair, ir.Constant(I32, 0)), b.extract_element(pair, ir.Constant(I32, 1)),
-                      flags=FAST)
+def _k_group_sums(b, blk, first_weight, xsum_ptr):
+    """For a K-quant block with mins, the activation sums under its groups, one lane per group,
+    from xsum's sums of 16 (added in pairs for 32-weight groups); else None."""
     if blk.mins is None:
         return None
-    sums = load_vector(b, xsum_ptr, first, F32)
+    sums = load_vector(b, xsum_ptr, b.udiv(first_weight, ir.Constant(I64, LANES)), F32)
     if len(blk.groups) == LANES:
         return sums
-    return b.fadd(b.shuffle_vector(sums, sums, const_vector(I32, range(0, LANES, 2))),
-                  b.shuffle_vector(sums, sums, const_vector(I32, range(1, LANES, 2))), flags=FAST)
+    return _pair_sums(b, sums)
+
+
+def _block_sums(b, xsum_ptr, first_block, n, mask):
+    """<n x float>: the activation sums under n 32-weight blocks from first_block (xsum's sums of
+    16 in pairs); only the lanes of mask, when given."""
+    at = b.bitcast(b.gep(b.bitcast(xsum_ptr, F32.as_pointer()), [b.mul(first_block, ir.Constant(I64, 2))]),
+                   vector(F32, 2 * n).as_pointer())
+    if mask is None:
+        return _pair_sums(b, b.load(at, align=4))
+    pairs = b.shuffle_vector(mask, mask, const_vector(I32, [i // 2 for i in range(2 * n)]))
+    return _pair_sums(b, masked_load(b, at, pairs, 4))
+
+
+def _pair_sums(b, v):
+    n = v.type.count
+    return b.fadd(b.shuffle_vector(v, v, const_vector(I32, range(0, n, 2))),
+                  b.shuffle_vector(v, v, const_vector(I32, range(1, n, 2))), flags=FAST)
+
+
+def _widen_lanes(b, v):
+    """v with zeros appended up to LANES lanes."""
+    return b.shuffle_vector(v, ir.Constant(v.type, [0.0] * v.type.count), const_vector(I32, range(LANES)))
 
 
 def _switch_on_type(b, qtype_value, emit):
@@ -197,31 +217,35 @@ def _switch_on_type(b, qtype_value, emit):
 
 
 def _rows_dot(n_rows):
-    """An intrinsic (qtype, w, row, xq, dx, t, xsum, out, col): out[t, col + i] = row `row + i` of
-    the raw blocks w (rows, bytes per row) of type qtype dotted with x[t], for i < n_rows; x is
-    given as x[t, j] ~ dx[t, j // DX_BLOCK] * xq[t, j] (see matmul._quantize_activations), and
-    xsum[t] holds the sums of x[t]'s consecutive 16-weight runs. Callers guarantee
-    row + n_rows <= len(w), x[t] as long as a row, col + n_rows <= out.shape[1] and a qtype in
-    DECODERS."""
+    """An intrinsic (qtype, w, mins, row, xq, dx, t, xsum, out, col): out[t, col + i] = row
+    `row + i` of the raw blocks w (rows, bytes per row) of type qtype dotted with x[t], for
+    i < n_rows; for types in MIN_OFFSET, mins holds each row's float16 block mins as uint16
+    (rows, blocks per row), else it is not read. x is given as x[t, j] ~ dx[t, j // DX_BLOCK] *
+    xq[t, j] (see matmul._quantize_activations), and xsum[t] holds the sums of x[t]'s consecutive
+    16-weight runs. Callers guarantee row + n_rows <= len(w), mins as described, x[t] as long as
+    a row, col + n_rows <= out.shape[1] and a qtype in DECODERS."""
     @intrinsic
-    def rows_dot(typingctx, qtype, w, row, xq, dx, t, xsum, out, col):
+    def rows_dot(typingctx, qtype, w, mins, row, xq, dx, t, xsum, out, col):
         def codegen(context, b, signature, args):
-            _, w_type, _, xq_type, dx_type, _, xsum_type, out_type, _ = signature.args
-            qtype_v, wv, rowv, xqv, dxv, tv, xsumv, outv, colv = args
+            _, w_type, mins_type, _, xq_type, dx_type, _, xsum_type, out_type, _ = signature.args
+            qtype_v, wv, minsv, rowv, xqv, dxv, tv, xsumv, outv, colv = args
             w_stride = array_strides(context, b, w_type, wv)[0]
             first_row = array_row(context, b, w_type, wv, rowv)
             row_ptrs = [offset(b, first_row, b.mul(w_stride, ir.Constant(I64, i))) for i in range(n_rows)]
+            mins_stride = array_strides(context, b, mins_type, minsv)[0]
+            first_mins = array_row(context, b, mins_type, minsv, rowv)
+            min_ptrs = [offset(b, first_mins, b.mul(mins_stride, ir.Constant(I64, i))) for i in range(n_rows)]
             xq_ptr, dx_ptr = array_row(context, b, xq_type, xqv, tv), array_row(context, b, dx_type, dxv, tv)
             xsum_ptr = array_row(context, b, xsum_type, xsumv, tv)
             out_ptr = b.gep(b.bitcast(array_row(context, b, out_type, outv, tv), F32.as_pointer()), [colv])
             row_bytes = array_shape(context, b, w_type, wv)[1]
 
             def emit(qt):
-                for i, total in enumerate(_emit_rows(b, qt, row_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr)):
+                for i, total in enumerate(_emit_rows(b, qt, row_ptrs, min_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr)):
                     b.store(total, b.gep(out_ptr, [ir.Constant(I64, i)]))
             _switch_on_type(b, qtype_v, emit)
             return context.get_dummy_value()
-        return types.none(qtype, w, row, xq, dx, t, xsum, out, col), codegen
+        return types.none(qtype, w, mins, row, xq, dx, t, xsum, out, col), codegen
     return rows_dot
 
 
