@@ -50,7 +50,7 @@ def attention_case(n_tok, kv_type):
     """Queries, keys (kv heads, dim, slots), values (kv heads, slots, dim) and positions of a
     grouped-query attention over slots out of position order, one of them empty (the keys and
     values as plain arrays: filled_cache puts them into a backend's cache)."""
-    n_head, n_kv, d, n_slots = 6, 2, 37, n_tok + 300  # odd sizes: vector tails; two slot chunks
+    n_head, n_kv, d, n_slots = 6, 2, 37, n_tok + 301  # odd sizes: vector tails, part of a key tile; two slot chunks
     q = rng.standard_normal((n_tok, n_head, d)).astype(np.float32)
     keys = rng.standard_normal((n_kv, d, n_slots)).astype(kv_type)
     values = rng.standard_normal((n_kv, n_slots, d)).astype(kv_type)
