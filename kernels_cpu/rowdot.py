@@ -73,16 +73,16 @@ def _emit_rows(b, qtype, row_ptrs, min_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr
     # 32-weight blocks add up without dx into these, times dx once per DX_BLOCK weights
     chunk_accs = accumulators() if block < DX_BLOCK else None
 
-    def emit_block(i, slot, prefetch_bytes):
+    def emit_block(i, slot, prefetch_lines=range(0, block_bytes, 64)):
         """Block i of every row, added into each row's next accumulator (of chunk_accs for
-        32-weight blocks); asks for the cache lines of the prefetch_bytes from PREFETCH_AHEAD
-        past the block (one per 64 bytes)."""
+        32-weight blocks); asks for the cache lines at prefetch_lines (byte offsets) from
+        PREFETCH_AHEAD past the block."""
         first_weight = b.mul(i, ir.Constant(I64, block))
         block_at = b.mul(i, ir.Constant(I64, block_bytes))
         blocks = []
         for row_ptr in row_ptrs:
             block_ptr = offset(b, row_ptr, block_at)
-            for line in range(0, prefetch_bytes, 64):
+            for line in prefetch_lines:
                 prefetch(b, offset(b, block_ptr, PREFETCH_AHEAD + line))
             blocks.append(decode(b, block_ptr))
         units = _units(blocks[0].groups)
@@ -114,7 +114,7 @@ def _emit_rows(b, qtype, row_ptrs, min_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr
 
     if chunk_accs is None:  # a block is a chunk of DX_BLOCK weights
         with cgutils.for_range(b, n_blocks) as loop:
-            emit_block(loop.index, 0, block_bytes)
+            emit_block(loop.index, 0)
     else:
         per_chunk = DX_BLOCK // block
 
@@ -124,11 +124,14 @@ def _emit_rows(b, qtype, row_ptrs, min_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr
             for acc in (acc for row in chunk_accs for acc in row):
                 b.store(zero, acc)
             if isinstance(count, int):
-                for u in range(count):  # the chunk's lines, asked for with its first block
-                    emit_block(b.add(first_block, ir.Constant(I64, u)), u, block_bytes * count if u == 0 else 0)
+                for u in range(count):  # one line per 64 bytes of the chunk, spread over its blocks
+                    first_byte = u * block_bytes
+                    lines = [line - first_byte for line in range(0, count * block_bytes, 64)
+                             if first_byte <= line < first_byte + block_bytes]
+                    emit_block(b.add(first_block, ir.Constant(I64, u)), u, lines)
             else:
                 with cgutils.for_range(b, count) as loop:
-                    emit_block(b.add(first_block, loop.index), 0, block_bytes)
+                    emit_block(b.add(first_block, loop.index), 0)
             dx = splat(b, _dx(b, dx_ptr, b.mul(first_block, ir.Constant(I64, block))))
             for row_accs, row_chunk_accs in zip(accs, chunk_accs):
                 for acc, chunk_acc in zip(row_accs, row_chunk_accs):
@@ -199,7 +202,8 @@ def _pair_sums(b, v):
 
 def _widen_lanes(b, v):
     """v with zeros appended up to LANES lanes."""
-    return b.shuffle_vector(v, ir.Constant(v.type, [0.0] * v.type.count), const_vector(I32, range(LANES)))
+    n = v.type.count
+    return b.shuffle_vector(v, ir.Constant(v.type, [0.0] * n), const_vector(I32, [min(i, n) for i in range(LANES)]))
 
 
 def _switch_on_type(b, qtype_value, emit):
