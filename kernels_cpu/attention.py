@@ -179,15 +179,14 @@ def new_cache(n_kv, key_dim, value_dim, slots, dtype):
 
 def cached_rows(keys, values, n):
     """Slots 0..n-1 of the cache as float32 (n, kv heads, dim) keys and values."""
+    return _key_columns(keys, n).transpose(2, 0, 1), values[:, :n].transpose(1, 0, 2).astype(np.float32)
+
+
+def _key_columns(keys, n):
+    """The keys of slots 0..n-1 as float32 (kv heads, dim, n), from the tiles that hold them."""
     n_kv, _, key_dim, _ = keys.shape
-    k = keys.transpose(1, 3, 0, 2).reshape(-1, n_kv, key_dim)[:n]
-    return k.astype(np.float32), values[:, :n].transpose(1, 0, 2).astype(np.float32)
-
-
-def _key_columns(keys, kv, n):
-    """KV head kv's keys of slots 0..n-1 as a float32 (dim, n) matrix."""
-    tiles = keys[kv, :-(-n // KEY_TILE)].astype(np.float32)
-    return tiles.transpose(1, 0, 2).reshape(keys.shape[2], -1)[:, :n]
+    tiles = keys[:, :-(-n // KEY_TILE)].astype(np.float32)
+    return tiles.transpose(0, 2, 1, 3).reshape(n_kv, key_dim, -1)[:, :, :n]
 
 
 def as_kernel_array(cache):
@@ -214,7 +213,7 @@ def attention(q, keys, values, q_pos, k_pos, scale, window, softcap):
         for h in range(first, last):
             kv = h // group
             if kv not in converted:
-                converted[kv] = _key_columns(keys, kv, n), values[kv, :n].astype(np.float32)
+                converted[kv] = _key_columns(keys[kv:kv + 1], n)[0], values[kv, :n].astype(np.float32)
             k, v = converted[kv]
             for (a, b), (begin, end) in zip(chunks, spans):
                 scores = (q[a:b, h, :] * args[0]) @ k[:, begin:end]

@@ -73,7 +73,7 @@ def _quantize_activations(x):
 @njit(cache=True, parallel=True)
 def _products(qtypes, raws, mins, tasks, single_rows, x, out):
     """out = x @ [W_0; W_1; ...].T for matrices stacked by rows (raws: a tuple of raw rows; mins:
-    their block mins, see block_mins).
+    their block mins, see QuantMatrix.mins).
 
     One parallel loop covers all the matrices that share an input (Q, K and V; gate and up).
     Task (m, row, col) is ROWS rows of matrix m from `row`, whose products go to out[:, col...];
