@@ -135,14 +135,17 @@ _attention_serial = _attention_jobs(parallel=False)
 PARALLEL_FROM = 256
 
 
+@njit(cache=True)
 def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, out):
     """Grouped-query attention of a few queries q (T, heads, dim) over the first len(k_pos) slots
     of the cache, keys and values as new_cache lays them out.
 
     Jobs are (token, kv head, chunk of slots); each chunk keeps its own softmax max and sum,
     rescaled when the chunks are added up."""
-    run = _attention_parallel if q.shape[0] * len(k_pos) >= PARALLEL_FROM else _attention_serial
-    run(q, keys, values, q_pos, k_pos, scale, window, softcap, out)
+    if q.shape[0] * k_pos.shape[0] >= PARALLEL_FROM:
+        _attention_parallel(q, keys, values, q_pos, k_pos, scale, window, softcap, out)
+    else:
+        _attention_serial(q, keys, values, q_pos, k_pos, scale, window, softcap, out)
 
 
 @njit(cache=True, fastmath=True)

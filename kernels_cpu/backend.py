@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 
 import numba
 import numpy as np
@@ -11,7 +12,8 @@ from . import ops
 from .attention import as_kernel_array, attention, cached_rows, new_cache
 from .bandwidth import read_bandwidth
 from .blocks import SUPPORTED_TYPES
-from .matmul import load_matrix, matmuls
+from .matmul import decode_stack, load_matrix, matmuls
+from .step_program import GELU_MUL, SILU_MUL, run_step
 
 
 class CpuBackend:
@@ -25,44 +27,70 @@ class CpuBackend:
         # beside them (prefill tiles) then fights them for the cores and runs ~10x slower.
         threadpool_limits(1, user_api="blas")
         self._rope_tables: dict = {}
+        self.constants = weakref.WeakValueDictionary()  # id -> weight vector (a step program reads them)
+        self.recorder = None  # a step_program.Recorder while a decode step is being recorded
 
     def free_memory(self):
         return None
 
     def run(self, compute, batch, replays=None):
-        return compute(batch)
+        return compute(batch) if replays is None else run_step(self, compute, batch, replays)
+
+    def _recorded(self, out, record, *args):
+        """out, traced and recorded as made by record(*args, out) while a step is recorded."""
+        if self.recorder is None:
+            return out
+        out = self.recorder.traced(out)
+        getattr(self.recorder, record)(*args, out)
+        return out
 
     def to_numpy(self, x):
         return x
 
     def softcap(self, x, cap):
-        return np.tanh(x / np.float32(cap)) * np.float32(cap)
+        x = np.ascontiguousarray(x)
+        out = np.empty_like(x)
+        ops.softcap(x.reshape(-1), np.float32(cap), out.reshape(-1))
+        return self._recorded(out, "softcap", x, cap)
 
     def load_matrix(self, qtype, raw, k):
         return load_matrix(qtype, raw, k)
 
     def load_vector(self, values):
-        return np.ascontiguousarray(values, dtype=np.float32)
+        vector = np.ascontiguousarray(values, dtype=np.float32)
+        self.constants[id(vector)] = vector
+        return vector
 
     def asarray(self, values):
         return np.ascontiguousarray(values)
 
     def matmul(self, w, x):
-        return w.matmul(x)
+        return self.matmuls([w], x)[0]
 
     def matmuls(self, ws, x):
-        return matmuls(ws, x)
+        stack = None if self.recorder is None else decode_stack(ws, x)
+        if stack is None:
+            if self.recorder is not None:
+                self.recorder.fail("products that do not run the decode kernel")
+            return matmuls(ws, x)
+        out = self._recorded(stack.products(x), "products", stack, x)
+        return [out[:, a:b] for a, b in stack.spans]
 
     def embed(self, w, ids):
-        return w.rows(ids)
+        return self._recorded(w.rows(ids), "embed", w, ids)
 
     def rms_norm(self, x, weight, eps):
         out = np.empty_like(x)
         ops.rms_norm(x, weight, np.float32(eps), out)
-        return out
+        return self._recorded(out, "rms_norm", x, weight, eps)
 
     def rope(self, x, positions, n_rot, base, pos_scale, neox, freq_factors):
-        ops.rope(x, *self._rope_table(positions, n_rot, base, pos_scale, freq_factors), neox)
+        if self.recorder is not None:
+            cos, sin = self.recorder.rope_table(positions, n_rot, base, pos_scale, freq_factors)
+            self.recorder.rope(x, cos, sin, neox)
+        else:
+            cos, sin = self._rope_table(positions, n_rot, base, pos_scale, freq_factors)
+        ops.rope(x, cos, sin, neox)
 
     def _rope_table(self, positions, n_rot, base, pos_scale, freq_factors):
         """cos/sin tables, kept for the few most recent position sets: every layer of a forward
@@ -88,14 +116,22 @@ class CpuBackend:
     def store_kv(self, keys, values, slots, k, v):
         ops.store_kv(as_kernel_array(keys), as_kernel_array(values), slots, np.ascontiguousarray(k),
                      np.ascontiguousarray(v))
+        if self.recorder is not None:
+            self.recorder.store_kv(keys, values, slots, k, v)
 
     def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap):
-        return attention(np.ascontiguousarray(q), keys, values, q_pos, k_pos, scale, window, softcap)
+        q = np.ascontiguousarray(q)
+        out = attention(q, keys, values, q_pos, k_pos, scale, window, softcap)
+        return self._recorded(out, "attention", q, keys, values, q_pos, k_pos, scale, window, softcap)
 
     def silu_mul(self, gate, up):
         ops.silu_mul(gate, up)
+        if self.recorder is not None:
+            self.recorder.gated(SILU_MUL, gate, up)
         return gate
 
     def gelu_mul(self, gate, up):
         ops.gelu_mul(gate, up)
+        if self.recorder is not None:
+            self.recorder.gated(GELU_MUL, gate, up)
         return gate

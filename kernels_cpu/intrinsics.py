@@ -71,6 +71,19 @@ def from_f32(typingctx, value, like):
     return None
 
 
+@intrinsic
+def pointer_at(typingctx, address, dtype):
+    """An integer address as a typed pointer to `dtype` elements, for numba.carray. How the compiled
+    decode step (step_program.py) and the products reach arrays of many shapes and owners through
+    one table of integers; whoever hands over an address keeps its array alive and checks the
+    shape it is read with."""
+    pointer = types.CPointer(dtype.dtype)
+
+    def codegen(context, b, signature, args):
+        return b.inttoptr(args[0], context.get_value_type(pointer))
+    return pointer(address, dtype), codegen
+
+
 # cache_product asks for the cache lines this many bytes past each vector it loads: during decode
 # the weights stream has evicted the cache since the last step. Both layouts are read forwards
 # (tiled keys tile by tile, values row by row). Attention over 2048 slots of SmolLM2 took ~15%

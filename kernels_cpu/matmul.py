@@ -11,11 +11,11 @@ from functools import cached_property
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from numba import njit, prange
+from numba import carray, njit, prange
 
 from .block_ir import MIN_OFFSET
 from .blocks import FLOAT_TYPES, float_rows
-from .intrinsics import max_f32, min_f32, round_f32
+from .intrinsics import max_f32, min_f32, pointer_at, round_f32
 from .rowdot import DX_BLOCK, ROWS, row_dequantize, row_dot, rows_dot
 from .threads import in_parallel
 
@@ -70,10 +70,24 @@ def _quantize_activations(x):
     return xq, dx, xsum
 
 
+# A products table: one row per matrix, where its raw rows and (Q4_1, Q5_1) mins lie in memory.
+# Addresses rather than arrays, so that one table serves any mix of matrices (a tuple of arrays
+# would make every stack length a new compiled signature, and typing it cost microseconds per call).
+MATRIX = np.dtype([("qtype", np.int64), ("raw", np.int64), ("rows", np.int64), ("row_bytes", np.int64),
+                   ("mins", np.int64), ("min_cols", np.int64)])
+
+
+@njit(cache=True, inline="always")
+def matrix_arrays(mats, m):
+    """Matrix m of a products table as arrays: raw rows (rows, bytes per row), mins (rows, min_cols)."""
+    d = mats[m]
+    return (carray(pointer_at(d.raw, np.uint8), (d.rows, d.row_bytes)),
+            carray(pointer_at(d.mins, np.uint16), (d.rows, d.min_cols)))
+
+
 @njit(cache=True, parallel=True)
-def _products(qtypes, raws, mins, tasks, single_rows, x, out):
-    """out = x @ [W_0; W_1; ...].T for matrices stacked by rows (raws: a tuple of raw rows; mins:
-    their block mins, see QuantMatrix.mins).
+def products(mats, tasks, single_rows, x, out):
+    """out = x @ [W_0; W_1; ...].T for the matrices of a products table (MATRIX), stacked by rows.
 
     One parallel loop covers all the matrices that share an input (Q, K and V; gate and up).
     Task (m, row, col) is ROWS rows of matrix m from `row`, whose products go to out[:, col...];
@@ -91,16 +105,18 @@ def _products(qtypes, raws, mins, tasks, single_rows, x, out):
             if j >= n_tasks:
                 break
             m = tasks[j, 0]
+            raw, mins = matrix_arrays(mats, m)
             for t in range(n_tokens):
-                rows_dot(qtypes[m], raws[m], mins[m], tasks[j, 1], xq, dx, t, xsum, out, tasks[j, 2])
+                rows_dot(mats[m].qtype, raw, mins, tasks[j, 1], xq, dx, t, xsum, out, tasks[j, 2])
     for j in range(single_rows.shape[0]):
         m = single_rows[j, 0]
+        raw, mins = matrix_arrays(mats, m)
         for t in range(n_tokens):
-            row_dot(qtypes[m], raws[m], mins[m], single_rows[j, 1], xq, dx, t, xsum, out, single_rows[j, 2])
+            row_dot(mats[m].qtype, raw, mins, single_rows[j, 1], xq, dx, t, xsum, out, single_rows[j, 2])
 
 
 @njit(cache=True, nogil=True)
-def _dequantize_rows(qtype, raw, rows, out):
+def dequantize_rows(qtype, raw, rows, out):
     """out[i] = row rows[i] of the matrix as float32 (without the GIL: prefill runs it from
     several Python threads at once)."""
     for i in range(rows.shape[0]):
@@ -111,8 +127,9 @@ class QuantMatrix:
     """An (N, K) quantized weight matrix: its raw GGUF rows (N, bytes per row), used in place."""
 
     def __init__(self, qtype: GGMLQuantizationType, raw: np.ndarray, k: int):
-        self.qtype, self.shape, self.raw = qtype, (raw.shape[0], k), raw
-        self.stacks = {}  # see _stack
+        # (rows of a file's tensor are contiguous already: no copy)
+        self.qtype, self.shape, self.raw = qtype, (raw.shape[0], k), np.ascontiguousarray(raw)
+        self.stacks = {}  # see stacked
 
     @cached_property
     def mins(self) -> np.ndarray:
@@ -126,17 +143,24 @@ class QuantMatrix:
         blocks = self.raw.reshape(self.shape[0], -1, block_bytes)
         return np.ascontiguousarray(blocks[:, :, at:at + 2]).view(np.uint16).reshape(self.shape[0], -1)
 
+    @cached_property
+    def descriptor(self) -> np.ndarray:
+        """This matrix as a products table of one row (see MATRIX); valid while self lives."""
+        raw, mins = self.raw, self.mins
+        return np.array([(int(self.qtype), raw.ctypes.data, *raw.shape, mins.ctypes.data, mins.shape[1])],
+                        dtype=MATRIX)
+
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """x (T, K) float32 -> x @ W.T, (T, N)."""
         if x.shape[0] <= FEW_TOKENS:
-            return _stack([self]).products(x)
+            return stacked([self]).products(x)
         n, k = self.shape
         x = _checked(x, k)
         out = np.empty((x.shape[0], n), dtype=np.float32)
 
         def tile_product(first, last):
             w = np.empty((last - first, k), dtype=np.float32)
-            _dequantize_rows(int(self.qtype), self.raw, np.arange(first, last), w)
+            dequantize_rows(int(self.qtype), self.raw, np.arange(first, last), w)
             np.matmul(x, w.T, out=out[:, first:last])
         in_parallel(tile_product, n)
         return out
@@ -146,7 +170,7 @@ class QuantMatrix:
         if ids.size and (ids.min() < 0 or ids.max() >= self.shape[0]):
             raise IndexError(f"row ids outside 0..{self.shape[0] - 1}")
         out = np.empty((len(ids), self.shape[1]), dtype=np.float32)
-        _dequantize_rows(int(self.qtype), self.raw, ids, out)
+        dequantize_rows(int(self.qtype), self.raw, ids, out)
         return out
 
 
@@ -157,16 +181,14 @@ def _checked(x: np.ndarray, k: int) -> np.ndarray:
 
 
 class _Stack:
-    """Quantized matrices that take one input, prepared once for `_products`."""
+    """Quantized matrices that take one input, prepared once for `products`."""
 
     def __init__(self, matrices):
         self.matrices = tuple(matrices)
         self.k = matrices[0].shape[1]
         if any(m.shape[1] != self.k for m in matrices):
             raise ValueError("matrices of one product must take inputs of the same size")
-        self.qtypes = np.array([int(m.qtype) for m in matrices], dtype=np.int64)
-        self.raws = tuple(m.raw for m in matrices)
-        self.mins = tuple(m.mins for m in matrices)
+        self.mats = np.concatenate([m.descriptor for m in matrices])  # (self.matrices keeps them valid)
         ends = np.cumsum([m.shape[0] for m in matrices]).tolist()
         self.n, self.spans = ends[-1], list(zip([0] + ends[:-1], ends))
         self.tasks, self.single_rows = _tasks(matrices, [0] + ends[:-1])
@@ -175,12 +197,12 @@ class _Stack:
         """x @ [W_0; W_1; ...].T for a few tokens x (T, K)."""
         x = _checked(x, self.k)
         out = np.empty((x.shape[0], self.n), dtype=np.float32)
-        _products(self.qtypes, self.raws, self.mins, self.tasks, self.single_rows, x, out)
+        products(self.mats, self.tasks, self.single_rows, x, out)
         return out
 
 
 def _tasks(matrices, first_columns):
-    """_products' tasks: (matrix, first row, first output column) of ROWS rows each, the last
+    """products' tasks: (matrix, first row, first output column) of ROWS rows each, the last
     one of a matrix overlapping its predecessor when ROWS does not divide the rows (they write the
     same values); and the rows of matrices shorter than ROWS, one by one."""
     tasks, single_rows = [], []
@@ -193,7 +215,7 @@ def _tasks(matrices, first_columns):
     return tuple(np.array(t, dtype=np.int64).reshape(-1, 3) for t in (tasks, single_rows))
 
 
-def _stack(matrices) -> _Stack:
+def stacked(matrices) -> _Stack:
     """The stack of these matrices, kept on the first one (so it lives as long as the model)."""
     stacks = matrices[0].stacks
     key = tuple(map(id, matrices[1:]))
@@ -203,14 +225,22 @@ def _stack(matrices) -> _Stack:
     return found
 
 
+def decode_stack(matrices: list, x: np.ndarray) -> _Stack | None:
+    """The stack that runs x @ W.T for all these matrices in one decode-kernel call, if they are
+    quantized and x is a few tokens; else None."""
+    if x.shape[0] > FEW_TOKENS or not all(isinstance(m, QuantMatrix) for m in matrices):
+        return None
+    return stacked(matrices)
+
+
 def matmuls(matrices: list, x: np.ndarray) -> list:
     """[x @ W.T for W in matrices], for matrices that take the same input.
 
     Quantized matrices and a few tokens share one kernel call; anything else goes one by one.
     """
-    if x.shape[0] > FEW_TOKENS or not all(isinstance(m, QuantMatrix) for m in matrices):
+    stack = decode_stack(matrices, x)
+    if stack is None:
         return [m.matmul(x) for m in matrices]
-    stack = _stack(matrices)
     out = stack.products(x)
     return [out[:, a:b] for a, b in stack.spans]
 

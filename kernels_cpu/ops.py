@@ -25,15 +25,31 @@ def rms_norm(x, weight, eps, out):
             out[t, i] = x[t, i] * inv * weight[i]
 
 
-def rope_table(positions, n_rot, base, pos_scale, freq_factors):
-    """cos and sin, (tokens, n_rot / 2) float32, of each position's rotation angles (computed in
-    float64). `freq_factors` (None, or n_rot/2 values) divides each frequency, as Llama 3's
-    rope_freqs tensor does."""
+def rope_frequencies(n_rot, base, freq_factors):
+    """The n_rot / 2 rotation frequencies (float64); `freq_factors` (None, or n_rot / 2 values)
+    divides them, as Llama 3's rope_freqs tensor does."""
     inv_freq = float(base) ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
-    if freq_factors is not None:
-        inv_freq = inv_freq / freq_factors
-    theta = np.outer(np.asarray(positions, dtype=np.float64) / pos_scale, inv_freq)
-    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+    return inv_freq if freq_factors is None else inv_freq / freq_factors
+
+
+@njit(cache=True)
+def rope_angles(positions, inv_freq, pos_scale, cos, sin):
+    """cos and sin (tokens, n_rot / 2) float32 of each position's rotation angles, computed in
+    float64."""
+    for t in range(positions.shape[0]):
+        p = np.float64(positions[t]) / pos_scale
+        for i in range(inv_freq.shape[0]):
+            theta = p * inv_freq[i]
+            cos[t, i] = np.float32(math.cos(theta))
+            sin[t, i] = np.float32(math.sin(theta))
+
+
+def rope_table(positions, n_rot, base, pos_scale, freq_factors):
+    """cos and sin, (tokens, n_rot / 2) float32, of the positions' rotation angles."""
+    inv_freq = rope_frequencies(n_rot, base, freq_factors)
+    cos, sin = (np.empty((len(positions), len(inv_freq)), dtype=np.float32) for _ in range(2))
+    rope_angles(positions, inv_freq, np.float64(pos_scale), cos, sin)
+    return cos, sin
 
 
 @njit(cache=True, fastmath=True)
@@ -93,3 +109,10 @@ def silu_mul(gate, up):
         for i in range(g.shape[0]):
             x = g[i]
             g[i] = x / (np.float32(1.0) + exp_f32(-x)) * u[i]
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def softcap(x, cap, out):
+    """out = cap * tanh(x / cap), x and out 1-d."""
+    for i in range(x.shape[0]):
+        out[i] = cap * math.tanh(x[i] / cap)

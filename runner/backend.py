@@ -24,7 +24,8 @@ class Backend(Protocol):
 
     def run(self, compute, batch, replays: dict | None) -> Any:
         """compute(batch with its arrays on the device). `replays` (a KV cache's store) marks a
-        one-token step that the backend may record once and replay (CUDA graphs)."""
+        one-token step that the backend may record once and replay (CUDA graphs on the GPU, a
+        compiled step program on the CPU)."""
 
     def to_numpy(self, x) -> Any: ...
     def softcap(self, x, cap: float) -> Any:

@@ -73,7 +73,7 @@ class KVCache:
         self.pinned = 0     # leading tokens the ring never overwrites
         self.evicted = 0    # tokens the ring has overwritten in the global layers
         self._pinned: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # layer -> pinned keys, values as written
-        self.replays: dict = {}  # a backend's recorded steps over this cache's buffers (CUDA graphs)
+        self.replays: dict = {}  # a backend's recorded steps over this cache's buffers (CUDA graphs, CPU programs)
 
     def _slots(self, kind, positions: np.ndarray) -> np.ndarray:
         if kind[0] == "window":

@@ -15,7 +15,7 @@ from convert.errors import ConversionError
 from convert.mixes import chooser_for
 from gguf_io import GGUFFile, read_params, read_vocab
 
-from .hf_folders import random_folder, transformers_logits
+from .hf_folders import transformers_logits
 
 pytest.importorskip("transformers")
 libgguf = pytest.importorskip("libgguf")
@@ -95,13 +95,6 @@ def test_chooser_reproduces_a_llama_cpp_quantized_file(gemma_path):
     p = read_params(f)
     chooser = chooser_for("Q4_K_M", list(f.tensors), p.n_layer, p.n_head, p.n_head_kv)
     assert {n: chooser.choose(n, t.shape) for n, t in f.tensors.items()} == {n: t.type for n, t in f.tensors.items()}
-
-
-@pytest.fixture(scope="module")
-def random_models(smollm_hf, gemma_path, tmp_path_factory):
-    root = tmp_path_factory.mktemp("random")
-    return {arch: random_folder(arch, root / arch, smollm_hf, gemma_path)
-            for arch in ("llama", "qwen2", "qwen3", "gemma3")}
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
