@@ -68,10 +68,11 @@ class CpuBackend:
         return self.matmuls([w], x)[0]
 
     def matmuls(self, ws, x):
-        stack = None if self.recorder is None else decode_stack(ws, x)
+        if self.recorder is None:
+            return matmuls(ws, x)
+        stack = decode_stack(ws, x)
         if stack is None:
-            if self.recorder is not None:
-                self.recorder.fail("products that do not run the decode kernel")
+            self.recorder.fail("products that do not run the decode kernel")
             return matmuls(ws, x)
         out = self._recorded(stack.products(x), "products", stack, x)
         return [out[:, a:b] for a, b in stack.spans]
@@ -98,7 +99,7 @@ class CpuBackend:
         key = (positions.tobytes(), n_rot, base, pos_scale, None if freq_factors is None else freq_factors.tobytes())
         table = self._rope_tables.pop(key, None)
         if table is None:
-            table = ops.rope_table(positions, n_rot, base, pos_scale, freq_factors)
+            table = ops.rope_table(positions, ops.rope_frequencies(n_rot, base, freq_factors), pos_scale)
         self._rope_tables[key] = table
         while len(self._rope_tables) > 4:
             del self._rope_tables[next(iter(self._rope_tables))]

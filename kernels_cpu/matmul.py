@@ -167,11 +167,16 @@ class QuantMatrix:
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.shape[0]):
-            raise IndexError(f"row ids outside 0..{self.shape[0] - 1}")
+        check_row_ids(ids, self.shape[0])
         out = np.empty((len(ids), self.shape[1]), dtype=np.float32)
         dequantize_rows(int(self.qtype), self.raw, ids, out)
         return out
+
+
+def check_row_ids(ids: np.ndarray, n_rows: int) -> None:
+    """IndexError unless every id picks one of n_rows rows (the kernels read them unchecked)."""
+    if ids.size and (ids.min() < 0 or ids.max() >= n_rows):
+        raise IndexError(f"row ids outside 0..{n_rows - 1}")
 
 
 def _checked(x: np.ndarray, k: int) -> np.ndarray:

@@ -44,9 +44,9 @@ def rope_angles(positions, inv_freq, pos_scale, cos, sin):
             sin[t, i] = np.float32(math.sin(theta))
 
 
-def rope_table(positions, n_rot, base, pos_scale, freq_factors):
-    """cos and sin, (tokens, n_rot / 2) float32, of the positions' rotation angles."""
-    inv_freq = rope_frequencies(n_rot, base, freq_factors)
+def rope_table(positions, inv_freq, pos_scale):
+    """cos and sin, (tokens, n_rot / 2) float32, of the positions' rotation angles at the
+    frequencies inv_freq (rope_frequencies)."""
     cos, sin = (np.empty((len(positions), len(inv_freq)), dtype=np.float32) for _ in range(2))
     rope_angles(positions, inv_freq, np.float64(pos_scale), cos, sin)
     return cos, sin

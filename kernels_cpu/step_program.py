@@ -22,7 +22,7 @@ from numba import carray, njit
 from . import ops
 from .attention import attention_few, as_kernel_array
 from .intrinsics import pointer_at
-from .matmul import MATRIX, QuantMatrix, dequantize_rows, matrix_arrays, products
+from .matmul import MATRIX, QuantMatrix, check_row_ids, dequantize_rows, matrix_arrays, products
 
 # Operation codes; each row of a program is (code, arguments...) as the comments list them.
 EMBED = 1       # matrix, ids input, out, width: out[t] = row ids[t] of the matrix
@@ -233,10 +233,9 @@ class Recorder:
         """The step's cos/sin tables for one rotation, made once per step and recorded."""
         key = (n_rot, base, pos_scale, None if freq_factors is None else freq_factors.tobytes())
         if key not in self.rope_tables:
-            cos, sin = ops.rope_table(positions, n_rot, base, pos_scale, freq_factors)
             frequencies = ops.rope_frequencies(n_rot, base, freq_factors)
             self.keep[id(frequencies)] = frequencies
-            self.traced(cos), self.traced(sin)
+            cos, sin = (self.traced(table) for table in ops.rope_table(positions, frequencies, pos_scale))
             self.add(ROPE_TABLE, self.input(positions, np.int32), frequencies.ctypes.data, cos.shape[1],
                      self.address(cos, cos.size), self.address(sin, sin.size), params=[pos_scale])
             self.rope_tables[key] = cos, sin
@@ -317,9 +316,8 @@ class StepProgram:
             if array.dtype != dtype or not array.flags.c_contiguous:
                 raise ValueError(f"batch field {name} changed its type since the step was recorded")
             arrays.append(array)
-        ids = batch.ids
-        if self.id_limit is not None and ids.size and (ids.min() < 0 or ids.max() >= self.id_limit):
-            raise IndexError(f"row ids outside 0..{self.id_limit - 1}")
+        if self.id_limit is not None:
+            check_row_ids(batch.ids, self.id_limit)
         inputs = np.array([(a.ctypes.data, a.shape[0]) for a in arrays], dtype=np.int64)
         run_program(self.code, self.params, self.mats, self.tasks, self.single_rows, self.caches, inputs,
                     self.kv_like)
