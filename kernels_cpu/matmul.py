@@ -2,8 +2,9 @@
 
 A quantized matrix is a view of its rows in the memory-mapped file: nothing is unpacked or
 copied at load. A few tokens (decode) go through rowdot.py, which reads every row once for all
-of them. Many tokens (prefill) dequantize tiles of rows to float32 and hand them to BLAS, which
-beats any hand loop once a tile is reused across tokens.
+of them. Many tokens (prefill) go tile by tile of rows through AMX's tile units (amx.py) where the
+CPU has them, else dequantize tiles to float32 for BLAS, which beats any hand loop once a tile is
+reused across tokens.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import carray, njit, prange
 
+from . import amx
 from .block_ir import MIN_OFFSET
 from .blocks import FLOAT_TYPES, float_rows
 from .intrinsics import max_f32, min_f32, pointer_at, round_f32
@@ -154,15 +156,24 @@ class QuantMatrix:
         """x (T, K) float32 -> x @ W.T, (T, N)."""
         if x.shape[0] <= FEW_TOKENS:
             return stacked([self]).products(x)
-        n, k = self.shape
-        x = _checked(x, k)
-        out = np.empty((x.shape[0], n), dtype=np.float32)
+        return self.tiled_product(_ManyTokens(x, self.shape[1]))
 
-        def tile_product(first, last):
+    def tiled_product(self, x: _ManyTokens) -> np.ndarray:
+        """x @ W.T for many tokens, tile by tile of rows on all threads: products on AMX where
+        the CPU has it, else tiles of W dequantized to float32 for BLAS."""
+        n, k = self.shape
+        n_tokens = x.values.shape[0]
+        out = np.empty((n_tokens, n), dtype=np.float32)
+
+        def amx_tile(first, last):
+            out[:, first:last] = amx.rows_product(int(self.qtype), self.raw, first, last, *x.tiles)[
+                :n_tokens, :last - first]
+
+        def blas_tile(first, last):
             w = np.empty((last - first, k), dtype=np.float32)
             dequantize_rows(int(self.qtype), self.raw, np.arange(first, last), w)
-            np.matmul(x, w.T, out=out[:, first:last])
-        in_parallel(tile_product, n)
+            np.matmul(x.values, w.T, out=out[:, first:last])
+        in_parallel(blas_tile if x.tiles is None else amx_tile, n)
         return out
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
@@ -171,6 +182,18 @@ class QuantMatrix:
         out = np.empty((len(ids), self.shape[1]), dtype=np.float32)
         dequantize_rows(int(self.qtype), self.raw, ids, out)
         return out
+
+
+class _ManyTokens:
+    """Activations of a prefill product, prepared once for every matrix that reads them."""
+
+    def __init__(self, x: np.ndarray, k: int):
+        self.values = _checked(x, k)
+
+    @cached_property
+    def tiles(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The activations packed for AMX (None without it), made at the first product."""
+        return amx.activation_tiles(self.values) if amx.usable() else None
 
 
 def check_row_ids(ids: np.ndarray, n_rows: int) -> None:
@@ -245,7 +268,10 @@ def matmuls(matrices: list, x: np.ndarray) -> list:
     """
     stack = decode_stack(matrices, x)
     if stack is None:
-        return [m.matmul(x) for m in matrices]
+        if x.shape[0] <= FEW_TOKENS:
+            return [m.matmul(x) for m in matrices]
+        many = _ManyTokens(x, matrices[0].shape[1])
+        return [m.tiled_product(many) if isinstance(m, QuantMatrix) else m.matmul(x) for m in matrices]
     out = stack.products(x)
     return [out[:, a:b] for a, b in stack.spans]
 

@@ -8,6 +8,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
 from gguf_io import GGUFFile
+from kernels_cpu import amx
 from kernels_cpu.blocks import SUPPORTED_TYPES
 from kernels_cpu.matmul import load_matrix
 
@@ -26,10 +27,20 @@ def _weights(rng, n, k, kind):
     return rng.uniform(0, 1, (n, k)).astype(np.float32)  # all positive: exercises the mins
 
 
+@pytest.fixture(params=["amx", "blas"])
+def prefill_path(request, monkeypatch):
+    """Prefill's products (more than a few tokens) on AMX, where this CPU has it, or on BLAS."""
+    if request.param == "amx" and not amx.usable():
+        pytest.skip("this CPU has no AMX")
+    if request.param == "blas":
+        monkeypatch.setattr(amx, "usable", lambda: False)
+    return request.param
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("kind", ["normal", "extreme", "positive"])
 @pytest.mark.parametrize("n,k", [(1, 32), (37, 256), (130, 576)])
-def test_products_match_reference_dequantization(qtype, kind, n, k):
+def test_products_match_reference_dequantization(qtype, kind, n, k, prefill_path):
     rng = np.random.default_rng(n * k + len(kind))
     raw = quantize(_weights(rng, n, k, kind), qtype).view(np.uint8).reshape(n, -1)
     ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
@@ -64,7 +75,7 @@ def _random_k_blocks(rng, qtype, n, k, case):
 @pytest.mark.parametrize("qtype", list(K_QUANT_SCALES), ids=lambda t: t.name)
 @pytest.mark.parametrize("case", ["random", "zero", "extreme"])
 @pytest.mark.parametrize("n,k", [(1, 256), (29, 768)])
-def test_k_quant_products_match_reference(qtype, case, n, k):
+def test_k_quant_products_match_reference(qtype, case, n, k, prefill_path):
     rng = np.random.default_rng(k + n)
     raw = _random_k_blocks(rng, qtype, n, k, case)
     ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
@@ -74,6 +85,27 @@ def test_k_quant_products_match_reference(qtype, case, n, k):
         x = rng.standard_normal((tokens, k)).astype(np.float32)
         tol = 1e-5 * np.abs(ref).max() * np.abs(x).sum(axis=1, keepdims=True)
         assert np.all(np.abs(m.matmul(x) - x.astype(np.float64) @ ref.T) <= tol + 1e-30)
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_prefill_products_span_several_tiles(qtype, prefill_path):
+    """Tokens and rows in several 32 x 32 blocks of outputs (AMX's unit), neither a multiple of 32,
+    and more rows than one thread's tile, against the reference."""
+    rng = np.random.default_rng(int(qtype))
+    n, k, tokens = 1100, 512, 70
+    if qtype in K_QUANT_SCALES:
+        raw = _random_k_blocks(rng, qtype, n, k, "random")
+    else:
+        raw = quantize(rng.standard_normal((n, k)).astype(np.float32), qtype).view(np.uint8).reshape(n, -1)
+    ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
+    x = rng.standard_normal((tokens, k)).astype(np.float32)
+    tol = 1e-5 * np.abs(ref).max() * np.abs(x).sum(axis=1, keepdims=True)
+    assert np.all(np.abs(load_matrix(qtype, raw, k).matmul(x) - x.astype(np.float64) @ ref.T) <= tol)
+
+
+def test_amx_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("GGRUN_AMX", "0")
+    assert amx.usable.__wrapped__() is False
 
 
 @pytest.mark.parametrize("model", ["smollm_path", "gemma_path"])
