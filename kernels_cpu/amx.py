@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 import platform
+import threading
 
 import numba
 import numpy as np
@@ -202,33 +204,58 @@ def pack_activations(x, first_group, last_group, a_hi, a_lo):
 
 
 @njit(cache=True, nogil=True)
-def rows_product(qtype, raw, first, last, a_hi, a_lo):
-    """x @ W[first:last].T, as (rows of x padded, last - first padded) float32, for the raw rows W
-    of a quantized matrix and x packed by pack_activations. Callers check the bounds."""
+def _rows_product(qtype, raw, first, a_hi, a_lo, b_hi, b_lo, out):
+    """out = x @ W[first:first + n].T for the raw rows W of a quantized matrix, x packed by
+    pack_activations, b_hi and b_lo (n padded / 16, K / 2, 32) room for the packed rows, out
+    (rows of x padded, n padded) float32. Callers check the bounds."""
     k = a_hi.shape[1] * 32
-    n_rows = last - first
-    n_groups = (n_rows + 31) // 32 * 2
-    b_hi, b_lo = np.empty((n_groups, k // 2, 32), np.uint16), np.empty((n_groups, k // 2, 32), np.uint16)
+    n_rows = min(b_hi.shape[0] * 16, raw.shape[0] - first)
     group = np.empty((16, k), np.float32)
     hi, lo = np.empty((16, k), np.uint16), np.empty((16, k), np.uint16)  # rows of pairs
-    for g in range(n_groups):
+    for g in range(b_hi.shape[0]):
         for lane in range(min(16, max(0, n_rows - 16 * g))):  # (rows past the last: as they were)
             row_dequantize(qtype, raw, first + 16 * g + lane, group, lane)
             _split_row(group[lane], hi[lane], lo[lane], 0, 32)
         _transpose_pairs(hi, b_hi[g].reshape(-1))
         _transpose_pairs(lo, b_lo[g].reshape(-1))
-    out = np.empty((a_hi.shape[0] * 16, n_groups * 16), dtype=np.float32)
     _tile_products(a_hi, a_lo, b_hi, b_lo, out)
-    return out
+
+
+# Buffers are kept per thread and reused: fresh memory costs a page fault per 4 KiB when first
+# written, 2-4 us each in these VMs, which made packing the activations 7x slower than the work.
+_buffers = threading.local()
+
+
+def _buffer(name: str, shape: tuple, dtype) -> np.ndarray:
+    """This thread's buffer `name`, as an array of this shape; valid until its next request."""
+    n = math.prod(shape)
+    buf = getattr(_buffers, name, None)
+    if buf is None or buf.size < n or buf.dtype != dtype:
+        buf = np.empty(n, dtype=dtype)
+        setattr(_buffers, name, buf)
+    return buf[:n].reshape(shape)
 
 
 def activation_tiles(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x (T, K) float32, C-contiguous, packed for rows_product (on all threads)."""
+    """x (T, K) float32, C-contiguous, packed for rows_product on all threads; valid until this
+    thread's next call."""
     n_groups = padded(x.shape[0]) // 16
     shape = (n_groups, x.shape[1] // 32, 16, 32)
-    a_hi, a_lo = np.empty(shape, dtype=np.uint16), np.empty(shape, dtype=np.uint16)
+    a_hi, a_lo = _buffer("a_hi", shape, np.uint16), _buffer("a_lo", shape, np.uint16)
     in_parallel(lambda first, last: pack_activations(x, first, last, a_hi, a_lo), n_groups)
     return a_hi, a_lo
+
+
+def rows_product(qtype: int, raw: np.ndarray, first: int, last: int, tiles: tuple) -> np.ndarray:
+    """x @ W[first:last].T, (T padded, last - first) float32, for the raw rows W of a quantized
+    matrix and x packed by activation_tiles (rows within the matrix: callers check); valid until
+    this thread's next call."""
+    a_hi, a_lo = tiles
+    b_shape = (padded(last - first) // 16, a_hi.shape[1] * 16, 32)
+    out = _buffer("out", (a_hi.shape[0] * 16, b_shape[0] * 16), np.float32)
+    _rows_product(qtype, raw, first, a_hi, a_lo, _buffer("b_hi", b_shape, np.uint16),
+                  _buffer("b_lo", b_shape, np.uint16), out)
+    return out[:, :last - first]
 
 
 # arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): Linux hands a process the tile registers'

@@ -166,8 +166,7 @@ class QuantMatrix:
         out = np.empty((n_tokens, n), dtype=np.float32)
 
         def amx_tile(first, last):
-            out[:, first:last] = amx.rows_product(int(self.qtype), self.raw, first, last, *x.tiles)[
-                :n_tokens, :last - first]
+            out[:, first:last] = amx.rows_product(int(self.qtype), self.raw, first, last, x.tiles)[:n_tokens]
 
         def blas_tile(first, last):
             w = np.empty((last - first, k), dtype=np.float32)

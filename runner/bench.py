@@ -58,7 +58,9 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
     tests += [("tg", n_gen, d, lambda k, d=d: time_decode(lm, k, d)) for d in depths]
     rows = []
     for test, n, depth, run in tests:
-        run(min(n, 8))  # warm-up: loads every kernel outside the measurement
+        # warm-up: loads every kernel outside the measurement; 32 tokens, as backends switch to
+        # their prefill kernels above a few tokens (8 on the CPU)
+        run(min(n, 32))
         speeds = [run(n) for _ in range(repetitions)]
         row = dict(base, test=f"{test}{n}" + (f"@d{depth}" if depth else ""), n_tokens=n, depth=depth,
                    repetitions=repetitions, tok_s_mean=float(np.mean(speeds)), tok_s_std=float(np.std(speeds)),
