@@ -186,13 +186,13 @@ def _transpose_pairs(typingctx, src, dst):
     return types.none(src, dst), codegen
 
 
-def padded(n: int) -> int:
+def _padded(n: int) -> int:
     """Rows of x and of W go into the products in multiples of 32."""
     return (n + 31) // 32 * 32
 
 
 @njit(cache=True, nogil=True)
-def pack_activations(x, first_group, last_group, a_hi, a_lo):
+def _pack_activations(x, first_group, last_group, a_hi, a_lo):
     """Rows 16 * first_group ... 16 * last_group - 1 of x (T, K) float32 into the hi and lo tiles
     (T padded / 16, K / 32, 16, 32) uint16 of _tile_products' first operand. Padding rows stay
     as they were: they only reach output rows that callers drop."""
@@ -206,7 +206,7 @@ def pack_activations(x, first_group, last_group, a_hi, a_lo):
 @njit(cache=True, nogil=True)
 def _rows_product(qtype, raw, first, a_hi, a_lo, b_hi, b_lo, out):
     """out = x @ W[first:first + n].T for the raw rows W of a quantized matrix, x packed by
-    pack_activations, b_hi and b_lo (n padded / 16, K / 2, 32) room for the packed rows, out
+    _pack_activations, b_hi and b_lo (n padded / 16, K / 2, 32) room for the packed rows, out
     (rows of x padded, n padded) float32. Callers check the bounds."""
     k = a_hi.shape[1] * 32
     n_rows = min(b_hi.shape[0] * 16, raw.shape[0] - first)
@@ -239,10 +239,10 @@ def _buffer(name: str, shape: tuple, dtype) -> np.ndarray:
 def activation_tiles(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """x (T, K) float32, C-contiguous, packed for rows_product on all threads; valid until this
     thread's next call."""
-    n_groups = padded(x.shape[0]) // 16
+    n_groups = _padded(x.shape[0]) // 16
     shape = (n_groups, x.shape[1] // 32, 16, 32)
     a_hi, a_lo = _buffer("a_hi", shape, np.uint16), _buffer("a_lo", shape, np.uint16)
-    in_parallel(lambda first, last: pack_activations(x, first, last, a_hi, a_lo), n_groups)
+    in_parallel(lambda first, last: _pack_activations(x, first, last, a_hi, a_lo), n_groups)
     return a_hi, a_lo
 
 
@@ -251,7 +251,7 @@ def rows_product(qtype: int, raw: np.ndarray, first: int, last: int, tiles: tupl
     matrix and x packed by activation_tiles (rows within the matrix: callers check); valid until
     this thread's next call."""
     a_hi, a_lo = tiles
-    b_shape = (padded(last - first) // 16, a_hi.shape[1] * 16, 32)
+    b_shape = (_padded(last - first) // 16, a_hi.shape[1] * 16, 32)
     out = _buffer("out", (a_hi.shape[0] * 16, b_shape[0] * 16), np.float32)
     _rows_product(qtype, raw, first, a_hi, a_lo, _buffer("b_hi", b_shape, np.uint16),
                   _buffer("b_lo", b_shape, np.uint16), out)
