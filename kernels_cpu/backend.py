@@ -8,7 +8,7 @@ import numba
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from . import ops
+from . import amx, ops
 from .attention import as_kernel_array, attention, cached_rows, new_cache
 from .bandwidth import read_bandwidth
 from .blocks import SUPPORTED_TYPES
@@ -29,6 +29,10 @@ class CpuBackend:
         self._rope_tables: dict = {}
         self.constants = weakref.WeakValueDictionary()  # id -> weight vector (a step program reads them)
         self.recorder = None  # a step_program.Recorder while a decode step is being recorded
+
+    @property
+    def label(self):
+        return "cpu+amx" if amx.usable() else "cpu"
 
     def free_memory(self):
         return None

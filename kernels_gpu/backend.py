@@ -26,7 +26,7 @@ class TorchBackend:
                  graphs: bool | None = None):
         self.device = torch.device(device)
         self.cuda = cuda = self.device.type == "cuda"
-        self.name = "cuda" if cuda else "torch-cpu"
+        self.name = self.label = "cuda" if cuda else "torch-cpu"
         if threads and not cuda:
             torch.set_num_threads(threads)
         self.threads = 1 if cuda else torch.get_num_threads()

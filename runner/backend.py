@@ -16,6 +16,7 @@ class BackendError(Exception):
 
 class Backend(Protocol):
     name: str
+    label: str  # name, and the units prefill's products run on where they vary (bench reports it)
     threads: int
     supported_types: frozenset  # GGML tensor types load_matrix takes
 

@@ -50,7 +50,7 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
     f, p = lm.file, lm.params
     base = {"model": f.path.name, "arch": p.arch, "quant": file_type_name(f), "size_mib": f.size / 2**20,
             "params_m": sum(t.n_elements for t in f.tensors.values()) / 1e6,
-            "bits_per_weight": f.bits_per_weight(), "backend": lm.backend.name, "threads": lm.backend.threads,
+            "bits_per_weight": f.bits_per_weight(), "backend": lm.backend.label, "threads": lm.backend.threads,
             "kv_type": lm.model.kv_type}
     bandwidth = lm.backend.read_bandwidth()
     fit = memory_fit(f, p, lm.model.kv_type)

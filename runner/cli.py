@@ -271,7 +271,7 @@ def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device,
         click.echo(json.dumps(rows, indent=1))
         return
     for r in rows:
-        line = (f"{r['model']:<32} {r['quant']:<7} {r['size_mib']:>7.1f} MiB {r['backend']:<4} {r['threads']:>2} thr "
+        line = (f"{r['model']:<32} {r['quant']:<7} {r['size_mib']:>7.1f} MiB {r['backend']:<7} {r['threads']:>2} thr "
                 f"{r['test']:>10}  {r['tok_s_mean']:>7.1f} ± {r['tok_s_std']:.1f} tok/s")
         if r["bandwidth_fraction"] is not None:
             line += (f"  {r['read_mib_per_token']:.0f} MiB/token = {r['bandwidth_fraction']:.2f} of "
