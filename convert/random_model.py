@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
 import numpy as np
 
 from .convert import model_metadata
@@ -93,6 +94,13 @@ def write_random_llama(path: Path, shape: LlamaShape = SHAPE_7B, type_name: str 
     return write_gguf(path, "llama", metadata, tensors, progress)
 
 
-if __name__ == "__main__":  # python -m convert.random_model OUT.gguf: the 7B shape, Q4_K_M
-    import sys
-    print("\n".join(write_random_llama(Path(sys.argv[1])).lines()))
+@click.command()
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+def main(out):
+    """Write a Llama of random Q4_K_M weights in the 7B shape to OUT (a GGUF file), for
+    benchmarks of a model that size (scripts/gpu_check)."""
+    click.echo("\n".join(write_random_llama(out).lines()))
+
+
+if __name__ == "__main__":  # python -m convert.random_model OUT.gguf
+    main()

@@ -189,6 +189,18 @@ def test_unsupported_dtype_and_tensor_name_are_refused(random_models, tmp_path):
         assert not (tmp_path / "out.gguf").exists()
 
 
+def test_random_llama_command_asks_for_its_output(tmp_path, monkeypatch):
+    """--help or no argument is a message, not a 4 GB file named after the option."""
+    from click.testing import CliRunner
+
+    from convert.random_model import main
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0 and "OUT" in result.output
+    assert CliRunner().invoke(main, []).exit_code == 2
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_random_llama_for_benchmarks_loads_and_runs(tmp_path):
     from convert.random_model import ROWS, LlamaShape, write_random_llama
     from runner.load import load_model
