@@ -76,9 +76,6 @@ def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None):
     path = resolve(model)
     device = resolve_device(device)
     if device == "cpu":
-        # Numba's first kernel load also imports cffi (~50 ms, with its C parser) for cffi functions
-        # in jitted code, which ggrun has none of; a CPU run owns its process, so it goes without.
-        sys.modules.setdefault("cffi", None)
         from kernels_cpu.backend import CpuBackend  # noqa: F401  (Numba: the bulk of the imports)
         from kernels_cpu.compile_cache import kernels_compiled
         compile_message = None if kernels_compiled() else "compiling the Numba kernels (first run only, under a minute"
@@ -405,9 +402,11 @@ def chat(model, system, ctx_size, chat_template, temp, top_k, top_p, min_p, repe
 
 
 def entry():
-    """The `ggrun` command. Numba probes for SciPy's BLAS when it first loads a kernel, to support
-    np.dot in jitted code, which no ggrun kernel uses; importing SciPy for that took 0.3 s of the
-    0.4 s Numba spent before the first kernel ran. A CLI process owns its imports, so it skips it."""
+    """The `ggrun` command. When Numba first loads a kernel it probes for SciPy's BLAS (to support
+    np.dot in jitted code) and imports cffi with its C parser (for cffi functions in jitted code);
+    ggrun's kernels use neither, and those imports took 0.3 s and ~50 ms of start-up. A CLI process
+    owns its imports, so it skips them (neither torch nor triton imports cffi)."""
     sys.modules.setdefault("scipy.linalg.cython_blas", None)
+    sys.modules.setdefault("cffi", None)
     main()
 
