@@ -88,8 +88,11 @@ def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, m
     # up to twice the window; the slots outside it cost as much as the ones inside)
     qp, begin, end = q_pos[t], SLOT_CHUNK, 0
     for s in range(first, min(first + SLOT_CHUNK, n_slots)):
-        if _visible(k_pos[s], qp, window):
-            begin, end = min(begin, s - first), s - first + 1
+        # (selects rather than an if: the loop vectorizes; branching, it took a quarter of the
+        # job's time at depth 2048)
+        seen = _visible(k_pos[s], qp, window)
+        begin = min(begin, s - first if seen else SLOT_CHUNK)
+        end = max(end, s - first + 1 if seen else 0)
     if end <= begin:
         for g in range(group):
             maxima[job, g], sums[job, g] = MASKED, 0.0
