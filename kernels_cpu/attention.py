@@ -1,10 +1,4 @@
-"""Attention over the KV cache, and the cache's layout: values (kv heads, slots, dim), keys tiled
-by slots, (kv heads, slots / KEY_TILE, dim, KEY_TILE), held as float32 or float16 (the kernels
-take float16 as its uint16 bits).
-
-Keys are transposed so that a query's scores run along slots in vector lanes, and tiled so that
-one slot's key is a few cache lines in one place (a plain (kv heads, dim, slots) array spreads
-it over `dim` pages: writing it and reading a block of slots then missed the TLB on every row).
+"""Attention over the KV cache (laid out as kv_layout.py describes, in any of its element types).
 
 Every slot carries the position it holds, and the mask is computed from positions, never from
 slot indices, so any slot order works (the ring of kv_cache.py, sliding windows).
@@ -16,11 +10,8 @@ import numpy as np
 from numba import njit, prange
 
 from .intrinsics import cache_product, exp_f32, max_f32
-from .ir import LANES
+from .kv_layout import KEY_TILE, as_kernel_array, head_dims, key_columns, value_rows
 from .threads import in_parallel
-
-# Slots per key tile: one vector of scores (see cache_product).
-KEY_TILE = LANES
 
 # Up to this many queries, the Numba kernel; beyond, BLAS, over chunks of this many queries.
 FEW_QUERIES = 8
@@ -78,8 +69,8 @@ def softmax_visible(scores, q_pos, k_pos, window, softcap):
 def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, maxima, sums, partial):
     """Job (token, kv head, chunk of slots) of attention_few: the chunk's softmax max and sum and
     its weighted values, from register-blocked cache_product calls."""
-    _, n_head, _ = q.shape
-    n_kv, key_dim = keys.shape[0], keys.shape[2]
+    _, n_head, key_dim = q.shape
+    n_kv = keys.shape[0]
     n_slots = k_pos.shape[0]
     group = n_head // n_kv
     n_chunks = (n_slots + SLOT_CHUNK - 1) // SLOT_CHUNK
@@ -123,7 +114,7 @@ def _attention_jobs(parallel):
         group = q.shape[1] // n_kv
         maxima = np.empty((n_jobs, group), dtype=np.float32)
         sums = np.empty((n_jobs, group), dtype=np.float32)
-        partial = np.empty((n_jobs, group, values.shape[2]), dtype=np.float32)
+        partial = np.empty((n_jobs, group, out.shape[2]), dtype=np.float32)
         # (no array expressions outside the loop: in a parallel function each becomes a parallel
         # region of its own, a few microseconds apiece)
         for job in loop(n_jobs):
@@ -177,34 +168,11 @@ def _combine_chunks(maxima, sums, partial, n_kv, n_chunks, out):
                 row[i] *= inv
 
 
-def new_cache(n_kv, key_dim, value_dim, slots, dtype):
-    """Zeroed keys and values for `slots` slots (keys get whole tiles)."""
-    tiles = -(-slots // KEY_TILE)
-    return np.zeros((n_kv, tiles, key_dim, KEY_TILE), dtype), np.zeros((n_kv, slots, value_dim), dtype)
-
-
-def cached_rows(keys, values, n):
-    """Slots 0..n-1 of the cache as float32 (n, kv heads, dim) keys and values."""
-    return _key_columns(keys, n).transpose(2, 0, 1), values[:, :n].transpose(1, 0, 2).astype(np.float32)
-
-
-def _key_columns(keys, n):
-    """The keys of slots 0..n-1 as float32 (kv heads, dim, n), from the tiles that hold them."""
-    n_kv, _, key_dim, _ = keys.shape
-    tiles = keys[:, :-(-n // KEY_TILE)].astype(np.float32)
-    return tiles.transpose(0, 2, 1, 3).reshape(n_kv, key_dim, -1)[:, :, :n]
-
-
-def as_kernel_array(cache):
-    """A cache array as the kernels take it: float16 as its uint16 bits, float32 as is."""
-    return cache.view(np.uint16) if cache.dtype == np.float16 else cache
-
-
 def attention(q, keys, values, q_pos, k_pos, scale, window, softcap):
     """Attention of queries q (T, heads, dim) at positions q_pos over the cache's first len(k_pos)
     slots; returns (T, heads, value dim)."""
     n_tokens, n_head, _ = q.shape
-    out = np.empty((n_tokens, n_head, values.shape[2]), dtype=np.float32)
+    out = np.empty((n_tokens, n_head, head_dims(keys, values)[1]), dtype=np.float32)
     args = (np.float32(scale), int(window), np.float32(softcap))
     if n_tokens <= FEW_QUERIES:
         attention_few(q, as_kernel_array(keys), as_kernel_array(values), q_pos, k_pos, *args, out)
@@ -219,7 +187,7 @@ def attention(q, keys, values, q_pos, k_pos, scale, window, softcap):
         for h in range(first, last):
             kv = h // group
             if kv not in converted:
-                converted[kv] = _key_columns(keys[kv:kv + 1], n)[0], values[kv, :n].astype(np.float32)
+                converted[kv] = key_columns(keys[kv:kv + 1], n)[0], value_rows(values[kv:kv + 1], n)[0]
             k, v = converted[kv]
             for (a, b), (begin, end) in zip(chunks, spans):
                 scores = (q[a:b, h, :] * args[0]) @ k[:, begin:end]

@@ -9,9 +9,10 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from . import amx, ops
-from .attention import as_kernel_array, attention, cached_rows, new_cache
+from .attention import attention
 from .bandwidth import read_bandwidth
 from .blocks import SUPPORTED_TYPES
+from .kv_layout import ELEMENTS, as_kernel_array, cached_rows, new_cache, store_kv
 from .matmul import decode_stack, load_matrix, matmuls
 from .step_program import GELU_MUL, SILU_MUL, run_step
 
@@ -19,6 +20,7 @@ from .step_program import GELU_MUL, SILU_MUL, run_step
 class CpuBackend:
     name = "cpu"
     supported_types = SUPPORTED_TYPES
+    kv_types = tuple(ELEMENTS)
 
     def __init__(self, threads: int | None = None):
         self.threads = max(1, min(threads or os.cpu_count() or 1, numba.config.NUMBA_NUM_THREADS))
@@ -113,14 +115,14 @@ class CpuBackend:
         return read_bandwidth()
 
     def new_kv(self, n_kv, key_dim, value_dim, slots, kv_type):
-        return new_cache(n_kv, key_dim, value_dim, slots, {"f16": np.float16, "f32": np.float32}[kv_type])
+        return new_cache(n_kv, key_dim, value_dim, slots, kv_type)
 
     def read_kv(self, keys, values, n):
         return cached_rows(keys, values, n)
 
     def store_kv(self, keys, values, slots, k, v):
-        ops.store_kv(as_kernel_array(keys), as_kernel_array(values), slots, np.ascontiguousarray(k),
-                     np.ascontiguousarray(v))
+        store_kv(as_kernel_array(keys), as_kernel_array(values), slots, np.ascontiguousarray(k),
+                 np.ascontiguousarray(v))
         if self.recorder is not None:
             self.recorder.store_kv(keys, values, slots, k, v)
 

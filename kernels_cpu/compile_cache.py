@@ -26,7 +26,7 @@ def drop_stale_cache() -> None:
             return
     except OSError:
         pass
-    for path in list(_CACHE.glob("*.nbi")) + list(_CACHE.glob("*.nbc")):
+    for path in list(_CACHE.glob("*.nbi")) + list(_CACHE.glob("*.nbc")) + list(_CACHE.glob("ggrun-compiled-*")):
         path.unlink(missing_ok=True)
     try:
         _CACHE.mkdir(exist_ok=True)
@@ -35,6 +35,14 @@ def drop_stale_cache() -> None:
         pass  # a read-only install: Numba then caches elsewhere or not at all
 
 
-def kernels_compiled() -> bool:
-    """True once any kernel of this package has been compiled and cached (index files exist)."""
-    return any(_CACHE.glob("*.nbi"))
+def kernels_compiled(kv_type: str) -> bool:
+    """True once mark_compiled(kv_type) has run since the sources last changed: the kernels that
+    touch the KV cache are compiled once per element type, so each type has its first run."""
+    return (_CACHE / f"ggrun-compiled-{kv_type}").exists()
+
+
+def mark_compiled(kv_type: str) -> None:
+    try:
+        (_CACHE / f"ggrun-compiled-{kv_type}").touch()
+    except OSError:
+        pass  # (a read-only install: see drop_stale_cache)

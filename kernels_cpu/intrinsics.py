@@ -72,6 +72,12 @@ def from_f32(typingctx, value, like):
 
 
 @intrinsic
+def f16_bits(typingctx, value):
+    """float32 value as float16 bits (uint16, rounded to nearest even)."""
+    return types.uint16(value), lambda context, b, sig, args: b.bitcast(b.fptrunc(args[0], ir.HalfType()), I16)
+
+
+@intrinsic
 def pointer_at(typingctx, address, dtype):
     """An integer address as a typed pointer to `dtype` elements, for numba.carray. How the compiled
     decode step (step_program.py) and the products reach arrays of many shapes and owners through
@@ -89,6 +95,8 @@ def pointer_at(typingctx, address, dtype):
 # (tiled keys tile by tile, values row by row). Attention over 2048 slots of SmolLM2 took ~15%
 # less time in a decode step than with no prefetch; 16 KiB ahead measured the same.
 PREFETCH_BYTES = 4096
+# Values per block of a q8_0 KV cache (kv_layout.py), whose scales cache_product applies.
+QBLOCK = 32
 # Rows of `a` (queries of one KV head) per pass of cache_product: 4 x 4 accumulators, 4 cache
 # vectors and 4 broadcast weights fit AVX-512's 32 registers.
 QUERIES_TOGETHER = 4
@@ -98,7 +106,8 @@ QUERIES_TOGETHER = 4
 def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
     """out[g, c] = sum_r a[g, r] * C[kv, row_first + r, col_first + c] for g < len(a),
     r < a.shape[1], c < out.shape[1]: a small matrix product against a block of a KV cache C of
-    float32 or float16 bits (uint16); a and out are C-contiguous float32. C is either the array
+    float32, float16 bits (uint16) or q8_0 (int8 with float16 scales, as kv_layout.py lays them out);
+    a and out are C-contiguous float32. C is either the array
     itself (kv heads, rows, columns), contiguous along columns, or, for a 4-d array, tiled by
     columns: (kv heads, columns / LANES, rows, LANES), where col_first must be a multiple of LANES.
     Callers guarantee the bounds. Attention uses it twice: scores are queries times keys (tiled:
@@ -108,8 +117,8 @@ def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
     rows, each cache vector converted once where it is loaded for all of them (the queries of a
     grouped-query head share their keys and values).
     """
-    element = ir.HalfType() if cache.dtype == types.uint16 else F32
-    if cache.dtype not in (types.uint16, types.float32) or a.dtype != types.float32 or cache.ndim not in (3, 4):
+    element = {types.uint16: ir.HalfType(), types.float32: F32, types.int8: I8}.get(cache.dtype)
+    if element is None or a.dtype != types.float32 or cache.ndim not in (3, 4):
         return None
     tiled = cache.ndim == 4
 
@@ -129,7 +138,25 @@ def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
         n_cols = array_shape(context, b, out_type, out_v)[1]
         a_ptr = b.bitcast(array_data(context, b, a_type, a_v), F32.as_pointer())
         out_ptr = b.bitcast(array_data(context, b, out_type, out_v), F32.as_pointer())
-        widen = (lambda v: b.fpext(v, vector(F32))) if element != F32 else (lambda v: v)
+        widen = {F32: lambda v: v, I8: lambda v: b.sitofp(v, vector(F32)),
+                 ir.HalfType(): lambda v: b.fpext(v, vector(F32))}[element]
+        align = 1 if element == I8 else 2
+        # q8_0 (kv_layout.py): `dim` int8 rows (keys) or columns (values), then float16 scales
+        qblock = ir.Constant(I64, QBLOCK)
+        dim = b.udiv(b.mul(array_shape(context, b, cache_type, cache_v)[2], qblock), ir.Constant(I64, QBLOCK + 2))
+
+        def key_scales(r, c):
+            """The LANES slots' scales (from c) of the block holding row row_first + r of a key tile."""
+            block = b.udiv(b.add(row_first, r), qblock)
+            scale_row = b.add(dim, b.add(block, block))  # (two rows of bytes hold a tile's LANES scales)
+            at = cache_vector(b.sub(scale_row, row_first), c)
+            return b.fpext(b.load(b.bitcast(at, vector(ir.HalfType()).as_pointer()), align=1), vector(F32))
+
+        def value_scale(r, c):
+            """Row r's scale of the block holding column col_first + c."""
+            block = b.udiv(b.add(col_first, c), qblock)
+            at = offset(b, base, b.add(b.mul(r, row_stride), b.sub(b.add(dim, b.add(block, block)), col_first)))
+            return b.fpext(b.load(b.bitcast(at, ir.HalfType().as_pointer()), align=1), F32)
 
         def cache_vector(r, c):
             """Pointer to the LANES columns from c (a multiple of LANES) of row r."""
@@ -151,18 +178,33 @@ def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
             accs = [[cgutils.alloca_once_value(b, zero) for _ in range(width)] for _ in gs]
             for acc in (acc for row in accs for acc in row):
                 b.store(zero, acc)
-            with cgutils.for_range(b, n_rows) as rows:
+            column_at = [b.add(first, ir.Constant(I64, u * LANES)) for u in range(width)]
+
+            def add_row(r, scales=None):
                 values = []
-                for u in range(width):
-                    column = b.add(first, ir.Constant(I64, u * LANES))
-                    at = cache_vector(rows.index, column)
+                for u, column in enumerate(column_at):
+                    at = cache_vector(r, column)
                     if mask is None:
                         prefetch(b, offset(b, b.bitcast(at, I8.as_pointer()), PREFETCH_BYTES))
-                    values.append(widen(b.load(at, align=2) if mask is None else masked_load(b, at, mask, 2)))
+                    value = widen(b.load(at, align=align) if mask is None else masked_load(b, at, mask, align))
+                    values.append(value if scales is None else b.fmul(value, scales[u], flags=FAST))
                 for g, row_accs in zip(gs, accs):
-                    weight = splat(b, a_at(g, rows.index))
+                    weight = splat(b, a_at(g, r))
                     for value, acc in zip(values, row_accs):
                         b.store(b.fadd(b.fmul(value, weight, flags=FAST), b.load(acc), flags=FAST), acc)
+
+            if element != I8:
+                with cgutils.for_range(b, n_rows) as rows:
+                    add_row(rows.index)
+            elif tiled:  # q8_0 keys: each block of QBLOCK rows scaled by its slots' scales, loaded once
+                with cgutils.for_range(b, b.udiv(n_rows, qblock)) as blocks:
+                    first_row = b.mul(blocks.index, qblock)
+                    scales = [key_scales(first_row, column) for column in column_at]
+                    with cgutils.for_range(b, qblock) as rows:
+                        add_row(b.add(first_row, rows.index), scales)
+            else:  # q8_0 values: each row's columns scaled by that row's scale of their block
+                with cgutils.for_range(b, n_rows) as rows:
+                    add_row(rows.index, [splat(b, value_scale(rows.index, column)) for column in column_at])
             for g, row_accs in zip(gs, accs):
                 for u, acc in enumerate(row_accs):
                     at = b.gep(out_ptr, [b.add(b.add(b.mul(g, n_cols), first), ir.Constant(I64, u * LANES))])

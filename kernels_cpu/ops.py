@@ -1,13 +1,14 @@
-"""The non-matrix operations of a decoder layer: norms, rotary embedding, KV writes, activations.
+"""The non-matrix operations of a decoder layer: norms, rotary embedding, activations.
 
-Activations are float32 arrays of shape (tokens, features). Attention is in attention.py.
+Activations are float32 arrays of shape (tokens, features). Attention is in attention.py, KV
+writes in kv_layout.py.
 """
 import math
 
 import numpy as np
 from numba import njit
 
-from .intrinsics import exp_f32, from_f32
+from .intrinsics import exp_f32
 
 
 # error_model="numpy": a division by zero gives inf instead of Numba's Python-style exception, whose
@@ -68,21 +69,6 @@ def rope(x, cos, sin, neox):
                 x1 = x[t, h, b]
                 x[t, h, a] = x0 * c - x1 * s
                 x[t, h, b] = x0 * s + x1 * c
-
-
-@njit(cache=True)
-def store_kv(keys, values, slots, k, v):
-    """Write token t's k[t] (kv heads, dim) into slot slots[t] of keys (kv heads, slots / tile,
-    dim, tile) and its v[t] into row slots[t] of values (kv heads, slots, dim); caches hold
-    float32 or float16 bits (uint16)."""
-    tile = keys.shape[3]
-    for t in range(slots.shape[0]):
-        s = slots[t]
-        for h in range(keys.shape[0]):
-            for i in range(keys.shape[2]):
-                keys[h, s // tile, i, s % tile] = from_f32(k[t, h, i], keys)
-            for i in range(values.shape[2]):
-                values[h, s, i] = from_f32(v[t, h, i], values)
 
 
 # Both gates are x * sigmoid(k * f(x)), computed with the vectorized exp of intrinsics.py (Numba's

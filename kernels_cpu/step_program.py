@@ -20,8 +20,9 @@ import numpy as np
 from numba import carray, njit
 
 from . import ops
-from .attention import attention_few, as_kernel_array
+from .attention import attention_few
 from .intrinsics import pointer_at
+from .kv_layout import as_kernel_array, head_dims, store_kv
 from .matmul import MATRIX, QuantMatrix, check_row_ids, dequantize_rows, matrix_arrays, products
 
 # Operation codes; each row of a program is (code, arguments...) as the comments list them.
@@ -32,8 +33,9 @@ RMS_NORM = 4    # x, weight, out, rows, width; eps
 PRODUCTS = 5    # x, out, tokens, k, n, tasks first, last, single rows first, last
 ROPE_TABLE = 6  # positions input, frequencies, n, cos, sin; position scale
 ROPE = 7        # x, tokens, heads, dim, cos, sin, n, neox
-STORE_KV = 8    # cache, slots input, k, v, tokens
-ATTENTION = 9   # q, tokens, heads, cache, query positions input, key positions input, out, window; scale, softcap
+STORE_KV = 8    # cache, slots input, k, v, tokens, key dim, value dim
+ATTENTION = 9   # q, tokens, heads, cache, query positions input, key positions input, out, window, key dim,
+                # value dim; scale, softcap
 SILU_MUL = 10   # gate, up, rows, width
 GELU_MUL = 11   # gate, up, rows, width
 SOFTCAP = 12    # x, out, n; cap
@@ -88,14 +90,14 @@ def run_program(code, params, mats, tasks, single_rows, caches, inputs, kv_like)
             ops.rope(_f32(a[0], (a[1], a[2], a[3])), _f32(a[4], shape), _f32(a[5], shape), a[7] != 0)
         elif op == STORE_KV:
             keys, values = _cache(caches, a[0], kv_like)
-            n_kv, key_dim, value_dim = keys.shape[0], keys.shape[2], values.shape[2]
-            ops.store_kv(keys, values, _input(inputs, a[1], np.int64), _f32(a[2], (a[4], n_kv, key_dim)),
-                         _f32(a[3], (a[4], n_kv, value_dim)))
+            n_kv = keys.shape[0]
+            store_kv(keys, values, _input(inputs, a[1], np.int64), _f32(a[2], (a[4], n_kv, a[5])),
+                     _f32(a[3], (a[4], n_kv, a[6])))
         elif op == ATTENTION:
             keys, values = _cache(caches, a[3], kv_like)
-            attention_few(_f32(a[0], (a[1], a[2], keys.shape[2])), keys, values, _input(inputs, a[4], np.int32),
+            attention_few(_f32(a[0], (a[1], a[2], a[8])), keys, values, _input(inputs, a[4], np.int32),
                           _input(inputs, a[5], np.int32), np.float32(f[0]), a[7], np.float32(f[1]),
-                          _f32(a[6], (a[1], a[2], values.shape[2])))
+                          _f32(a[6], (a[1], a[2], a[9])))
         elif op == SILU_MUL:
             ops.silu_mul(_f32(a[0], (a[2], a[3])), _f32(a[1], (a[2], a[3])))
         elif op == GELU_MUL:
@@ -247,12 +249,12 @@ class Recorder:
 
     def store_kv(self, keys, values, slots, k, v):
         self.add(STORE_KV, self.cache(keys, values), self.input(slots, np.int64), self.address(k, k.size),
-                 self.address(v, v.size), k.shape[0])
+                 self.address(v, v.size), k.shape[0], *head_dims(keys, values))
 
     def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap, out):
         self.add(ATTENTION, self.address(q, q.size), q.shape[0], q.shape[1], self.cache(keys, values),
                  self.input(q_pos, np.int32), self.input(k_pos, np.int32), self.address(out, out.size), window,
-                 params=[scale, softcap])
+                 *head_dims(keys, values), params=[scale, softcap])
 
     def gated(self, code, gate, up):
         self.add(code, self.address(gate, gate.size), self.address(up, gate.size), *gate.shape)

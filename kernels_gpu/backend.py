@@ -21,6 +21,7 @@ from .step_graph import replay_step
 
 class TorchBackend:
     supported_types = frozenset(DEQUANTIZE)
+    kv_types = ("f32", "f16")
 
     def __init__(self, device: str = "cuda", threads: int | None = None, compiled: bool | None = None,
                  graphs: bool | None = None):

@@ -19,6 +19,7 @@ class Backend(Protocol):
     label: str  # name, and the units prefill's products run on where they vary (bench reports it)
     threads: int
     supported_types: frozenset  # GGML tensor types load_matrix takes
+    kv_types: tuple             # KV cache element types new_kv makes ("f32", "f16", "q8_0")
 
     def free_memory(self) -> int | None:
         """Bytes the device can still allocate; None for the host's memory (not checked)."""
@@ -47,8 +48,8 @@ class Backend(Protocol):
         """Bytes per second the device reads from its memory: the ceiling of a decode step."""
 
     def new_kv(self, n_kv: int, key_dim: int, value_dim: int, slots: int, kv_type: str) -> tuple:
-        """Zeroed (keys, values) of one layer's cache, `slots` slots of precision kv_type ("f16" or
-        "f32"), laid out as the backend's store_kv and attention take them."""
+        """Zeroed (keys, values) of one layer's cache, `slots` slots of one of kv_types, laid out as
+        the backend's store_kv and attention take them."""
 
     def read_kv(self, keys, values, n: int) -> tuple:
         """Slots 0..n-1 of a cache as host float32 (n, kv heads, dim) keys and values."""

@@ -51,8 +51,9 @@ def sampling_options(f):
     return f
 threads_option = click.option("-t", "--threads", type=click.IntRange(1), help="CPU threads (default: all cores).")
 kv_type_option = click.option("--cache-type", "kv_type", default="f16", show_default=True,
-                              type=click.Choice(["f16", "f32"]),
-                              help="KV cache precision, as llama.cpp's -ctk/-ctv (f32: exact, twice the memory).")
+                              type=click.Choice(["f16", "f32", "q8_0"]),
+                              help="KV cache precision, as llama.cpp's -ctk/-ctv (f32: exact, twice the memory; "
+                                   "q8_0: 8-bit blocks, about half, CPU only).")
 device_option = click.option("--device", default="auto", show_default=True, type=click.Choice(DEVICES),
                              help="cpu (Numba), cuda (an NVIDIA GPU through torch), or auto: cuda when "
                                   "available. torch-cpu runs the GPU kernels on the CPU (for testing).")
@@ -78,7 +79,8 @@ def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None):
     if device == "cpu":
         from kernels_cpu.backend import CpuBackend  # noqa: F401  (Numba: the bulk of the imports)
         from kernels_cpu.compile_cache import kernels_compiled
-        compile_message = None if kernels_compiled() else "compiling the Numba kernels (first run only, under a minute"
+        compile_message = (None if kernels_compiled(kv_type)
+                           else "compiling the Numba kernels (first run only, under a minute")
     else:
         compile_message = "compiling the GPU kernels (the first run takes a few minutes" if device == "cuda" else None
     times.mark("imports")
@@ -89,6 +91,9 @@ def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None):
         click.echo(f"{compile_message}; cached for later runs)...", err=True)
         lm.model.forward([token] * 9, lm.model.new_cache(16))  # the prefill kernels too, while at it
     lm.model.forward([token], lm.model.new_cache(16))
+    if compile_message and device == "cpu":
+        from kernels_cpu.compile_cache import mark_compiled
+        mark_compiled(kv_type)
     times.mark("kernel cache load")
     return lm
 

@@ -48,6 +48,15 @@ def _check_fit(f: GGUFFile, params: ModelParams, backend, kv_type: str, n_ctx: i
                            f"at context {n_ctx}) but {free / gib:.2f} GiB are free; try a smaller -c or --device cpu")
 
 
+def _check_kv_type(params: ModelParams, backend, kv_type: str) -> None:
+    if kv_type not in backend.kv_types:
+        raise BackendError(f"the {backend.name} backend keeps its KV cache as {' or '.join(backend.kv_types)}, "
+                           f"not {kv_type}")
+    if kv_type == "q8_0" and (params.head_dim % 32 or params.value_dim % 32):
+        raise BackendError(f"a q8_0 KV cache needs head sizes that are multiples of 32; this model's are "
+                           f"{params.head_dim} (keys) and {params.value_dim} (values): use f16")
+
+
 def load_model(path, device: str = "cpu", threads: int | None = None, kv_type: str = "f32",
                n_ctx: int | None = None) -> LoadedModel:
     """The model on a backend; n_ctx (default: the model's default context) sizes the memory check
@@ -60,6 +69,7 @@ def load_model(path, device: str = "cpu", threads: int | None = None, kv_type: s
     params = read_params(f)
     tokenizer = Tokenizer(read_vocab(f))
     backend = make_backend(device, threads)
+    _check_kv_type(params, backend, kv_type)
     _check_fit(f, params, backend, kv_type, n_ctx or min(params.context_length, 4096))
     model = ARCHITECTURES[arch](params, WeightLoader(f, backend), backend)
     model.kv_type = kv_type

@@ -20,6 +20,12 @@ def test_run_greedy_mentions_paris(smollm_path):
     assert "decode" in r.stderr and "tok/s" in r.stderr and "time to first token" in r.stderr
 
 
+def test_run_with_a_q8_0_cache(smollm_path):
+    r = ggrun("run", smollm_path, "-p", "The capital of France is", "--temp", "0", "-n", "4", "--cache-type", "q8_0")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+
+
 def test_default_model_is_smollm(smollm_path):
     r = ggrun("run", "-p", "The capital of France is", "--temp", "0", "-n", "4", "--json")
     assert r.returncode == 0, r.stderr
@@ -122,3 +128,13 @@ def test_run_skips_imports_it_does_not_use(smollm_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "loaded: []" in r.stderr.splitlines()
+
+
+def test_each_cache_type_gets_its_compile_message(tmp_path, monkeypatch):
+    """The kernels that touch the KV cache compile once per element type: a first run with another
+    --cache-type says so too."""
+    from kernels_cpu import compile_cache
+    monkeypatch.setattr(compile_cache, "_CACHE", tmp_path)
+    assert not compile_cache.kernels_compiled("q8_0")
+    compile_cache.mark_compiled("q8_0")
+    assert compile_cache.kernels_compiled("q8_0") and not compile_cache.kernels_compiled("f16")

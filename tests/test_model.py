@@ -1,6 +1,11 @@
 """Whole-model logits against transformers running the same GGUF in fp32 (an independent implementation)."""
+import dataclasses
+
 import numpy as np
 import pytest
+
+from runner import load as load_module
+from runner.backend import BackendError
 
 from .conftest import hf_logits_function
 
@@ -38,18 +43,27 @@ def test_decode_steps_match_prefill(smollm, hf_logits):
         assert np.abs(got - want[i]).max() < 0.05 * np.abs(want[i]).max()
 
 
-def test_half_precision_cache_stays_close(smollm, hf_logits):
-    """The f16 KV cache (the CLI's default, as llama.cpp's) against the same fp32 reference:
-    the exact tests above use the f32 cache; rounding keys and values may flip near-ties."""
+@pytest.mark.parametrize("kv_type, dtype", [("f16", np.float16), ("q8_0", np.int8)])
+def test_reduced_precision_caches_stay_close(smollm, hf_logits, kv_type, dtype):
+    """The f16 KV cache (the CLI's default, as llama.cpp's) and the q8_0 one against the same
+    fp32 reference: the exact tests above use the f32 cache; rounding keys and values may flip
+    near-ties."""
     ids, want = hf_logits
-    smollm.model.kv_type = "f16"
+    smollm.model.kv_type = kv_type
     try:
         cache = smollm.model.new_cache(256)
         got = smollm.model.forward(ids[:-8], cache, all_logits=True)
         decoded = [smollm.model.forward([t], cache) for t in ids[-8:]]
     finally:
         smollm.model.kv_type = "f32"
-    assert cache.keys[0].dtype == np.float16
+    assert cache.keys[0].dtype == dtype
     got = np.concatenate([got, decoded])
     assert np.mean(got.argmax(axis=1) == want.argmax(axis=1)) >= 0.95
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_a_q8_0_cache_needs_head_sizes_in_whole_blocks(smollm_path, monkeypatch):
+    read = load_module.read_params
+    monkeypatch.setattr(load_module, "read_params", lambda f: dataclasses.replace(read(f), head_dim=80))
+    with pytest.raises(BackendError, match=r"multiples of 32; this model's are 80 \(keys\) and 64"):
+        load_module.load_model(smollm_path, kv_type="q8_0")

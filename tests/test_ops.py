@@ -1,6 +1,8 @@
 """Norm, rotary embedding, attention, activation and helper kernels against plain numpy references."""
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
 from numba import njit
 
 from kernels_cpu.backend import CpuBackend
@@ -46,11 +48,11 @@ def test_rope(neox, n_rot):
         assert np.allclose(y, _rope_reference(x, positions, n_rot, 10000.0, neox, f), atol=2e-4)
 
 
-def attention_case(n_tok, kv_type):
+def attention_case(n_tok, kv_type, d=37):
     """Queries, keys (kv heads, dim, slots), values (kv heads, slots, dim) and positions of a
     grouped-query attention over slots out of position order, one of them empty (the keys and
     values as plain arrays: filled_cache puts them into a backend's cache)."""
-    n_head, n_kv, d, n_slots = 6, 2, 37, n_tok + 301  # odd sizes: vector tails, part of a key tile; two slot chunks
+    n_head, n_kv, n_slots = 6, 2, n_tok + 301  # odd sizes: vector tails, part of a key tile; two slot chunks
     q = rng.standard_normal((n_tok, n_head, d)).astype(np.float32)
     keys = rng.standard_normal((n_kv, d, n_slots)).astype(kv_type)
     values = rng.standard_normal((n_kv, n_slots, d)).astype(kv_type)
@@ -61,11 +63,11 @@ def attention_case(n_tok, kv_type):
     return q, keys, values, q_pos, k_pos
 
 
-def filled_cache(backend, keys, values, to_backend=lambda a: a):
-    """A backend's cache holding keys (kv heads, dim, slots) and values (kv heads, slots, dim),
-    through its store_kv."""
+def filled_cache(backend, keys, values, to_backend=lambda a: a, kv_type=None):
+    """A backend's cache (of kv_type, else the arrays' precision) holding keys (kv heads, dim,
+    slots) and values (kv heads, slots, dim), through its store_kv."""
     n_kv, d, n = keys.shape
-    kv_type = {np.float16: "f16", np.float32: "f32"}[keys.dtype.type]
+    kv_type = kv_type or {np.float16: "f16", np.float32: "f32"}[keys.dtype.type]
     cache_k, cache_v = backend.new_kv(n_kv, d, values.shape[2], n, kv_type)
     k, v = (to_backend(a.astype(np.float32)) for a in (keys.transpose(2, 0, 1), values.transpose(1, 0, 2)))
     backend.store_kv(cache_k, cache_v, np.arange(n, dtype=np.int64), k, v)
@@ -78,9 +80,29 @@ def filled_cache(backend, keys, values, to_backend=lambda a: a):
 @pytest.mark.parametrize("kv_type", [np.float16, np.float32])
 def test_attention_grouped_causal(window, softcap, n_tok, kv_type):
     q, keys, v, q_pos, k_pos = attention_case(n_tok, kv_type)
-    n_head, n_kv = q.shape[1], keys.shape[0]
     got = be.attention(q, *filled_cache(be, keys, v), q_pos, k_pos, 0.25, window, softcap)
-    k, v = keys.transpose(0, 2, 1).astype(np.float64), v.astype(np.float64)
+    _assert_attention(got, q, keys.transpose(0, 2, 1), v, q_pos, k_pos, window, softcap)
+
+
+@pytest.mark.parametrize("window", [0, 3])
+@pytest.mark.parametrize("n_tok", [1, 4, 20])
+@pytest.mark.parametrize("d", [32, 64])
+def test_attention_over_a_q8_0_cache(window, n_tok, d):
+    """The decode kernel and the BLAS path read the q8_0 blocks in place: the same attention as
+    over the keys and values those blocks hold (read_kv)."""
+    q, keys, v, q_pos, k_pos = attention_case(n_tok, np.float32, d)
+    cache = filled_cache(be, keys, v, kv_type="q8_0")
+    got = be.attention(q, *cache, q_pos, k_pos, 0.25, window, 2.0)
+    held_k, held_v = be.read_kv(*cache, len(k_pos))
+    assert 0 < np.abs(held_k - keys.transpose(2, 0, 1)).max() < 0.05  # (rounded, but not by much)
+    _assert_attention(got, q, held_k.transpose(1, 0, 2), held_v.transpose(1, 0, 2), q_pos, k_pos, window, 2.0)
+
+
+def _assert_attention(got, q, k, v, q_pos, k_pos, window, softcap):
+    """got against float64 attention with scale 0.25 over keys k and values v (kv heads, slots, dim)."""
+    n_tok, n_head = q.shape[:2]
+    n_kv = k.shape[0]
+    k, v = k.astype(np.float64), v.astype(np.float64)
     for t in range(n_tok):
         for h in range(n_head):
             g = h // (n_head // n_kv)
@@ -109,6 +131,31 @@ def test_store_kv_writes_the_slots(kv_type, slots):
     for got, want in ((got_k, k), (got_v, v)):
         assert np.array_equal(got[[7, slots - 1]], want.astype(rounded).astype(np.float32))
         assert not np.delete(got, [7, slots - 1], axis=0).any()
+
+
+@pytest.mark.parametrize("slots", [10, 40])
+def test_q8_0_cache_holds_llama_cpps_q8_0_blocks(slots):
+    """What store_kv writes into a q8_0 cache reads back as llama.cpp's reference quantizer's
+    blocks of the same rows (libgguf) hold, dequantized by gguf-py."""
+    libgguf = pytest.importorskip("libgguf")
+    n_kv, d = 3, 64
+    keys, values = be.new_kv(n_kv, d, d, slots, "q8_0")
+    k, v = ((rng.standard_normal((2, n_kv, d)) * 4).astype(np.float32) for _ in range(2))
+    k[0, 1, :32] = 0.0                      # a block of zeros (scale 0)
+    v[1, 0, :4] = [127.0, 2.5, -3.5, 0.5]  # scale 1 and halves: rounded away from zero, as C's roundf
+    v[1, 0, 4:32] = 0.0
+    be.store_kv(keys, values, np.array([7, slots - 1]), k, v)
+    got_k, got_v = be.read_kv(keys, values, slots)
+    for got, x in ((got_k, k), (got_v, v)):
+        blocks = np.ascontiguousarray(libgguf.quantize_rows(x.reshape(-1, d), int(GGMLQuantizationType.Q8_0)))
+        want = gguf_quants.dequantize(blocks.view(np.uint8), GGMLQuantizationType.Q8_0).reshape(x.shape)
+        assert np.array_equal(got[[7, slots - 1]], want)
+        assert not np.delete(got, [7, slots - 1], axis=0).any()
+
+
+def test_q8_0_cache_needs_whole_blocks():
+    with pytest.raises(ValueError, match="multiples of 32"):
+        be.new_kv(2, 48, 64, 16, "q8_0")
 
 
 def test_silu_mul():

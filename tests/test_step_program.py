@@ -30,14 +30,15 @@ def _assert_replay_is_exact(lm, prompt, n, replayable=True, **cache_args):
     assert np.array_equal(replayed, eager)
 
 
-@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+@pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0"])
 def test_smollm_replays_exactly(smollm_path, kv_type):
     lm = load_model(smollm_path, kv_type=kv_type)
     _assert_replay_is_exact(lm, [1, 504, 3458, 314], 24, n_ctx=64)
 
 
-def test_gemma_replays_exactly_past_the_sliding_window(gemma_path):
-    lm = load_model(gemma_path, kv_type="f16")
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_gemma_replays_exactly_past_the_sliding_window(gemma_path, kv_type):
+    lm = load_model(gemma_path, kv_type=kv_type)
     window = lm.params.sliding_window
     prompt = np.random.default_rng(0).integers(0, lm.params.vocab_size, window + 4).tolist()
     _assert_replay_is_exact(lm, prompt, 12, n_ctx=window + 32)

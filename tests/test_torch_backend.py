@@ -145,6 +145,11 @@ def test_a_model_too_big_for_the_device_says_what_it_needs(smollm_path, monkeypa
         load_model(smollm_path, device="torch-cpu", kv_type="f16", n_ctx=2048)
 
 
+def test_a_cache_type_the_backend_lacks_is_a_clear_error(smollm_path):
+    with pytest.raises(BackendError, match="torch-cpu backend keeps its KV cache as f32 or f16, not q8_0"):
+        load_model(smollm_path, device="torch-cpu", kv_type="q8_0")
+
+
 def test_weights_stay_quantized_on_the_device(smollm_path):
     lm = load_model(smollm_path, device=DEVICE)
     layer = lm.model.layers[0]
@@ -152,3 +157,4 @@ def test_weights_stay_quantized_on_the_device(smollm_path):
     assert w.raw.dtype == torch.uint8
     f = lm.file
     assert w.raw.numel() == f.tensors["blk.0.ffn_gate.weight"].nbytes  # ~4.5 bits per weight, as in the file
+

@@ -39,7 +39,7 @@ class Decoder:
     rope_neox = False       # rotary pairing: (i, i + d/2) when True, (2i, 2i + 1) when False
     embed_scale = False     # multiply embeddings by sqrt(hidden size)
     extra_attention_tensors: tuple[str, ...] = ()  # of "bq", "bk", "bv", "q_norm", "k_norm"
-    kv_type = "f32"         # KV cache precision of new caches: "f32" (exact) or "f16" (half the memory)
+    kv_type = "f32"         # KV cache precision of new caches: "f32" (exact), "f16" or "q8_0" (less memory)
 
     def __init__(self, params: ModelParams, weights: WeightLoader, backend):
         self.params, self.backend = params, backend

@@ -1,0 +1,160 @@
+"""How the KV cache holds keys and values, in each element type; writing tokens into it and reading
+it back as float32 (decode attention reads it in place: intrinsics.cache_product).
+
+Values are (kv heads, slots, dim); keys are tiled by slots, (kv heads, slots / KEY_TILE, dim,
+KEY_TILE), so that a query's scores run along slots in vector lanes and one slot's key is a few
+cache lines in one place (a plain (kv heads, dim, slots) array spreads it over `dim` pages: writing
+it and reading a block of slots then missed the TLB on every row).
+
+Element types, as llama.cpp's -ctk/-ctv name them:
+- f32, and f16 held as its uint16 bits (Numba has no float16);
+- q8_0: blocks of QBLOCK values along the head dimension as int8 with a float16 scale
+  d = max|x| / 127, quantized as llama.cpp's reference Q8_0 (34 bytes where float16 takes 64).
+  A q8_0 row (one slot's values, or one row of a key tile) holds its int8 first, where float
+  elements would be (dimension i at index i), and then its blocks' float16 scales as byte pairs:
+  value rows (dim + 2 * blocks) bytes, key tiles dim + 2 * blocks rows, of which rows dim + 2b and
+  dim + 2b + 1 hold block b's scales of the tile's KEY_TILE slots in slot order.
+"""
+import math
+
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
+from .intrinsics import QBLOCK, f16_bits, from_f32
+from .ir import LANES
+
+# Slots per key tile: one vector of scores (see cache_product).
+KEY_TILE = LANES
+# Bytes of a q8_0 block (of QBLOCK values) in the cache.
+QBLOCK_BYTES = QBLOCK + 2
+ELEMENTS = {"f32": np.float32, "f16": np.float16, "q8_0": np.int8}
+
+
+def new_cache(n_kv, key_dim, value_dim, slots, kv_type):
+    """Zeroed keys and values for `slots` slots of kv_type (keys get whole tiles); q8_0 needs
+    dims that are multiples of QBLOCK."""
+    tiles = -(-slots // KEY_TILE)
+    if kv_type == "q8_0":
+        if key_dim % QBLOCK or value_dim % QBLOCK:
+            raise ValueError(f"a q8_0 KV cache needs head sizes that are multiples of {QBLOCK}, "
+                             f"not {key_dim} and {value_dim}")
+        key_dim, value_dim = key_dim * QBLOCK_BYTES // QBLOCK, value_dim * QBLOCK_BYTES // QBLOCK
+    dtype = ELEMENTS[kv_type]
+    return np.zeros((n_kv, tiles, key_dim, KEY_TILE), dtype), np.zeros((n_kv, slots, value_dim), dtype)
+
+
+def as_kernel_array(cache):
+    """A cache array as the kernels take it: float16 as its uint16 bits, others as they are."""
+    return cache.view(np.uint16) if cache.dtype == np.float16 else cache
+
+
+def head_dims(keys, values):
+    """(key dim, value dim) that the cache arrays hold."""
+    if keys.dtype == np.int8:
+        return keys.shape[2] * QBLOCK // QBLOCK_BYTES, values.shape[2] * QBLOCK // QBLOCK_BYTES
+    return keys.shape[2], values.shape[2]
+
+
+def cached_rows(keys, values, n):
+    """Slots 0..n-1 of the cache as float32 (n, kv heads, dim) keys and values."""
+    return key_columns(keys, n).transpose(2, 0, 1), value_rows(values, n).transpose(1, 0, 2)
+
+
+def key_columns(keys, n):
+    """The keys of slots 0..n-1 as float32 (kv heads, dim, n), from the tiles that hold them."""
+    n_kv, _, width, _ = keys.shape
+    tiles = keys[:, :-(-n // KEY_TILE)]
+    if keys.dtype == np.int8:
+        dim = width * QBLOCK // QBLOCK_BYTES
+        # (kv, tiles, 2 * blocks, KEY_TILE) bytes -> (kv, tiles, blocks, KEY_TILE) float16 scales
+        scales = np.ascontiguousarray(tiles[:, :, dim:]).view(np.float16).reshape(n_kv, -1, dim // QBLOCK, KEY_TILE)
+        tiles = tiles[:, :, :dim] * np.repeat(scales.astype(np.float32), QBLOCK, axis=2)
+    tiles = tiles.astype(np.float32, copy=False)
+    return tiles.transpose(0, 2, 1, 3).reshape(n_kv, tiles.shape[2], -1)[:, :, :n]
+
+
+def value_rows(values, n):
+    """The values of slots 0..n-1 as float32 (kv heads, n, dim)."""
+    rows = values[:, :n]
+    if values.dtype == np.int8:
+        dim = values.shape[2] * QBLOCK // QBLOCK_BYTES
+        scales = np.ascontiguousarray(rows[:, :, dim:]).view(np.float16).astype(np.float32)
+        return rows[:, :, :dim] * np.repeat(scales, QBLOCK, axis=2)
+    return rows.astype(np.float32)
+
+
+@njit(cache=True)
+def store_kv(keys, values, slots, k, v):
+    """Write token t's k[t] (kv heads, dim) into slot slots[t] of the keys and its v[t] into the
+    values (kernel arrays: see as_kernel_array)."""
+    for t in range(slots.shape[0]):
+        s = slots[t]
+        for h in range(keys.shape[0]):
+            _store_key(keys[h, s // KEY_TILE], s % KEY_TILE, k[t, h])
+            _store_row(values[h, s], v[t, h])
+
+
+def _store_key(tile, j, x):
+    """Key x into column j of a key tile (dim rows, KEY_TILE)."""
+
+
+def _store_row(row, x):
+    """Value x into a value row."""
+
+
+@overload(_store_key)
+def _store_key_typed(tile, j, x):
+    if tile.dtype == types.int8:
+        def store_q8_0(tile, j, x):
+            dim = x.shape[0]
+            for b in range(dim // QBLOCK):
+                bits = _q8_0_block(x[b * QBLOCK:(b + 1) * QBLOCK], tile[b * QBLOCK:(b + 1) * QBLOCK, j])
+                _put_bits(tile[dim + 2 * b + j // 8], 2 * (j % 8), bits)
+        return store_q8_0
+
+    def store_float(tile, j, x):
+        for i in range(x.shape[0]):
+            tile[i, j] = from_f32(x[i], tile)
+    return store_float
+
+
+@overload(_store_row)
+def _store_row_typed(row, x):
+    if row.dtype == types.int8:
+        def store_q8_0(row, x):
+            dim = x.shape[0]
+            for b in range(dim // QBLOCK):
+                bits = _q8_0_block(x[b * QBLOCK:(b + 1) * QBLOCK], row[b * QBLOCK:(b + 1) * QBLOCK])
+                _put_bits(row, dim + 2 * b, bits)
+        return store_q8_0
+
+    def store_float(row, x):
+        for i in range(x.shape[0]):
+            row[i] = from_f32(x[i], row)
+    return store_float
+
+
+@njit(cache=True, inline="always")
+def _q8_0_block(x, ints):
+    """Quantize QBLOCK values x into ints (int8) as llama.cpp's quantize_row_q8_0_ref does; returns
+    the float16 bits of the scale d = max|x| / 127 (x ~ d * ints)."""
+    amax = np.float32(0.0)
+    for i in range(x.shape[0]):
+        amax = max(amax, abs(x[i]))
+    d = amax / np.float32(127.0)
+    inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+    for i in range(x.shape[0]):
+        y = x[i] * inv
+        # C's roundf (halves away from zero), exactly: + 1 when the fraction is at least 1/2
+        a = abs(y)
+        whole = math.floor(a)
+        r = whole + math.floor(np.float32(2.0) * (a - whole))
+        ints[i] = np.int8(r if y >= 0 else -r)
+    return f16_bits(d)
+
+
+@njit(cache=True, inline="always")
+def _put_bits(row, i, bits):
+    """float16 bits into row[i], row[i + 1] (int8), little-endian."""
+    row[i], row[i + 1] = np.int8(np.uint8(bits & 0xFF)), np.int8(np.uint8(bits >> 8))
