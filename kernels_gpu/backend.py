@@ -8,12 +8,11 @@ steps are replayed from CUDA graphs (step_graph.py).
 from __future__ import annotations
 
 import time
-from functools import partial
 
 import numpy as np
 import torch
 
-from . import ops
+from . import kv_layout, ops
 from .dequant import DEQUANTIZE
 from .matmul import Products, upload
 from .step_graph import replay_step
@@ -21,7 +20,7 @@ from .step_graph import replay_step
 
 class TorchBackend:
     supported_types = frozenset(DEQUANTIZE)
-    kv_types = ("f32", "f16")
+    kv_types = tuple(kv_layout.ELEMENTS)
 
     def __init__(self, device: str = "cuda", threads: int | None = None, compiled: bool | None = None,
                  graphs: bool | None = None):
@@ -83,15 +82,14 @@ class TorchBackend:
         ops.rope(x, self._tensor(positions), n_rot, base, pos_scale, neox, freq_factors)
 
     def new_kv(self, n_kv, key_dim, value_dim, slots, kv_type):
-        zeros = partial(torch.zeros, dtype={"f16": torch.float16, "f32": torch.float32}[kv_type], device=self.device)
-        return zeros((n_kv, key_dim, slots)), zeros((n_kv, slots, value_dim))
+        return kv_layout.new_kv(n_kv, key_dim, value_dim, slots, kv_type, self.device)
 
     def read_kv(self, keys, values, n):
-        return tuple(self.to_numpy(a.to(torch.float32)) for a in (keys[:, :, :n].permute(2, 0, 1),
-                                                                   values[:, :n].permute(1, 0, 2)))
+        return (self.to_numpy(kv_layout.keys_f32(keys, n).permute(2, 0, 1)),
+                self.to_numpy(kv_layout.values_f32(values, n).permute(1, 0, 2)))
 
     def store_kv(self, keys, values, slots, k, v):
-        ops.store_kv(keys, values, self._tensor(slots, np.int64), k, v)
+        kv_layout.store_kv(keys, values, self._tensor(slots, np.int64), k, v)
 
     def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap):
         return ops.attention(q, keys, values, self._tensor(q_pos), self._tensor(k_pos), scale, window, softcap)

@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from .kv_layout import keys_f32, values_f32
+
 
 def rms_norm(x, weight, eps: float):
     return x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps) * weight
@@ -33,15 +35,9 @@ def rope(x, positions, n_rot: int, base: float, pos_scale: float, neox: bool, fr
     b.copy_(a0 * sin + b * cos)
 
 
-def store_kv(keys, values, slots, k, v):
-    """k[t] (kv heads, dim) into keys[:, :, slots[t]] and v[t] into values[:, slots[t]]."""
-    keys.index_copy_(2, slots, k.permute(1, 2, 0).to(keys.dtype))
-    values.index_copy_(1, slots, v.permute(1, 0, 2).to(values.dtype))
-
-
 def attention(q, keys, values, q_pos, k_pos, scale: float, window: int, softcap: float):
     """Causal grouped-query attention of q (T, heads, dim) over the first len(k_pos) slots of
-    keys (kv heads, dim, slots) and values (kv heads, slots, dim); slot s holds position
+    keys (kv heads, dim, slots) and values (kv heads, slots, dim) as kv_layout.py holds them; slot s holds position
     k_pos[s] (-1: empty). A query sees 0 <= k_pos <= its position, and with a sliding window
     only positions less than `window` behind it. Returns (T, heads, value dim)."""
     n_tokens, n_head, dim = q.shape
@@ -49,7 +45,7 @@ def attention(q, keys, values, q_pos, k_pos, scale: float, window: int, softcap:
     group = n_head // n_kv
     # (kv heads, group x tokens, dim): the queries sharing a KV head form one batched product
     qg = q.reshape(n_tokens, n_kv, group, dim).permute(1, 2, 0, 3).reshape(n_kv, group * n_tokens, dim)
-    scores = torch.bmm(qg * scale, keys[:, :, :n].to(torch.float32))
+    scores = torch.bmm(qg * scale, keys_f32(keys, n))
     if softcap > 0:
         scores = torch.tanh(scores / softcap) * softcap
     qp, kp = q_pos[:, None].to(torch.int64), k_pos[None, :].to(torch.int64)
@@ -59,7 +55,7 @@ def attention(q, keys, values, q_pos, k_pos, scale: float, window: int, softcap:
     scores = scores.reshape(n_kv, group, n_tokens, n).masked_fill(~visible, -math.inf)
     # a query that sees nothing (never the case in a model) gets zeros rather than NaNs
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0).reshape(n_kv, group * n_tokens, n)
-    out = torch.bmm(probs, values[:, :n].to(torch.float32))
+    out = torch.bmm(probs, values_f32(values, n))
     return out.reshape(n_kv, group, n_tokens, -1).permute(2, 0, 1, 3).reshape(n_tokens, n_head, -1)
 
 

@@ -53,7 +53,7 @@ threads_option = click.option("-t", "--threads", type=click.IntRange(1), help="C
 kv_type_option = click.option("--cache-type", "kv_type", default="f16", show_default=True,
                               type=click.Choice(["f16", "f32", "q8_0"]),
                               help="KV cache precision, as llama.cpp's -ctk/-ctv (f32: exact, twice the memory; "
-                                   "q8_0: 8-bit blocks, about half, CPU only).")
+                                   "q8_0: 8-bit blocks, about half).")
 device_option = click.option("--device", default="auto", show_default=True, type=click.Choice(DEVICES),
                              help="cpu (Numba), cuda (an NVIDIA GPU through torch), or auto: cuda when "
                                   "available. torch-cpu runs the GPU kernels on the CPU (for testing).")

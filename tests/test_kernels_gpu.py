@@ -135,9 +135,9 @@ def test_rope_matches_numba():
         assert np.allclose(_np(got), want, atol=1e-5), (neox, n_rot)
 
 
-@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+@pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0"])
 def test_store_kv_matches_numba(kv_type):
-    n_kv, d, slots_n = 2, 8, 10
+    n_kv, d, slots_n = 2, 64 if kv_type == "q8_0" else 8, 10
     k = rng.standard_normal((3, n_kv, d)).astype(np.float32)
     v = rng.standard_normal((3, n_kv, d)).astype(np.float32)
     slots = np.array([4, 0, 9], dtype=np.int64)
@@ -152,16 +152,18 @@ def test_store_kv_matches_numba(kv_type):
 @pytest.mark.parametrize("window", [0, 3])
 @pytest.mark.parametrize("softcap", [0.0, 2.0])
 @pytest.mark.parametrize("n_tok", [1, 20])
-@pytest.mark.parametrize("kv_type", [np.float16, np.float32])
+@pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0"])
 def test_attention_matches_numba(window, softcap, n_tok, kv_type):
-    q, keys, values, q_pos, k_pos = attention_case(n_tok, kv_type)
-    want = cpu.attention(q, *filled_cache(cpu, keys, values), q_pos, k_pos, 0.3, window, softcap)
+    dtype = np.float16 if kv_type == "f16" else np.float32
+    q, keys, values, q_pos, k_pos = attention_case(n_tok, dtype, 64 if kv_type == "q8_0" else 37)
+    want = cpu.attention(q, *filled_cache(cpu, keys, values, kv_type=kv_type), q_pos, k_pos, 0.3, window, softcap)
     # slots past the ones attention is told to read (graph padding) must not count
     n_kv, d = keys.shape[:2]
     padded = np.concatenate([k_pos, np.full(5, -1, np.int32)])
-    keys_p = np.concatenate([keys, np.full((n_kv, d, 5), 9.0, kv_type)], axis=2)
-    values_p = np.concatenate([values, np.full((n_kv, 5, d), 9.0, kv_type)], axis=1)
-    got = be.attention(_t(q), *filled_cache(be, keys_p, values_p, _t), _t(q_pos), _t(padded), 0.3, window, softcap)
+    keys_p = np.concatenate([keys, np.full((n_kv, d, 5), 9.0, dtype)], axis=2)
+    values_p = np.concatenate([values, np.full((n_kv, 5, d), 9.0, dtype)], axis=1)
+    cache = filled_cache(be, keys_p, values_p, _t, kv_type=kv_type)
+    got = be.attention(_t(q), *cache, _t(q_pos), _t(padded), 0.3, window, softcap)
     assert np.allclose(_np(got), want, atol=2e-5)
 
 
