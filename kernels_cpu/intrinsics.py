@@ -106,11 +106,11 @@ QUERIES_TOGETHER = 4
 def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
     """out[g, c] = sum_r a[g, r] * C[kv, row_first + r, col_first + c] for g < len(a),
     r < a.shape[1], c < out.shape[1]: a small matrix product against a block of a KV cache C of
-    float32, float16 bits (uint16) or q8_0 (int8 with float16 scales, as kv_layout.py lays them out);
-    a and out are C-contiguous float32. C is either the array
-    itself (kv heads, rows, columns), contiguous along columns, or, for a 4-d array, tiled by
-    columns: (kv heads, columns / LANES, rows, LANES), where col_first must be a multiple of LANES.
-    Callers guarantee the bounds. Attention uses it twice: scores are queries times keys (tiled:
+    float32, float16 bits (uint16) or q8_0 (int8 and float16 scales as kv_layout.py lays them out,
+    applied here); a and out are C-contiguous float32. C is either the array itself (kv heads,
+    rows, columns), contiguous along columns, or, for a 4-d array, tiled by columns: (kv heads,
+    columns / LANES, rows, LANES), where col_first must be a multiple of LANES (and, for q8_0,
+    the rows whole blocks). Callers guarantee the bounds. Attention uses it twice: scores are queries times keys (tiled:
     kv heads, dim, slots), outputs are weights times values (kv heads, slots, dim).
 
     Register-blocked: 64 columns of QUERIES_TOGETHER rows of a in 16-lane accumulators run down all
