@@ -50,7 +50,7 @@ def sampling_options(f):
         f = option(f)
     return f
 threads_option = click.option("-t", "--threads", type=click.IntRange(1), help="CPU threads (default: all cores).")
-kv_type_option = click.option("--cache-type", "kv_type", default="f16", show_default=True,
+kv_type_option = click.option("--cache-type", "--kv-type", "kv_type", default="f16", show_default=True,
                               type=click.Choice(["f16", "f32", "q8_0"]),
                               help="KV cache precision, as llama.cpp's -ctk/-ctv (f32: exact, twice the memory; "
                                    "q8_0: 8-bit blocks, about half).")
@@ -190,7 +190,7 @@ def tokenize(model, text, as_json, no_special):
 @click.option("--ctx", type=click.IntRange(1), help="Context length for --fit (default: min(trained, 4096)).")
 @click.option("--mem", help="Memory budget for --fit, e.g. 8G: prints the longest context that fits.")
 @click.option("--users", default=1, show_default=True, type=click.IntRange(1), help="Concurrent sequences.")
-@click.option("--kv-type", default="f16", show_default=True, type=click.Choice(["f16", "q8_0", "f32"]))
+@kv_type_option
 def info(model, fit, ctx, mem, users, kv_type):
     """Architecture, hyperparameters, tensor types, size and bits per weight of MODEL."""
     from gguf_io import GGUFFile, read_params

@@ -56,6 +56,8 @@ def test_tokenize_and_info(smollm_path):
     assert json.loads(r.stdout) == {"ids": [19556, 905], "pieces": ["Hello", " world"]}
     r = ggrun("info", smollm_path)
     assert r.returncode == 0 and "llama" in r.stdout and "Q4_1" in r.stdout and "bits per weight" in r.stdout
+    r = ggrun("info", smollm_path, "--fit", "--cache-type", "q8_0")  # (3 KV heads x (64 + 64) x 34 / 32 bytes)
+    assert r.returncode == 0 and "KV cache (q8_0): 408 bytes per token per layer" in r.stdout
 
 
 def test_unknown_architecture_and_type_are_refused(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 
 from convert.convert import requantize
 from gguf_io import GGUFFile, read_params
-from runner.load import ARCHITECTURES, load_model
+from runner.load import ARCHITECTURES, load_model, memory_fit
 from runner.memory_fit import MemoryFit, parse_size
 from runner.perplexity import compare_to_base, load_base, perplexity, save_logits
 
@@ -104,6 +104,13 @@ def test_fit_figures_by_hand(smollm_path, gemma_path):
     assert gfit.kv_bytes(300) == 18 * 300 * per_layer
     assert gfit.max_context(10**12) == 32768
     assert parse_size("8G") == 8 * 2**30 and parse_size("512MiB") == 512 * 2**20
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
+def test_fit_counts_the_cache_the_cpu_backend_allocates(smollm_path, kv_type):
+    lm = load_model(smollm_path, kv_type=kv_type)
+    cache = lm.model.new_cache(256)
+    assert sum(a.nbytes for a in cache.keys + cache.values) == memory_fit(lm.file, lm.params, kv_type).kv_bytes(256)
 
 
 def test_fit_command(gemma_path):
