@@ -3,6 +3,7 @@
 exp (Numba calls libm's, one element at a time) and float16 conversions: Numba has no float16
 type, so a float16 KV cache (llama.cpp's default) is held as uint16 bits.
 """
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -95,8 +96,8 @@ def pointer_at(typingctx, address, dtype):
 # (tiled keys tile by tile, values row by row). Attention over 2048 slots of SmolLM2 took ~15%
 # less time in a decode step than with no prefetch; 16 KiB ahead measured the same.
 PREFETCH_BYTES = 4096
-# Values per block of a q8_0 KV cache (kv_layout.py), whose scales cache_product applies.
-QBLOCK = 32
+# Values and bytes per block of a q8_0 KV cache (kv_layout.py), whose scales cache_product applies.
+QBLOCK, QBLOCK_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0]
 # Rows of `a` (queries of one KV head) per pass of cache_product: 4 x 4 accumulators, 4 cache
 # vectors and 4 broadcast weights fit AVX-512's 32 registers.
 QUERIES_TOGETHER = 4
@@ -143,7 +144,7 @@ def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
         align = 1 if element == I8 else 2
         # q8_0 (kv_layout.py): `dim` int8 rows (keys) or columns (values), then float16 scales
         qblock = ir.Constant(I64, QBLOCK)
-        dim = b.udiv(b.mul(array_shape(context, b, cache_type, cache_v)[2], qblock), ir.Constant(I64, QBLOCK + 2))
+        dim = b.udiv(b.mul(array_shape(context, b, cache_type, cache_v)[2], qblock), ir.Constant(I64, QBLOCK_BYTES))
 
         def key_scales(r, c):
             """The LANES slots' scales (from c) of the block holding row row_first + r of a key tile."""

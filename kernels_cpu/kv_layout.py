@@ -21,13 +21,11 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from .intrinsics import QBLOCK, f16_bits, from_f32
+from .intrinsics import QBLOCK, QBLOCK_BYTES, f16_bits, from_f32
 from .ir import LANES
 
 # Slots per key tile: one vector of scores (see cache_product).
 KEY_TILE = LANES
-# Bytes of a q8_0 block (of QBLOCK values) in the cache.
-QBLOCK_BYTES = QBLOCK + 2
 ELEMENTS = {"f32": np.float32, "f16": np.float16, "q8_0": np.int8}
 
 

@@ -11,8 +11,9 @@ that need no host round trip (a CUDA graph can hold them).
 from __future__ import annotations
 
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-QBLOCK = 32
+QBLOCK, QBLOCK_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0]
 ELEMENTS = {"f32": torch.float32, "f16": torch.float16, "q8_0": torch.int8}
 
 
@@ -45,7 +46,7 @@ def values_f32(values, n: int):
 
 
 def _stored(dim: int) -> int:
-    return dim + 2 * (dim // QBLOCK)
+    return dim // QBLOCK * QBLOCK_BYTES
 
 
 def _quantize(x):
@@ -66,7 +67,7 @@ def _quantize(x):
 def _dequantize(stored, axis: int):
     """int8 blocks and their scales along `axis` (see _quantize) -> float32 values."""
     stored = stored.movedim(axis, -1)
-    dim = stored.shape[-1] * QBLOCK // (QBLOCK + 2)
+    dim = stored.shape[-1] * QBLOCK // QBLOCK_BYTES
     scale_bytes = stored[..., dim:].to(torch.int32) & 0xFF
     bits = (scale_bytes[..., 0::2] | (scale_bytes[..., 1::2] << 8)).to(torch.int16)
     scales = bits.view(torch.float16).to(torch.float32)
