@@ -10,7 +10,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
-from kernels_cpu.blocks import F16_TABLE
+from kernels_cpu.blocks import F16_TABLE, quantize_q8_0
 
 F32 = np.float32
 GROUP_MAX_EPS = F32(1e-15)
@@ -56,14 +56,6 @@ def _put_f16(out, at, f):
 @njit(cache=True, inline="always")
 def _nearest_int(f):
     return np.int32(np.rint(f))  # llama.cpp's +12582912 trick is round-to-nearest-even
-
-
-@njit(cache=True, inline="always")
-def _roundf(f):
-    t = np.trunc(f)
-    if abs(f - t) >= F32(0.5):
-        t += F32(1.0) if f > 0 else F32(-1.0)
-    return np.int32(t)
 
 
 # ---- 32-weight blocks ----------------------------------------------------------------------
@@ -159,14 +151,7 @@ def _q5_1(x, out):
 
 @njit(cache=True)
 def _q8_0(x, out):
-    amax = F32(0.0)
-    for v in x:
-        amax = max(amax, abs(v))
-    d = amax / F32(127.0)
-    inv = F32(1.0) / d if d != 0 else F32(0.0)
-    _put_f16(out, 0, d)
-    for j in range(32):
-        out[2 + j] = np.uint8(_roundf(x[j] * inv) & 0xFF)
+    _put_f16(out, 0, quantize_q8_0(x, out[2:34]))
 
 
 # ---- K-quant helpers (make_qx_quants, make_q3_quants, make_qkx2_quants) -----------------------

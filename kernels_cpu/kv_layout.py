@@ -15,12 +15,11 @@ Element types, as llama.cpp's -ctk/-ctv name them:
   value rows (dim + 2 * blocks) bytes, key tiles dim + 2 * blocks rows, of which rows dim + 2b and
   dim + 2b + 1 hold block b's scales of the tile's KEY_TILE slots in slot order.
 """
-import math
-
 import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
+from .blocks import quantize_q8_0
 from .intrinsics import QBLOCK, QBLOCK_BYTES, f16_bits, from_f32
 from .ir import LANES
 
@@ -49,9 +48,13 @@ def as_kernel_array(cache):
 
 def head_dims(keys, values):
     """(key dim, value dim) that the cache arrays hold."""
-    if keys.dtype == np.int8:
-        return keys.shape[2] * QBLOCK // QBLOCK_BYTES, values.shape[2] * QBLOCK // QBLOCK_BYTES
-    return keys.shape[2], values.shape[2]
+    return _held_dim(keys), _held_dim(values)
+
+
+def _held_dim(cache):
+    """The head dimension of a cache array (its axis 2: dims, or q8_0 blocks and their scales)."""
+    width = cache.shape[2]
+    return width * QBLOCK // QBLOCK_BYTES if cache.dtype == np.int8 else width
 
 
 def cached_rows(keys, values, n):
@@ -61,22 +64,21 @@ def cached_rows(keys, values, n):
 
 def key_columns(keys, n):
     """The keys of slots 0..n-1 as float32 (kv heads, dim, n), from the tiles that hold them."""
-    n_kv, _, width, _ = keys.shape
+    n_kv, dim = keys.shape[0], _held_dim(keys)
     tiles = keys[:, :-(-n // KEY_TILE)]
     if keys.dtype == np.int8:
-        dim = width * QBLOCK // QBLOCK_BYTES
         # (kv, tiles, 2 * blocks, KEY_TILE) bytes -> (kv, tiles, blocks, KEY_TILE) float16 scales
         scales = np.ascontiguousarray(tiles[:, :, dim:]).view(np.float16).reshape(n_kv, -1, dim // QBLOCK, KEY_TILE)
         tiles = tiles[:, :, :dim] * np.repeat(scales.astype(np.float32), QBLOCK, axis=2)
     tiles = tiles.astype(np.float32, copy=False)
-    return tiles.transpose(0, 2, 1, 3).reshape(n_kv, tiles.shape[2], -1)[:, :, :n]
+    return tiles.transpose(0, 2, 1, 3).reshape(n_kv, dim, -1)[:, :, :n]
 
 
 def value_rows(values, n):
     """The values of slots 0..n-1 as float32 (kv heads, n, dim)."""
     rows = values[:, :n]
     if values.dtype == np.int8:
-        dim = values.shape[2] * QBLOCK // QBLOCK_BYTES
+        dim = _held_dim(values)
         scales = np.ascontiguousarray(rows[:, :, dim:]).view(np.float16).astype(np.float32)
         return rows[:, :, :dim] * np.repeat(scales, QBLOCK, axis=2)
     return rows.astype(np.float32)
@@ -107,8 +109,8 @@ def _store_key_typed(tile, j, x):
         def store_q8_0(tile, j, x):
             dim = x.shape[0]
             for b in range(dim // QBLOCK):
-                bits = _q8_0_block(x[b * QBLOCK:(b + 1) * QBLOCK], tile[b * QBLOCK:(b + 1) * QBLOCK, j])
-                _put_bits(tile[dim + 2 * b + j // 8], 2 * (j % 8), bits)
+                d = quantize_q8_0(x[b * QBLOCK:(b + 1) * QBLOCK], tile[b * QBLOCK:(b + 1) * QBLOCK, j])
+                _put_bits(tile[dim + 2 * b + j // 8], 2 * (j % 8), f16_bits(d))
         return store_q8_0
 
     def store_float(tile, j, x):
@@ -123,33 +125,14 @@ def _store_row_typed(row, x):
         def store_q8_0(row, x):
             dim = x.shape[0]
             for b in range(dim // QBLOCK):
-                bits = _q8_0_block(x[b * QBLOCK:(b + 1) * QBLOCK], row[b * QBLOCK:(b + 1) * QBLOCK])
-                _put_bits(row, dim + 2 * b, bits)
+                d = quantize_q8_0(x[b * QBLOCK:(b + 1) * QBLOCK], row[b * QBLOCK:(b + 1) * QBLOCK])
+                _put_bits(row, dim + 2 * b, f16_bits(d))
         return store_q8_0
 
     def store_float(row, x):
         for i in range(x.shape[0]):
             row[i] = from_f32(x[i], row)
     return store_float
-
-
-@njit(cache=True, inline="always")
-def _q8_0_block(x, ints):
-    """Quantize QBLOCK values x into ints (int8) as llama.cpp's quantize_row_q8_0_ref does; returns
-    the float16 bits of the scale d = max|x| / 127 (x ~ d * ints)."""
-    amax = np.float32(0.0)
-    for i in range(x.shape[0]):
-        amax = max(amax, abs(x[i]))
-    d = amax / np.float32(127.0)
-    inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-    for i in range(x.shape[0]):
-        y = x[i] * inv
-        # C's roundf (halves away from zero), exactly: + 1 when the fraction is at least 1/2
-        a = abs(y)
-        whole = math.floor(a)
-        r = whole + math.floor(np.float32(2.0) * (a - whole))
-        ints[i] = np.int8(r if y >= 0 else -r)
-    return f16_bits(d)
 
 
 @njit(cache=True, inline="always")

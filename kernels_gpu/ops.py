@@ -37,8 +37,8 @@ def rope(x, positions, n_rot: int, base: float, pos_scale: float, neox: bool, fr
 
 def attention(q, keys, values, q_pos, k_pos, scale: float, window: int, softcap: float):
     """Causal grouped-query attention of q (T, heads, dim) over the first len(k_pos) slots of
-    keys (kv heads, dim, slots) and values (kv heads, slots, dim) as kv_layout.py holds them; slot s holds position
-    k_pos[s] (-1: empty). A query sees 0 <= k_pos <= its position, and with a sliding window
+    keys (kv heads, dim, slots) and values (kv heads, slots, dim), as kv_layout.py holds them;
+    slot s holds position k_pos[s] (-1: empty). A query sees 0 <= k_pos <= its position, and with a sliding window
     only positions less than `window` behind it. Returns (T, heads, value dim)."""
     n_tokens, n_head, dim = q.shape
     n_kv, n = keys.shape[0], k_pos.shape[0]

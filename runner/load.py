@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
 from gguf_io import GGUFError, GGUFFile, ModelParams, read_params, read_vocab
 
 from .backend import BackendError, make_backend
@@ -52,8 +54,9 @@ def _check_kv_type(params: ModelParams, backend, kv_type: str) -> None:
     if kv_type not in backend.kv_types:
         raise BackendError(f"the {backend.name} backend keeps its KV cache as {' or '.join(backend.kv_types)}, "
                            f"not {kv_type}")
-    if kv_type == "q8_0" and (params.head_dim % 32 or params.value_dim % 32):
-        raise BackendError(f"a q8_0 KV cache needs head sizes that are multiples of 32; this model's are "
+    block = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0][0]
+    if kv_type == "q8_0" and (params.head_dim % block or params.value_dim % block):
+        raise BackendError(f"a q8_0 KV cache needs head sizes that are multiples of {block}; this model's are "
                            f"{params.head_dim} (keys) and {params.value_dim} (values): use f16")
 
 
