@@ -231,15 +231,16 @@ class _Stack:
 def _tasks(matrices, first_columns):
     """products' tasks: (matrix, first row, first output column) of ROWS rows each, the last
     one of a matrix overlapping its predecessor when ROWS does not divide the rows (they write the
-    same values); and the rows of matrices shorter than ROWS, one by one."""
+    same values); and the rows of matrices shorter than ROWS, one by one. (numpy, not a Python
+    loop per task: a vocabulary's output matrix alone has tens of thousands of tasks, and building
+    them in Python cost the first decode step 0.03-0.04 s of a run's start-up.)"""
     tasks, single_rows = [], []
     for i, (m, col) in enumerate(zip(matrices, first_columns)):
         n = m.shape[0]
-        if n < ROWS:
-            single_rows += [(i, row, col + row) for row in range(n)]
-        else:
-            tasks += [(i, min(row, n - ROWS), col + min(row, n - ROWS)) for row in range(0, n, ROWS)]
-    return tuple(np.array(t, dtype=np.int64).reshape(-1, 3) for t in (tasks, single_rows))
+        rows = np.arange(n) if n < ROWS else np.minimum(np.arange(0, n, ROWS), n - ROWS)
+        (single_rows if n < ROWS else tasks).append(np.stack([np.full_like(rows, i), rows, col + rows], axis=1))
+    return tuple(np.concatenate(t).astype(np.int64) if t else np.empty((0, 3), np.int64)
+                 for t in (tasks, single_rows))
 
 
 def stacked(matrices) -> _Stack:

@@ -67,30 +67,35 @@ def main():
 
 def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None):
     """The model, with its kernels loaded from Numba's cache (or compiled, the first time) by one
-    throw-away decode step, so that no later step pays for that. On CUDA that step compiles the
-    fused products (torch.compile keeps them in its own cache)."""
+    throw-away decode step, so that the prompt does not pay for that. On CUDA that step compiles
+    the fused products (torch.compile keeps them in its own cache)."""
     from .backend import resolve_device
     from .load import load_model
     from .registry import resolve
-    from .startup import StartupTimes
+    from .startup import StartupTimes, paused_gc
     times = times or StartupTimes()
     path = resolve(model)
     device = resolve_device(device)
     if device == "cpu":
-        from kernels_cpu.backend import CpuBackend  # noqa: F401  (Numba: the bulk of the imports)
-        from kernels_cpu.compile_cache import kernels_compiled
+        from kernels_cpu.compile_cache import kernels_compiled  # (imports no Numba)
         compile_message = (None if kernels_compiled(kv_type)
                            else "compiling the Numba kernels (first run only, under a minute")
     else:
         compile_message = "compiling the GPU kernels (the first run takes a few minutes" if device == "cuda" else None
-    times.mark("imports")
-    lm = load_model(path, device=device, threads=threads, kv_type=kv_type, n_ctx=n_ctx)
-    times.mark("file mapping and model")
-    token = max(lm.tokenizer.vocab.bos_id, 0)
-    if compile_message:
-        click.echo(f"{compile_message}; cached for later runs)...", err=True)
-        lm.model.forward([token] * 9, lm.model.new_cache(16))  # the prefill kernels too, while at it
-    lm.model.forward([token], lm.model.new_cache(16))
+    # A warm start makes ~10^5 objects that live as long as the process (Numba's registries and
+    # kernels, the vocabulary) and little garbage, and the collector's passes over them cost it
+    # ~0.1 s; a compile makes garbage, so the collector runs then.
+    with paused_gc(compile_message is None):
+        if device == "cpu":
+            from kernels_cpu.backend import CpuBackend  # noqa: F401  (Numba: the bulk of the imports)
+        times.mark("imports")
+        lm = load_model(path, device=device, threads=threads, kv_type=kv_type, n_ctx=n_ctx)
+        times.mark("file mapping and model")
+        token = max(lm.tokenizer.vocab.bos_id, 0)
+        if compile_message:
+            click.echo(f"{compile_message}; cached for later runs)...", err=True)
+            lm.model.forward([token] * 9, lm.model.new_cache(16))  # the prefill kernels too, while at it
+        lm.model.forward([token], lm.model.new_cache(16))
     if compile_message and device == "cpu":
         from kernels_cpu.compile_cache import mark_compiled
         mark_compiled(kv_type)

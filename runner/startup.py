@@ -1,8 +1,10 @@
 """Where the time before the first generated token goes (`ggrun run --timings`)."""
 from __future__ import annotations
 
+import gc
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 
@@ -36,3 +38,16 @@ class StartupTimes:
     def line(self) -> str:
         parts = " · ".join(f"{name} {seconds:.3f} s" for name, seconds in self.stages.items())
         return f"startup: {parts} · first token at {sum(self.stages.values()):.3f} s"
+
+
+@contextmanager
+def paused_gc(pause: bool = True):
+    """Python's cyclic garbage collector off inside the block (when pause), as it was after."""
+    was_enabled = gc.isenabled()
+    if pause:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

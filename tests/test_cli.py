@@ -112,6 +112,26 @@ def test_run_timings_break_down_the_start_up(smollm_path):
                                                       abs=2e-3)
 
 
+def test_paused_gc_gives_the_collector_back_as_it_was():
+    """A warm start loads with the garbage collector paused (runner/cli.py _load); whatever
+    happens inside, it comes back as it was, and stays off for a caller who had it off."""
+    import gc
+    from runner.startup import paused_gc
+    with pytest.raises(RuntimeError), paused_gc():
+        assert not gc.isenabled()
+        raise RuntimeError
+    assert gc.isenabled()
+    with paused_gc(False):
+        assert gc.isenabled()
+    gc.disable()
+    try:
+        with paused_gc():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_bench_refuses_a_bad_depth(smollm_path):
     r = ggrun("bench", smollm_path, "-d", "16,x")
     assert r.returncode == 2 and "comma-separated non-negative integers" in r.stderr
