@@ -1,22 +1,39 @@
-"""Keeping Numba's on-disk cache of this package's kernels consistent with their sources.
+"""Keeping Numba's on-disk cache of ggrun's kernels consistent with their sources.
 
-Numba checks a cached function only against its own file, but kernels here inline functions from
-other files (matmul.py inlines rowdot.py's IR); a change to rowdot.py alone would leave matmul.py's
-cached machine code stale. So the whole package's cache is dropped when any source changes.
+Numba checks a cached function only against its own file, but kernels inline functions from
+other files (matmul.py inlines rowdot.py's IR; convert/quants.py calls blocks.py's Q8_0
+quantizer); a change to rowdot.py or blocks.py alone would leave the callers' cached machine code
+stale, after an upgrade as after an edit. So the caches of every package with Numba kernels are
+dropped together when any of their sources changes.
 """
 import hashlib
+import os
 from pathlib import Path
 
 _PACKAGE = Path(__file__).parent
+# the packages whose kernels are cached, and so guarded
+_GUARDED = (_PACKAGE, _PACKAGE.parent / "convert")
 _CACHE = _PACKAGE / "__pycache__"
 _STAMP = _CACHE / "ggrun-kernels.sha256"
 
 
 def _sources_digest() -> str:
     h = hashlib.sha256()
-    for path in sorted(_PACKAGE.glob("*.py")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for package in _GUARDED:
+        for path in sorted(package.glob("*.py")):
+            h.update(package.name.encode() + b"/" + path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
+
+
+def _cache_dirs(package: Path) -> list[Path]:
+    """Where Numba may keep a package's cache: its __pycache__ and, with NUMBA_CACHE_DIR set,
+    the directory Numba names for it there."""
+    dirs = [package / "__pycache__"]
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        from numba.core.caching import _CacheLocator  # (only after a change: Numba compiles next anyway)
+        subpath = _CacheLocator.get_suitable_cache_subpath(str(package / "__init__.py"))
+        dirs.append(Path(os.environ["NUMBA_CACHE_DIR"]) / subpath)
+    return dirs
 
 
 def drop_stale_cache() -> None:
@@ -26,7 +43,10 @@ def drop_stale_cache() -> None:
             return
     except OSError:
         pass
-    for path in list(_CACHE.glob("*.nbi")) + list(_CACHE.glob("*.nbc")) + list(_CACHE.glob("ggrun-compiled-*")):
+    for cache in (cache for package in _GUARDED for cache in _cache_dirs(package)):
+        for path in list(cache.glob("*.nbi")) + list(cache.glob("*.nbc")):
+            path.unlink(missing_ok=True)
+    for path in _CACHE.glob("ggrun-compiled-*"):
         path.unlink(missing_ok=True)
     try:
         _CACHE.mkdir(exist_ok=True)
