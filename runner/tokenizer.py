@@ -9,7 +9,6 @@ from __future__ import annotations
 import codecs
 import heapq
 
-import regex
 from gguf import TokenType
 
 from gguf_io import GGUFError, Vocab
@@ -70,13 +69,47 @@ def _merge_greedy(symbols: list[str], pair_priority) -> list[str]:
     return [s for s in symbols if s]
 
 
+class SpecialTokens:
+    """Finds the texts of special tokens in a text, left to right, the longest one at each
+    position: a trie walked from the characters that can start one. (Gemma 3 has 6414 special
+    tokens, most of them HTML tags; as one regex alternation they took 0.1-0.4 s of start-up to
+    compile and ~8 µs per character of text to match.)"""
+
+    def __init__(self, texts):
+        self._trie: dict = {}
+        for text in texts:
+            if text:
+                node = self._trie
+                for ch in text:
+                    node = node.setdefault(ch, {})
+                node[""] = True  # a token ends here (no character is "")
+
+    def split(self, text: str):
+        """(fragment, is_special) for the pieces of text in order."""
+        root, n = self._trie, len(text)
+        start = i = 0
+        while i < n:
+            node, end, j = root, 0, i
+            while j < n and (node := node.get(text[j])) is not None:
+                j += 1
+                if "" in node:
+                    end = j
+            if not end:
+                i += 1
+                continue
+            if i > start:
+                yield text[start:i], False
+            yield text[i:end], True
+            start = i = end
+        if start < n:
+            yield text[start:], False
+
+
 class Tokenizer:
     def __init__(self, vocab: Vocab):
         self.vocab = vocab
         self.token_to_id = {t: i for i, t in enumerate(vocab.tokens)}
-        specials = sorted((vocab.tokens[i] for i in vocab.special_ids() if vocab.tokens[i]),
-                          key=len, reverse=True)
-        self._special_re = regex.compile("|".join(regex.escape(s) for s in specials)) if specials else None
+        self._specials = SpecialTokens(vocab.tokens[i] for i in vocab.special_ids())
         self._cache: dict[str, list[int]] = {}
         if vocab.model == "gpt2":
             pre = canonical_name(vocab.pre)
@@ -98,7 +131,7 @@ class Tokenizer:
         if add_special and v.add_bos and v.bos_id >= 0:
             ids.append(v.bos_id)
         prev_special = True
-        for fragment, is_special in self._split_specials(text):
+        for fragment, is_special in self._specials.split(text):
             if is_special:
                 ids.append(self.token_to_id[fragment])
             elif v.model == "gpt2":
@@ -110,17 +143,6 @@ class Tokenizer:
         if add_special and v.add_eos and v.eos_id >= 0:
             ids.append(v.eos_id)
         return ids
-
-    def _split_specials(self, text: str):
-        start = 0
-        if self._special_re is not None:
-            for m in self._special_re.finditer(text):
-                if m.start() > start:
-                    yield text[start:m.start()], False
-                yield m.group(), True
-                start = m.end()
-        if start < len(text):
-            yield text[start:], False
 
     def _bpe_piece(self, piece: str) -> list[int]:
         cached = self._cache.get(piece)

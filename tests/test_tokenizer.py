@@ -54,3 +54,47 @@ def test_sentencepiece_matches_reference(gemma_tokenizers):
     assert ours.vocab.model == "llama"
     mismatches = [(s, ours.encode(s), hf(s).input_ids) for s in STRINGS if ours.encode(s) != hf(s).input_ids]
     assert not mismatches, mismatches[:5]
+
+
+SPECIAL_MIXES = ["<start_of_turn>user\n<b>Hi</b>   there\t\t<unused3><end_of_turn>\n<start_of_turn>model\n",
+                 "<table><tr><td>1</td></tr></table>\n\n\n<br>  <br/>", "a<<b>>c </p ><p>", "<start_of_tur"]
+
+
+def test_special_token_texts_match_reference(gemma_tokenizers):
+    """Gemma 3 has thousands of special tokens (HTML tags, runs of spaces, tabs and newlines)."""
+    ours, hf = gemma_tokenizers
+    assert len(ours.vocab.special_ids()) > 6000
+    for s in SPECIAL_MIXES:
+        assert ours.encode(s) == hf(s).input_ids, s
+
+
+def test_special_tokens_split_as_the_longest_match_leftmost(gemma_path):
+    """The trie finds what a regex alternation of the texts, longest first, finds (the regex
+    module as the oracle), over random mixes of whole tokens, their prefixes and other text."""
+    import random
+
+    import regex
+    from runner.tokenizer import SpecialTokens
+    vocab = read_vocab(GGUFFile(gemma_path))
+    texts = sorted({vocab.tokens[i] for i in vocab.special_ids()} - {""}, key=len, reverse=True)
+    alternation = regex.compile("|".join(regex.escape(t) for t in texts))
+
+    def reference(text):
+        start = 0
+        for m in alternation.finditer(text):
+            if m.start() > start:
+                yield text[start:m.start()], False
+            yield m.group(), True
+            start = m.end()
+        if start < len(text):
+            yield text[start:], False
+
+    specials, rnd, alphabet = SpecialTokens(texts), random.Random(0), list("ab<>/ \n\t[]|_é🎉")
+    for _ in range(2000):
+        parts = []
+        for _ in range(rnd.randint(0, 12)):
+            kind, token = rnd.random(), rnd.choice(texts)
+            parts.append(token if kind < 0.3 else token[:rnd.randint(0, len(token))] if kind < 0.5
+                         else "".join(rnd.choices(alphabet, k=rnd.randint(0, 6))))
+        text = "".join(parts)
+        assert list(specials.split(text)) == list(reference(text)), text
