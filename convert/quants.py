@@ -11,43 +11,17 @@ from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
 from kernels_cpu.blocks import F16_TABLE, quantize_q8_0
+from kernels_cpu.intrinsics import f16_bits
 
 F32 = np.float32
 GROUP_MAX_EPS = F32(1e-15)
 
 
-@njit(cache=True)
-def _f16_bits(f):
-    """float32 -> IEEE half bits, round to nearest even (what F16C's conversion does)."""
-    x = np.array([f], dtype=np.float32).view(np.uint32)[0]
-    sign = np.uint16((x >> 16) & 0x8000)
-    exp = np.int32((x >> 23) & 0xFF)
-    mant = np.uint32(x & 0x7FFFFF)
-    if exp == 0xFF:
-        return sign | np.uint16(0x7C00 | (0x200 if mant else 0))
-    e = exp - 112
-    if e >= 31:
-        return sign | np.uint16(0x7C00)
-    if e <= 0:
-        if e < -10:
-            return sign
-        mant = mant | np.uint32(0x800000)
-        shift = np.uint32(14 - e)
-        rounded = (mant + (np.uint32(1) << (shift - 1)) - 1 + ((mant >> shift) & 1)) >> shift
-        return sign | np.uint16(rounded)
-    rounded = mant + np.uint32(0xFFF) + ((mant >> 13) & 1)
-    if rounded & 0x800000:
-        rounded = np.uint32(0)
-        e += 1
-        if e >= 31:
-            return sign | np.uint16(0x7C00)
-    return sign | np.uint16((e << 10) | (rounded >> 13))
-
-
 @njit(cache=True, inline="always")
 def _put_f16(out, at, f):
-    """Store f as half at out[at:at+2]; return the value the half holds (GGML_FP16_TO_FP32 of it)."""
-    h = _f16_bits(f)
+    """Store f as half at out[at:at+2]; return the value the half holds (GGML_FP16_TO_FP32 of it).
+    (LLVM's conversion: F16C's on x86, as llama.cpp's GGML_FP32_TO_FP16.)"""
+    h = f16_bits(F32(f))
     out[at] = np.uint8(h & 0xFF)
     out[at + 1] = np.uint8(h >> 8)
     return F16_TABLE[np.int32(h)]
