@@ -45,7 +45,8 @@ class SafetensorsFile:
             except (KeyError, TypeError, ValueError):
                 raise ConversionError(f"{path.name}: corrupt entry for tensor {name!r}") from None
             if dtype not in _DTYPES:
-                raise ConversionError(f"{path.name}: tensor {name!r} has dtype {dtype}; F32, F16 and BF16 are supported")
+                raise ConversionError(f"{path.name}: tensor {name!r} has dtype {dtype}; "
+                                      "F32, F16 and BF16 are supported")
             count = int(np.prod(shape, dtype=np.int64))
             if end - begin != count * _DTYPES[dtype].itemsize or begin < 0 or 8 + n + end > size:
                 raise ConversionError(f"{path.name}: tensor {name!r} has inconsistent or out-of-file data offsets")

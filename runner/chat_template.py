@@ -74,5 +74,6 @@ def choose_template(vocab, requested: str | None = None) -> tuple[ChatTemplate, 
                              {"role": "assistant", "content": "z"}], add_generation_prompt=True)
             return template, None
         except ChatTemplateError as e:
-            return ChatTemplate(BUILTIN_TEMPLATES[fallback], fallback, bos, eos), f"{e}; using the built-in {fallback} template"
+            builtin = ChatTemplate(BUILTIN_TEMPLATES[fallback], fallback, bos, eos)
+            return builtin, f"{e}; using the built-in {fallback} template"
     return ChatTemplate(BUILTIN_TEMPLATES[fallback], fallback, bos, eos), None
