@@ -78,12 +78,7 @@ def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None):
     times = times or StartupTimes()
     path = resolve(model)
     device = resolve_device(device)
-    if device == "cpu":
-        from kernels_cpu.compile_cache import kernels_compiled  # (imports no Numba)
-        compile_message = (None if kernels_compiled(kv_type)
-                           else "compiling the Numba kernels (first run only, under a minute")
-    else:
-        compile_message = "compiling the GPU kernels (the first run takes a few minutes" if device == "cuda" else None
+    compile_message = _compile_message(device, kv_type)
     # A warm start makes ~10^5 objects that live as long as the process (Numba's registries and
     # kernels, the vocabulary) and little garbage, and the collector's passes over them cost it
     # ~0.1 s; a compile makes garbage, so the collector runs then.
@@ -93,20 +88,35 @@ def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None):
         times.mark("imports")
         lm = load_model(path, device=device, threads=threads, kv_type=kv_type, n_ctx=n_ctx)
         times.mark("file mapping and model")
-        token = max(lm.tokenizer.vocab.bos_id, 0)
         if compile_message:
             click.echo(f"{compile_message}; cached for later runs)...", err=True)
-            for n in (9, 2):  # the prompt's kernels too: many tokens (in tiles) and a few
-                lm.model.forward([token] * n, lm.model.new_cache(16))
-        warm_up = lm.model.new_cache(16)
-        lm.model.forward([token], warm_up)
-        if compile_message:  # and a replayed step's (the second step over a cache; else the second token stalls)
-            lm.model.forward([token], warm_up)
+        _warm_up(lm, compiling=compile_message is not None)
     if compile_message and device == "cpu":
         from kernels_cpu.compile_cache import mark_compiled
         mark_compiled(kv_type)
     times.mark("kernel cache load")
     return lm
+
+
+def _compile_message(device, kv_type):
+    """What to say while a first run compiles; None when the kernels are compiled already."""
+    if device == "cpu":
+        from kernels_cpu.compile_cache import kernels_compiled  # (imports no Numba)
+        return None if kernels_compiled(kv_type) else "compiling the Numba kernels (first run only, under a minute"
+    return "compiling the GPU kernels (the first run takes a few minutes" if device == "cuda" else None
+
+
+def _warm_up(lm, compiling):
+    """One throw-away decode step; when compiling, also what the first prompt and tokens run: many
+    tokens (in tiles), a few, and a replayed step (the second one over a cache), so that nothing
+    compiles after the message (the replayed step's kernel stalled the second token)."""
+    token = max(lm.tokenizer.vocab.bos_id, 0)
+    if compiling:
+        for n in (9, 2):
+            lm.model.forward([token] * n, lm.model.new_cache(16))
+    cache = lm.model.new_cache(16)
+    for _ in range(2 if compiling else 1):
+        lm.model.forward([token], cache)
 
 
 @main.command(cls=Command)
