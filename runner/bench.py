@@ -14,16 +14,41 @@ def _time_prefill(lm, n_prompt: int) -> float:
     return n_prompt / (time.perf_counter() - start)
 
 
-def time_decode(lm, n_gen: int, depth: int = 0) -> float:
-    """Decode speed for n_gen tokens after `depth` tokens of context (llama-bench's -d)."""
-    cache = lm.model.new_cache(depth + n_gen + 1)
+def _context(lm, depth: int, n_steps: int):
+    """A cache holding `depth` tokens of random context, room for n_steps more, and a first token."""
+    cache = lm.model.new_cache(depth + n_steps + 1)
     token = lm.tokenizer.vocab.bos_id if lm.tokenizer.vocab.bos_id >= 0 else 0
     context = np.random.default_rng(1).integers(0, lm.params.vocab_size, depth).tolist()
     lm.model.forward([token] + context, cache)
+    return cache, token
+
+
+def time_decode(lm, n_gen: int, depth: int = 0) -> float:
+    """Decode speed for n_gen tokens after `depth` tokens of context (llama-bench's -d)."""
+    cache, token = _context(lm, depth, n_gen)
     start = time.perf_counter()
     for _ in range(n_gen):
         token = int(np.argmax(lm.model.forward([token], cache)))
     return n_gen / (time.perf_counter() - start)
+
+
+def depth_ratios(lm, n_gen: int, depths) -> list[float]:
+    """Decode speed at each depth over the speed at the first, from n_gen single steps at every
+    depth taken in turn (medians). These machines' phases move separate runs' tok/s by up to 2x;
+    steps alternating between the depths see the same phases."""
+    warm_up = 2  # (the first step over a cache is recorded, the second replays it)
+    contexts = [list(_context(lm, depth, n_gen + warm_up)) for depth in depths]
+    seconds = [[] for _ in depths]
+    for step in range(n_gen + warm_up):
+        order = range(len(depths)) if step % 2 else reversed(range(len(depths)))
+        for i in order:
+            cache, token = contexts[i]
+            start = time.perf_counter()
+            contexts[i][1] = int(np.argmax(lm.model.forward([token], cache)))
+            if step >= warm_up:
+                seconds[i].append(time.perf_counter() - start)
+    medians = [float(np.median(s)) for s in seconds]
+    return [medians[0] / m for m in medians]
 
 
 def file_type_name(f) -> str:
@@ -45,7 +70,8 @@ def weight_bytes_per_token(f) -> int:
 def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> list[dict]:
     """pp and tg rows as llama-bench prints them; tg rows also carry the bytes a decode step reads
     (weights, and the KV cache at that depth) and the share of the memory bandwidth, measured in
-    the same run, that their speed implies."""
+    the same run, that their speed implies, and with several depths their speed against the first
+    depth's (depth_ratios)."""
     from .load import memory_fit
     f, p = lm.file, lm.params
     base = {"model": f.path.name, "arch": p.arch, "quant": file_type_name(f), "size_mib": f.size / 2**20,
@@ -56,6 +82,7 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
     fit = memory_fit(f, p, lm.model.kv_type)
     tests = [("pp", n_prompt, 0, lambda k: _time_prefill(lm, k))]
     tests += [("tg", n_gen, d, lambda k, d=d: time_decode(lm, k, d)) for d in depths]
+    ratios = dict(zip(depths, depth_ratios(lm, n_gen, depths))) if len(depths) > 1 else {}
     rows = []
     for test, n, depth, run in tests:
         # warm-up: loads every kernel outside the measurement; 32 tokens, as backends switch to
@@ -65,7 +92,8 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
         row = dict(base, test=f"{test}{n}" + (f"@d{depth}" if depth else ""), n_tokens=n, depth=depth,
                    repetitions=repetitions, tok_s_mean=float(np.mean(speeds)), tok_s_std=float(np.std(speeds)),
                    tok_s=[float(s) for s in speeds], bandwidth_gb_s=bandwidth / 1e9,
-                   read_mib_per_token=None, bandwidth_fraction=None)
+                   read_mib_per_token=None, bandwidth_fraction=None,
+                   speed_vs_first_depth=ratios.get(depth) if test == "tg" else None)
         if test == "tg":
             per_token = weight_bytes_per_token(f) + fit.kv_bytes(depth + n // 2, 1)
             row.update(read_mib_per_token=per_token / 2**20,

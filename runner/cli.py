@@ -304,6 +304,10 @@ def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device,
             line += (f"  {r['read_mib_per_token']:.0f} MiB/token = {r['bandwidth_fraction']:.2f} of "
                      f"{r['bandwidth_gb_s']:.1f} GB/s")
         click.echo(line)
+    compared = [r for r in rows if r["speed_vs_first_depth"] is not None]
+    for r in compared[1:]:
+        click.echo(f"decode at depth {r['depth']}: {r['speed_vs_first_depth']:.3f} x the speed at depth "
+                   f"{compared[0]['depth']} (single steps alternating between the depths, medians)")
 
 
 type_choice = click.Choice(list(FILE_TYPES), case_sensitive=False)

@@ -225,3 +225,13 @@ def test_a_first_run_compiles_everything_under_its_message(tmp_path, smollm_path
     saved = [i for i, line in enumerate(lines) if "data saved" in line]
     assert saved and message < min(saved), lines[:5]
     assert max(saved) < started, [lines[i] for i in saved if i > started]
+
+
+def test_bench_compares_depths_in_one_line(smollm_path):
+    r = ggrun("bench", smollm_path, "-p", "16", "-n", "4", "-r", "1", "-d", "16,48")
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.strip().splitlines()[-1]
+    assert line.startswith("decode at depth 48: ") and "x the speed at depth 16" in line
+    assert 0.2 < float(line.split(": ")[1].split(" x")[0]) < 1.5
+    r = ggrun("bench", smollm_path, "-p", "16", "-n", "4", "-r", "1")
+    assert r.returncode == 0 and "decode at depth" not in r.stdout
