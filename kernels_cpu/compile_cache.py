@@ -1,27 +1,27 @@
 """Keeping Numba's on-disk cache of ggrun's kernels consistent with their sources.
 
 Numba checks a cached function only against its own file, but kernels inline functions from
-other files (matmul.py inlines rowdot.py's IR; convert/quants.py calls blocks.py's Q8_0
-quantizer); a change to rowdot.py or blocks.py alone would leave the callers' cached machine code
-stale, after an upgrade as after an edit. So the caches of every package with Numba kernels are
-dropped together when any of their sources changes.
+other files of this package (matmul.py inlines rowdot.py's IR), and convert/quants.py inlines
+blocks.py's Q8_0 quantizer; a change to rowdot.py or blocks.py alone would leave the callers'
+cached machine code stale, after an upgrade as after an edit. So when any source of this package
+changes, the caches of every package that inlines it are dropped. (convert's own files inline
+nothing of each other's, so Numba's check of each file covers them.)
 """
 import hashlib
 import os
 from pathlib import Path
 
 _PACKAGE = Path(__file__).parent
-# the packages whose kernels are cached, and so guarded
-_GUARDED = (_PACKAGE, _PACKAGE.parent / "convert")
+# the packages whose cached kernels inline this one's
+_INLINING = (_PACKAGE, _PACKAGE.parent / "convert")
 _CACHE = _PACKAGE / "__pycache__"
 _STAMP = _CACHE / "ggrun-kernels.sha256"
 
 
 def _sources_digest() -> str:
     h = hashlib.sha256()
-    for package in _GUARDED:
-        for path in sorted(package.glob("*.py")):
-            h.update(package.name.encode() + b"/" + path.name.encode() + b"\0" + path.read_bytes())
+    for path in sorted(_PACKAGE.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 
 
@@ -43,7 +43,7 @@ def drop_stale_cache() -> None:
             return
     except OSError:
         pass
-    for cache in (cache for package in _GUARDED for cache in _cache_dirs(package)):
+    for cache in (cache for package in _INLINING for cache in _cache_dirs(package)):
         for path in list(cache.glob("*.nbi")) + list(cache.glob("*.nbc")):
             path.unlink(missing_ok=True)
     for path in _CACHE.glob("ggrun-compiled-*"):

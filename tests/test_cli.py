@@ -163,10 +163,11 @@ def test_each_cache_type_gets_its_compile_message(tmp_path, monkeypatch):
     assert compile_cache.kernels_compiled("q8_0") and not compile_cache.kernels_compiled("f16")
 
 
-def test_a_source_change_drops_every_guarded_cache(tmp_path, monkeypatch):
-    """A change to any guarded package's source drops the Numba caches of all of them (one
-    package's kernels inline another's), in __pycache__ and where NUMBA_CACHE_DIR puts them, as
-    Numba itself names that place; unchanged sources keep them."""
+def test_a_kernel_source_change_drops_every_inlining_cache(tmp_path, monkeypatch):
+    """A change to the kernels package's sources drops the Numba caches of every package that
+    inlines it, in __pycache__ and where NUMBA_CACHE_DIR puts them, as Numba itself names that
+    place; unchanged sources keep them, and so does a change to an inlining package alone (Numba
+    checks its own files)."""
     from kernels_cpu import compile_cache
     packages = [tmp_path / "kernels", tmp_path / "tools"]
     for package in packages:
@@ -178,7 +179,8 @@ def test_a_source_change_drops_every_guarded_cache(tmp_path, monkeypatch):
                        env={**os.environ, "NUMBA_CACHE_DIR": str(user_cache)}, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(user_cache))
-    monkeypatch.setattr(compile_cache, "_GUARDED", tuple(packages))
+    monkeypatch.setattr(compile_cache, "_PACKAGE", packages[0])
+    monkeypatch.setattr(compile_cache, "_INLINING", tuple(packages))
     monkeypatch.setattr(compile_cache, "_CACHE", packages[0] / "__pycache__")
     monkeypatch.setattr(compile_cache, "_STAMP", packages[0] / "__pycache__" / "stamp")
     numba_made = list(compile_cache._cache_dirs(packages[1])[1].glob("jitted.one-*"))
@@ -199,6 +201,9 @@ def test_a_source_change_drops_every_guarded_cache(tmp_path, monkeypatch):
     assert all(p.exists() for p in files)
     with open(packages[1] / "jitted.py", "a") as f:
         f.write("# changed\n")
+    compile_cache.drop_stale_cache()
+    assert all(p.exists() for p in files)
+    (packages[0] / "blocks.py").write_text("# changed\n")
     compile_cache.drop_stale_cache()
     assert not any(p.exists() for p in files)
 

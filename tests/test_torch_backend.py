@@ -164,4 +164,3 @@ def test_weights_stay_quantized_on_the_device(smollm_path):
     assert w.raw.dtype == torch.uint8
     f = lm.file
     assert w.raw.numel() == f.tensors["blk.0.ffn_gate.weight"].nbytes  # ~4.5 bits per weight, as in the file
-
