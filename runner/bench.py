@@ -32,10 +32,10 @@ def time_decode(lm, n_gen: int, depth: int = 0) -> float:
     return n_gen / (time.perf_counter() - start)
 
 
-def depth_ratios(lm, n_gen: int, depths) -> list[float]:
-    """Decode speed at each depth over the speed at the first, from n_gen single steps at every
-    depth taken in turn (medians). These machines' phases move separate runs' tok/s by up to 2x;
-    steps alternating between the depths see the same phases."""
+def depth_steps(lm, n_gen: int, depths) -> list[float]:
+    """Seconds per decode step at each depth, from n_gen single steps at every depth taken in turn
+    (medians). These machines' phases move separate runs' tok/s by up to 2x; steps alternating
+    between the depths see the same phases, so their ratios hold across them."""
     warm_up = 2  # (the first step over a cache is recorded, the second replays it)
     contexts = [list(_context(lm, depth, n_gen + warm_up)) for depth in depths]
     seconds = [[] for _ in depths]
@@ -47,8 +47,7 @@ def depth_ratios(lm, n_gen: int, depths) -> list[float]:
             contexts[i][1] = int(np.argmax(lm.model.forward([token], cache)))
             if step >= warm_up:
                 seconds[i].append(time.perf_counter() - start)
-    medians = [float(np.median(s)) for s in seconds]
-    return [medians[0] / m for m in medians]
+    return [float(np.median(s)) for s in seconds]
 
 
 def file_type_name(f) -> str:
@@ -71,7 +70,7 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
     """pp and tg rows as llama-bench prints them; tg rows also carry the bytes a decode step reads
     (weights, and the KV cache at that depth) and the share of the memory bandwidth, measured in
     the same run, that their speed implies, and with several depths their speed against the first
-    depth's (depth_ratios)."""
+    depth's (depth_steps) beside the most that reading the deeper cache at that bandwidth allows."""
     from .load import memory_fit
     f, p = lm.file, lm.params
     base = {"model": f.path.name, "arch": p.arch, "quant": file_type_name(f), "size_mib": f.size / 2**20,
@@ -82,7 +81,7 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
     fit = memory_fit(f, p, lm.model.kv_type)
     tests = [("pp", n_prompt, 0, lambda k: _time_prefill(lm, k))]
     tests += [("tg", n_gen, d, lambda k, d=d: time_decode(lm, k, d)) for d in depths]
-    ratios = dict(zip(depths, depth_ratios(lm, n_gen, depths))) if len(depths) > 1 else {}
+    steps = dict(zip(depths, depth_steps(lm, n_gen, depths))) if len(depths) > 1 else {}
     rows = []
     for test, n, depth, run in tests:
         # warm-up: loads every kernel outside the measurement; 32 tokens, as backends switch to
@@ -93,10 +92,18 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
                    repetitions=repetitions, tok_s_mean=float(np.mean(speeds)), tok_s_std=float(np.std(speeds)),
                    tok_s=[float(s) for s in speeds], bandwidth_gb_s=bandwidth / 1e9,
                    read_mib_per_token=None, bandwidth_fraction=None,
-                   speed_vs_first_depth=ratios.get(depth) if test == "tg" else None)
+                   speed_vs_first_depth=None, bandwidth_limit_vs_first_depth=None)
         if test == "tg":
             per_token = weight_bytes_per_token(f) + fit.kv_bytes(depth + n // 2, 1)
             row.update(read_mib_per_token=per_token / 2**20,
                        bandwidth_fraction=per_token * row["tok_s_mean"] / bandwidth)
+        if test == "tg" and steps:
+            # the most the deeper cache's extra bytes allow: the first depth's step, plus reading
+            # them at the measured bandwidth (reads held in the CPU caches can beat it, so only
+            # for extra bytes well beyond them is it a bound)
+            first = steps[depths[0]]
+            extra = fit.kv_bytes(depth + n // 2, 1) - fit.kv_bytes(depths[0] + n // 2, 1)
+            row.update(speed_vs_first_depth=first / steps[depth],
+                       bandwidth_limit_vs_first_depth=first / (first + extra / bandwidth))
         rows.append(row)
     return rows

@@ -306,8 +306,11 @@ def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device,
         click.echo(line)
     compared = [r for r in rows if r["speed_vs_first_depth"] is not None]
     for r in compared[1:]:
+        extra = r["read_mib_per_token"] - compared[0]["read_mib_per_token"]
         click.echo(f"decode at depth {r['depth']}: {r['speed_vs_first_depth']:.3f} x the speed at depth "
-                   f"{compared[0]['depth']} (single steps alternating between the depths, medians)")
+                   f"{compared[0]['depth']} (single steps alternating between the depths, medians); reading "
+                   f"its {extra:.0f} MiB more of KV cache at {r['bandwidth_gb_s']:.1f} GB/s allows at most "
+                   f"{r['bandwidth_limit_vs_first_depth']:.3f}")
 
 
 type_choice = click.Choice(list(FILE_TYPES), case_sensitive=False)
