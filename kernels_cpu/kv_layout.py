@@ -107,16 +107,11 @@ def _store_row(row, x):
 def _store_key_typed(tile, j, x):
     if tile.dtype == types.int8:
         def store_q8_0(tile, j, x):
-            dim = x.shape[0]
-            for b in range(dim // QBLOCK):
-                d = quantize_q8_0(x[b * QBLOCK:(b + 1) * QBLOCK], tile[b * QBLOCK:(b + 1) * QBLOCK, j])
-                _put_bits(tile[dim + 2 * b + j // 8], 2 * (j % 8), f16_bits(d))
+            # block b's scale: bytes 2 (j % 8), + 1 of row dim + 2 b + j // 8 (the module's docstring)
+            dim, lane = x.shape[0], 2 * (j % 8)
+            _store_q8_0(x, tile[:dim, j], tile[dim + j // 8::2, lane:lane + 2])
         return store_q8_0
-
-    def store_float(tile, j, x):
-        for i in range(x.shape[0]):
-            tile[i, j] = from_f32(x[i], tile)
-    return store_float
+    return lambda tile, j, x: _store_row(tile[:, j], x)  # (float elements: a key's column as a value row)
 
 
 @overload(_store_row)
@@ -124,9 +119,7 @@ def _store_row_typed(row, x):
     if row.dtype == types.int8:
         def store_q8_0(row, x):
             dim = x.shape[0]
-            for b in range(dim // QBLOCK):
-                d = quantize_q8_0(x[b * QBLOCK:(b + 1) * QBLOCK], row[b * QBLOCK:(b + 1) * QBLOCK])
-                _put_bits(row, dim + 2 * b, f16_bits(d))
+            _store_q8_0(x, row, row[dim:].reshape((dim // QBLOCK, 2)))
         return store_q8_0
 
     def store_float(row, x):
@@ -136,6 +129,9 @@ def _store_row_typed(row, x):
 
 
 @njit(cache=True, inline="always")
-def _put_bits(row, i, bits):
-    """float16 bits into row[i], row[i + 1] (int8), little-endian."""
-    row[i], row[i + 1] = np.int8(np.uint8(bits & 0xFF)), np.int8(np.uint8(bits >> 8))
+def _store_q8_0(x, ints, scales):
+    """x as q8_0 blocks: block b's int8 into ints[b * QBLOCK:], its float16 scale's bits into
+    scales[b, 0:2] (little-endian)."""
+    for b in range(x.shape[0] // QBLOCK):
+        bits = f16_bits(quantize_q8_0(x[b * QBLOCK:(b + 1) * QBLOCK], ints[b * QBLOCK:(b + 1) * QBLOCK]))
+        scales[b, 0], scales[b, 1] = np.int8(np.uint8(bits & 0xFF)), np.int8(np.uint8(bits >> 8))
