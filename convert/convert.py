@@ -12,7 +12,7 @@ from .errors import ConversionError
 from .gguf_out import PlannedTensor, Summary, typed_value, write_gguf
 from .hf_model import HFModel, read_hf_model
 from .hf_tokenizer import read_tokenizer
-from .mixes import FILE_TYPES, chooser_for
+from .mixes import FILE_TYPES, llama_quantize_order, mix_types
 
 QUANTIZATION_VERSION = 2
 
@@ -41,8 +41,8 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True) -
             planned.append((name, hf_name, tuple(reversed(ckpt.shape(hf_name)))))
     if not any(p[0] == "token_embd.weight" for p in planned):
         raise ConversionError("the checkpoint has no token embedding (model.embed_tokens.weight)")
-    chooser = chooser_for(file_type, [p[0] for p in planned], hf.n_layer, hf.n_head, hf.n_head_kv)
-    tensors = [PlannedTensor(name, shape, chooser.choose(name, shape),
+    types = mix_types(file_type, {name: shape for name, _, shape in planned}, hf.n_layer, hf.n_head, hf.n_head_kv)
+    tensors = [PlannedTensor(name, shape, types[name],
                              lambda n=name, h=hf_name: hf.transform(n, ckpt.float32(h)))
                for name, hf_name, shape in planned]
 
@@ -92,10 +92,11 @@ def requantize(src: Path, out: Path, type_name: str, progress: bool = True) -> S
     file_type = _file_type(type_name)
     f = GGUFFile(src)
     params = read_params(f)
-    chooser = chooser_for(file_type, list(f.tensors), params.n_layer, params.n_head, params.n_head_kv)
+    types = mix_types(file_type, {name: t.shape for name, t in f.tensors.items()},
+                      params.n_layer, params.n_head, params.n_head_kv)
     tensors = []
-    for name, t in f.tensors.items():
-        new_type = chooser.choose(name, t.shape)
+    for name in llama_quantize_order(f.tensors):  # written in that order too, as llama-quantize writes
+        t, new_type = f.tensors[name], types[name]
         if t.type != new_type and t.type.name not in ("F32", "F16", "BF16"):
             raise GGUFError(f"tensor {name} is already quantized ({t.type.name}); requantize from F32, F16 or BF16")
         load = (lambda n=name, tt=t: dequantize(f.tensor_bytes(n).reshape(-1), tt.type)

@@ -7,6 +7,7 @@ does not divide the row length falls back to a 32-block type (SmolLM2's 576-wide
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from gguf import GGML_QUANT_SIZES, LlamaFileType
@@ -61,8 +62,9 @@ def _category(name: str) -> str:
 
 
 @dataclass
-class TypeChooser:
-    """Per-tensor choice for one file; call `choose` for the tensors in file order."""
+class _TypeChooser:
+    """Per-tensor choice for one file; `choose` must see the tensors in llama_quantize_order, as
+    the attn_v / ffn_down counters promote by position in that order."""
 
     file_type: str
     n_layer: int
@@ -129,7 +131,23 @@ class TypeChooser:
         return t if n_cols % GGML_QUANT_SIZES[t][0] == 0 else T.F16
 
 
-def chooser_for(file_type: str, tensor_names: list[str], n_layer: int, n_head: int, n_head_kv: int) -> TypeChooser:
-    names = set(tensor_names)
-    return TypeChooser(file_type, n_layer, n_head // max(n_head_kv, 1), "output.weight" not in names,
-                       sum(_category(n) in ("attn_v", "attn_qkv") for n in tensor_names))
+def _layer(name: str) -> int:
+    """The layer of a blk.N. tensor, -1 for the others (sscanf("blk.%d.") in llama.cpp)."""
+    m = re.match(r"blk\.(-?\d+)\.", name)
+    return int(m.group(1)) if m else -1
+
+
+def llama_quantize_order(names) -> list[str]:
+    """The order llama-quantize walks (and writes) tensors: by layer, the layerless ones first,
+    then by name (its loader's weight_name_comparer). Layer 10 comes after 9, not after 1 as in a
+    checkpoint's alphabetical order."""
+    return sorted(names, key=lambda n: (_layer(n), n))
+
+
+def mix_types(file_type: str, shapes: dict[str, tuple[int, ...]], n_layer: int, n_head: int,
+              n_head_kv: int) -> dict[str, T]:
+    """The type of every tensor of a file of `file_type`; shapes in GGML order (row length first)."""
+    names = llama_quantize_order(shapes)
+    chooser = _TypeChooser(file_type, n_layer, n_head // max(n_head_kv, 1), "output.weight" not in shapes,
+                           sum(_category(n) in ("attn_v", "attn_qkv") for n in names))
+    return {name: chooser.choose(name, shapes[name]) for name in names}

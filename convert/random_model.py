@@ -19,7 +19,7 @@ from .convert import model_metadata
 from .gguf_out import PlannedTensor, Summary, write_gguf
 from .hf_model import model_from_config
 from .hf_tokenizer import TokenizerData
-from .mixes import chooser_for
+from .mixes import mix_types
 from .quants import quantize
 
 ROWS = 256
@@ -73,10 +73,10 @@ def write_random_llama(path: Path, shape: LlamaShape = SHAPE_7B, type_name: str 
         return np.tile(blocks[key], (-(-n_rows // ROWS), 1))[:n_rows]
 
     shapes = _tensor_shapes(shape)
-    chooser = chooser_for(type_name, [n for n, _ in shapes], shape.n_layer, shape.n_head, shape.n_head_kv)
+    types = mix_types(type_name, dict(shapes), shape.n_layer, shape.n_head, shape.n_head_kv)
     tensors = []
     for name, dims in shapes:
-        qtype = chooser.choose(name, dims)
+        qtype = types[name]
         if len(dims) == 1:
             tensors.append(PlannedTensor(name, dims, qtype, lambda n=dims[0]: np.ones(n, dtype=np.float32)))
         else:

@@ -21,7 +21,9 @@ def smollm_folder(gguf_path: Path, folder: Path) -> Path:
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
-    model = LlamaForCausalLM(loaded.config)  # a plain copy: the GGUF-loaded model refuses to save itself
+    config = loaded.config
+    del config.quantization_config  # a checkpoint as published: not marked as loaded from a GGUF
+    model = LlamaForCausalLM(config)  # a plain copy: the GGUF-loaded model refuses to save itself
     model.load_state_dict(loaded.state_dict())
     model.save_pretrained(folder)
     tok.save_pretrained(folder)

@@ -1,5 +1,5 @@
 """`ggrun convert` and `ggrun quantize`: real SmolLM2 weights, random models of every architecture,
-llama.cpp's type choices, and refusals of broken folders."""
+and refusals of broken folders (the quant mixes against llama.cpp's: test_mixes.py)."""
 from __future__ import annotations
 
 import json
@@ -12,13 +12,12 @@ from gguf.quants import dequantize
 
 from convert.convert import convert_hf, requantize
 from convert.errors import ConversionError
-from convert.mixes import chooser_for
+from convert.mixes import mix_types
 from gguf_io import GGUFFile, read_params, read_vocab
 
 from .hf_folders import transformers_logits
 
 pytest.importorskip("transformers")
-libgguf = pytest.importorskip("libgguf")
 
 
 def test_f32_conversion_reproduces_the_source(smollm_path, smollm_f32):
@@ -45,56 +44,12 @@ def test_f32_conversion_gives_the_same_logits(smollm, smollm_f32):
     assert np.array_equal(a.argmax(1), b.argmax(1)) and np.abs(a - b).max() < 1e-3
 
 
-# llama.cpp's rules for SmolLM2 (30 layers, 576-wide rows, tied embeddings), derived by hand:
-# rows of 576 cannot hold 256-blocks, so Q4_K -> Q5_0 and Q6_K -> Q8_0; ffn_down rows are 1536 wide.
-# The _M mixes give Q6_K to attn_v / ffn_down when use_more_bits(i, 30): i < 3, i >= 26, (i - 3) % 3 == 2.
-# Counters follow file order, which is llama.cpp's converter order: layers 0, 1, 10, 11, ..., 19, 2, 20, ...
-FILE_ORDER = [0, 1] + list(range(10, 20)) + [2] + list(range(20, 30)) + list(range(3, 10))
-MORE_BITS = {i for i in range(30) if i < 3 or i >= 26 or (i - 3) % 3 == 2}
-
-
-def _expected(file_type: str) -> dict[str, T]:
-    promoted = {layer for n, layer in enumerate(FILE_ORDER) if n in MORE_BITS}
-    table = {"token_embd.weight": T.Q8_0}
-    for layer in range(30):
-        b = f"blk.{layer}."
-        for norm in ("attn_norm", "ffn_norm"):
-            table[b + norm + ".weight"] = T.F32
-        if file_type == "Q4_K_M":
-            for name in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"):
-                table[b + name + ".weight"] = T.Q5_0
-            table[b + "attn_v.weight"] = T.Q8_0 if layer in promoted else T.Q5_0
-            table[b + "ffn_down.weight"] = T.Q6_K if layer in promoted else T.Q4_K
-        else:  # Q6_K: everything Q6_K, falling back to Q8_0 on 576-wide rows
-            for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up"):
-                table[b + name + ".weight"] = T.Q8_0
-            table[b + "ffn_down.weight"] = T.Q6_K
-    table["output_norm.weight"] = T.F32
-    return table
-
-
-@pytest.mark.parametrize("file_type", ["Q4_K_M", "Q6_K"])
-def test_mix_types_and_bytes_match_llama_cpp(smollm_hf, smollm_f32, tmp_path, file_type):
-    out = tmp_path / f"{file_type}.gguf"
-    convert_hf(smollm_hf, out, file_type, progress=False)
-    f, f32 = GGUFFile(out), GGUFFile(smollm_f32)
-    assert {n: t.type for n, t in f.tensors.items()} == _expected(file_type)
-    for name, t in f.tensors.items():
-        x = f32.tensor_bytes(name).view(np.float32).reshape(t.n_rows, t.shape[0])
-        ref = np.ascontiguousarray(libgguf.quantize_rows(x, int(t.type))).view(np.uint8)
-        assert np.array_equal(f.tensor_bytes(name).reshape(-1), ref.reshape(-1)), name
-    # llama-quantize's path: F32 file -> requantize gives the very same file
-    requantized = tmp_path / "requantized.gguf"
-    requantize(smollm_f32, requantized, file_type, progress=False)
-    assert requantized.read_bytes() == out.read_bytes()
-
-
 def test_chooser_reproduces_a_llama_cpp_quantized_file(gemma_path):
     """The real Gemma 3 Q4_K_M file was typed by llama.cpp; our rules give every tensor the same type."""
     f = GGUFFile(gemma_path)
     p = read_params(f)
-    chooser = chooser_for("Q4_K_M", list(f.tensors), p.n_layer, p.n_head, p.n_head_kv)
-    assert {n: chooser.choose(n, t.shape) for n, t in f.tensors.items()} == {n: t.type for n, t in f.tensors.items()}
+    types = mix_types("Q4_K_M", {n: t.shape for n, t in f.tensors.items()}, p.n_layer, p.n_head, p.n_head_kv)
+    assert types == {n: t.type for n, t in f.tensors.items()}
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])

@@ -1,0 +1,44 @@
+"""ggrun's quant mixes against llama.cpp's own pipeline on the real 30-layer SmolLM2: its
+converter (--outtype f32), then llama-quantize, for every type ggrun writes. The references
+(tests/data/llama_cpp_mixes.json: per tensor its type and a hash of its bytes, in llama-quantize's
+order) are made by scripts/llama_cpp_mixes from llama.cpp b11434."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from convert.mixes import FILE_TYPES
+from gguf_io import GGUFFile
+
+REFERENCES = Path(__file__).parent / "data" / "llama_cpp_mixes.json"
+
+
+def tensor_digests(path) -> list[list[str]]:
+    """[name, type, first 16 hex digits of the bytes' sha256] for each tensor, in file order."""
+    f = GGUFFile(path)
+    return [[name, t.type.name, hashlib.sha256(f.tensor_bytes(name).tobytes()).hexdigest()[:16]]
+            for name, t in f.tensors.items()]
+
+
+def _references() -> dict:
+    return json.loads(REFERENCES.read_text())
+
+
+def test_f32_conversion_equals_llama_cpps_converter(smollm_f32):
+    assert sorted(tensor_digests(smollm_f32)) == sorted(_references()["F32"])
+
+
+@pytest.mark.parametrize("file_type", [t for t in FILE_TYPES if t != "F32"])
+def test_mix_is_llama_cpps_through_convert_and_quantize(smollm_hf, smollm_f32, tmp_path, file_type):
+    from convert.convert import convert_hf, requantize
+    want = _references()[file_type]
+    converted = tmp_path / "converted.gguf"
+    convert_hf(smollm_hf, converted, file_type, progress=False)
+    got = tensor_digests(converted)
+    assert [d for d in sorted(got) if d not in want] == []
+    quantized = tmp_path / "quantized.gguf"
+    requantize(smollm_f32, quantized, file_type, progress=False)
+    assert tensor_digests(quantized) == want  # written in llama-quantize's order too
