@@ -7,11 +7,11 @@ import signal
 from dataclasses import asdict
 from pathlib import Path
 
-from .chat_template import ChatTemplateError, choose_template
+from .chat_template import ChatTemplateError, builtin_template, choose_template, render_with_content_spans
 from .generate import GenerationStats, generate
-from .kv_cache import SINK_TOKENS
+from .kv_cache import SINK_TOKENS, ContextFullError
 from .sampler import Sampler, SamplingOptions
-from .tokenizer import StreamDecoder
+from .tokenizer import StreamDecoder, valid_utf8
 
 
 class ChatSession:
@@ -22,32 +22,72 @@ class ChatSession:
         self.system = system
         self.last = GenerationStats()
         self.interrupted = False
+        self.notices: list[str] = []  # one-line messages for the user, shown by the REPL
+        self._ring_noticed = False
         self.reset()
 
     # -- the conversation and the cache -------------------------------------------------------
 
     def reset(self) -> None:
-        """A new conversation: empty cache, then the pinned prefix (BOS and the system prompt)."""
+        """A new conversation: empty cache, then the pinned prefix (BOS and the system prompt). A
+        system prompt too long for the context raises ContextFullError and changes nothing."""
+        prefix, ids = self._prefix(self.system)
+        if len(ids) > self.max_prefix:
+            raise ContextFullError(f"the system prompt takes {len(ids)} tokens; a context of {self.n_ctx} (-c) "
+                                   f"keeps at most {self.max_prefix} of them pinned")
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
         self.cache = self.lm.model.new_cache(self.n_ctx, ring=True)
         self.fed_text = ""     # the rendered conversation as far as it is in the cache
         self.fed_tokens = 0
-        prefix = self.template.render(self.messages, add_generation_prompt=False) if self.messages else ""
-        ids = self._tokens(prefix, first=True)
         if ids:
             self.lm.model.forward(ids, self.cache)
             self.fed_text, self.fed_tokens = prefix, len(ids)
             self.cache.pin()
 
-    def _tokens(self, text: str, first: bool) -> list[int]:
+    @property
+    def max_prefix(self) -> int:
+        """The most tokens BOS and the system prompt may pin: half the context stays for the turns."""
+        return self.n_ctx // 2
+
+    def _prefix(self, system: str | None) -> tuple[str, list[int]]:
+        """The text and tokens of BOS and `system`, pinned at the start of the context."""
+        messages = [{"role": "system", "content": system}] if system else []
+        text, spans = self._render(messages, add_generation_prompt=False) if messages else ("", [])
+        return text, self._tokens(text, spans, first=True)
+
+    def set_system(self, system: str | None) -> None:
+        """A new system prompt and a new conversation; a prompt too long for the context is
+        refused (ContextFullError) and the conversation goes on as it was."""
+        previous, self.system = self.system, system
+        try:
+            self.reset()
+        except ContextFullError:
+            self.system = previous
+            raise
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> tuple[str, list]:
+        """The rendered conversation and its contents' spans. When the model's template fails on
+        this conversation, the built-in one takes over (with a notice) and the chat goes on."""
+        try:
+            return render_with_content_spans(self.template, messages, add_generation_prompt)
+        except ChatTemplateError as e:
+            if self.template.builtin:
+                raise
+            self.template = builtin_template(self.lm.tokenizer.vocab)
+            self.notices.append(f"{e}; switched to the built-in {self.template.name} template")
+            return render_with_content_spans(self.template, messages, add_generation_prompt)
+
+    def _tokens(self, text: str, spans, first: bool, offset: int = 0) -> list[int]:
+        """Tokens of text (rendered[offset:]); the contents' spans are tokenized as plain text."""
         tok = self.lm.tokenizer
-        ids = tok.encode(text, add_special=False)
+        literal = [(max(start - offset, 0), end - offset) for start, end in spans if end > offset]
+        ids = tok.encode(text, add_special=False, literal=literal)
         vocab = tok.vocab
         if first and vocab.add_bos and vocab.bos_id >= 0 and (not ids or ids[0] != vocab.bos_id):
             ids = [vocab.bos_id] + ids
         return ids
 
-    def _catch_up(self, rendered: str) -> list[int]:
+    def _catch_up(self, rendered: str, spans) -> list[int]:
         """Tokens that bring the cache from fed_text to `rendered`; rebuilds from scratch in the rare
         case that a template renders history differently once more turns follow it."""
         if not rendered.startswith(self.fed_text):
@@ -55,13 +95,13 @@ class ChatSession:
             self.reset()
             self.messages = messages
         first = self.fed_tokens == 0
-        return self._tokens(rendered[len(self.fed_text):], first=first)
+        return self._tokens(rendered[len(self.fed_text):], spans, first=first, offset=len(self.fed_text))
 
     def send(self, user_text: str, on_text=None) -> str:
         """One turn: returns the reply (also the partial one, when interrupted)."""
         self.messages.append({"role": "user", "content": user_text})
-        rendered = self.template.render(self.messages, add_generation_prompt=True)
-        prompt = self._catch_up(rendered)
+        rendered, spans = self._render(self.messages, add_generation_prompt=True)
+        prompt = self._catch_up(rendered, spans)
         stream = StreamDecoder(self.lm.tokenizer)
         self.last = GenerationStats()
         self.interrupted = False
@@ -79,6 +119,10 @@ class ChatSession:
         self.fed_text = rendered + self.lm.tokenizer.decode(self.last.tokens)
         self.fed_tokens += len(prompt) + len(self.last.tokens)
         self.messages.append({"role": "assistant", "content": reply})
+        if self.cache.evicted and not self._ring_noticed:
+            self._ring_noticed = True
+            self.notices.append(f"the context of {self.n_ctx} tokens is full: the oldest tokens now give way "
+                                f"to new ones ({self.cache.pinned} pinned at the start stay)")
         return reply
 
     def stats(self) -> dict:
@@ -105,11 +149,10 @@ class ChatSession:
                 raise ValueError
         except (OSError, ValueError, KeyError, TypeError):
             raise ValueError(f"{path} is not a conversation saved by /save") from None
-        self.system = data.get("system")
-        self.reset()
+        self.set_system(data.get("system"))
         self.messages = messages
-        rendered = self.template.render(messages, add_generation_prompt=False)
-        ids = self._catch_up(rendered)
+        rendered, spans = self._render(messages, add_generation_prompt=False)
+        ids = self._catch_up(rendered, spans)
         if ids:
             self.lm.model.forward(ids, self.cache)
         self.fed_text, self.fed_tokens = rendered, self.fed_tokens + len(ids)
@@ -150,9 +193,11 @@ def command(session: ChatSession, line: str, echo) -> bool:
         session.reset()
         echo("new conversation")
     elif name == "system":
-        session.system = arg or None
-        session.reset()
-        echo("system prompt set; new conversation" if arg else "system prompt cleared; new conversation")
+        try:
+            session.set_system(arg or None)
+            echo("system prompt set; new conversation" if arg else "system prompt cleared; new conversation")
+        except ContextFullError as e:
+            echo(f"error: {e}; the system prompt stays as it was")
     elif name == "stats":
         echo(format_stats(session.stats()))
     elif name in ("save", "load") and arg:
@@ -182,15 +227,20 @@ def command(session: ChatSession, line: str, echo) -> bool:
 
 
 def read_message(prompt: str = ">>> ", more: str = "... ") -> str:
-    """One message from the terminal; lines ending in a backslash continue."""
+    """One message from the terminal; lines ending in a backslash continue. Bytes that are not
+    UTF-8 become U+FFFD, as llama.cpp reads them."""
     lines = [input(prompt)]
     while lines[-1].endswith("\\"):
         lines[-1] = lines[-1][:-1]
         lines.append(input(more))
-    return "\n".join(lines)
+    return valid_utf8("\n".join(lines))
 
 
-def repl(session: ChatSession, out, history_file: Path | None = None) -> None:
+# on a terminal: the prompt and the model's text in colour (\001 \002 tell readline what takes no room)
+PROMPT_COLOUR, REPLY_COLOUR, RESET = "\001\033[1;32m\002", "\033[36m", "\033[0m"
+
+
+def repl(session: ChatSession, out, history_file: Path | None = None, colour: bool = False) -> None:
     try:
         import readline  # line editing and history, where the platform has it
         if history_file:
@@ -204,13 +254,21 @@ def repl(session: ChatSession, out, history_file: Path | None = None) -> None:
         out.write(text + "\n")
         out.flush()
 
+    def show_notices():
+        for notice in session.notices:
+            echo(f"warning: {notice}")
+        session.notices.clear()
+
+    prompt = f"{PROMPT_COLOUR}>>> \001{RESET}\002" if colour else ">>> "
+    more = f"{PROMPT_COLOUR}... \001{RESET}\002" if colour else "... "
     if session.warning:
         echo(f"warning: {session.warning}")
     echo("ggrun chat: /help for commands, /bye to leave")
     try:
         while True:
+            show_notices()
             try:
-                line = read_message()
+                line = read_message(prompt, more)
             except (EOFError, KeyboardInterrupt):
                 echo("")
                 break
@@ -224,9 +282,13 @@ def repl(session: ChatSession, out, history_file: Path | None = None) -> None:
                 # during a reply Ctrl-C only raises a flag that generation checks between tokens
                 previous = signal.signal(signal.SIGINT, lambda *_: setattr(session, "interrupted", True))
                 try:
+                    if colour:
+                        out.write(REPLY_COLOUR)
                     session.send(line, on_text=lambda piece: (out.write(piece), out.flush()))
                 finally:
                     signal.signal(signal.SIGINT, previous)
+                    if colour:
+                        out.write(RESET)
             except KeyboardInterrupt:  # pressed as the line was sent, before the flag took over
                 session.interrupted = True
             echo("\n[interrupted]" if session.interrupted else "")

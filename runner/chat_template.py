@@ -3,8 +3,6 @@ built-in one for files that have none. Jinja loads with the first template (temp
 commands without one, as `ggrun run`, start without it."""
 from __future__ import annotations
 
-import datetime
-
 BUILTIN_TEMPLATES = {
     "chatml": ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
@@ -30,29 +28,42 @@ class ChatTemplateError(Exception):
 
 class ChatTemplate:
     def __init__(self, source: str, name: str, bos_token: str = "", eos_token: str = ""):
-        from .template_sandbox import GuardedEnvironment, TemplateError, raise_error
+        from .template_sandbox import GuardedEnvironment, TemplateError
         self.name = name
-        self._env = GuardedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        self._env.globals.update(raise_exception=raise_error,
-                                 strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
+        self.builtin = name in BUILTIN_TEMPLATES
+        self._env = GuardedEnvironment()
         self._special = {"bos_token": bos_token, "eos_token": eos_token}
         try:
             self._template = self._env.from_string(source)
         except TemplateError as e:
             raise ChatTemplateError(f"the {name} chat template does not parse: {e}") from None
 
-    def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool, tools: list | None = None,
+               documents: list | None = None, **extra) -> str:
+        """The prompt text, with the variables transformers gives a template: messages (a
+        message's reasoning also under `reasoning_content` and `thinking`), tools, documents,
+        add_generation_prompt, the special tokens and any extra ones (enable_thinking, ...)."""
         from .template_sandbox import TemplateError
         try:
-            text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         **self._special)
+            text = self._env.render_bounded(
+                self._template, messages=[_alias_reasoning(m) for m in messages], tools=tools, documents=documents,
+                add_generation_prompt=add_generation_prompt, **{**self._special, **extra})
         except TemplateError as e:
             raise ChatTemplateError(f"the {self.name} chat template failed: {e}") from None
         except Exception as e:  # a template is code from a file: any failure is the template's
             raise ChatTemplateError(f"the {self.name} chat template failed: {type(e).__name__}: {e}") from None
-        if len(text) > MAX_OUTPUT:
-            raise ChatTemplateError(f"the {self.name} chat template produced an oversized prompt")
         return text
+
+
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _alias_reasoning(message: dict) -> dict:
+    """A message's reasoning under the names templates read it by, as transformers passes it."""
+    reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
+    if reasoning is None:
+        return message
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
 def builtin_name_for(vocab_tokens) -> str:
@@ -60,20 +71,68 @@ def builtin_name_for(vocab_tokens) -> str:
     return next((name for marker, name in _MARKERS.items() if marker in tokens), "chatml")
 
 
+def builtin_template(vocab, name: str | None = None) -> ChatTemplate:
+    """A built-in template: `name`, or the one whose markers the vocabulary has."""
+    name = name or builtin_name_for(vocab.tokens)
+    return ChatTemplate(BUILTIN_TEMPLATES[name], name, *_special_texts(vocab))
+
+
+def _special_texts(vocab) -> tuple[str, str]:
+    return (vocab.tokens[vocab.bos_id] if vocab.bos_id >= 0 else "",
+            vocab.tokens[vocab.eos_id] if vocab.eos_id >= 0 else "")
+
+
 def choose_template(vocab, requested: str | None = None) -> tuple[ChatTemplate, str | None]:
     """The template to use and, when the file's own template was unusable, a warning.
 
     requested: a built-in name (overrides the file), or None for the file's own template."""
-    bos = vocab.tokens[vocab.bos_id] if vocab.bos_id >= 0 else ""
-    eos = vocab.tokens[vocab.eos_id] if vocab.eos_id >= 0 else ""
-    fallback = requested or builtin_name_for(vocab.tokens)
     if requested is None and vocab.chat_template:
         try:
-            template = ChatTemplate(vocab.chat_template, "model's", bos, eos)
+            template = ChatTemplate(vocab.chat_template, "model's", *_special_texts(vocab))
             template.render([{"role": "system", "content": "x"}, {"role": "user", "content": "y"},
                              {"role": "assistant", "content": "z"}], add_generation_prompt=True)
             return template, None
         except ChatTemplateError as e:
-            builtin = ChatTemplate(BUILTIN_TEMPLATES[fallback], fallback, bos, eos)
-            return builtin, f"{e}; using the built-in {fallback} template"
-    return ChatTemplate(BUILTIN_TEMPLATES[fallback], fallback, bos, eos), None
+            builtin = builtin_template(vocab)
+            return builtin, f"{e}; using the built-in {builtin.name} template"
+    return builtin_template(vocab, requested), None
+
+
+def _placeholder(i: int) -> str:
+    return f"\ue000{i}\ue001"  # private-use characters: no template trims, splits or matches them
+
+
+def render_with_content_spans(template: ChatTemplate, messages: list[dict], add_generation_prompt: bool,
+                              **variables) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered text and the (start, end) spans in it that are messages' contents, which are
+    to be tokenized as plain text: only the template's own markup may yield control tokens.
+
+    The spans come from a second render with each content replaced by a placeholder; when the
+    template treats contents as opaque text (the render with the contents put back is the same),
+    they are exact. Otherwise (a template that parses contents) each content is looked for in
+    order in the text."""
+    text = template.render(messages, add_generation_prompt, **variables)
+    contents = [m.get("content") if isinstance(m.get("content"), str) else "" for m in messages]
+    marked = [{**m, "content": _placeholder(i)} if contents[i] else m for i, m in enumerate(messages)]
+    try:
+        skeleton = template.render(marked, add_generation_prompt, **variables)
+    except ChatTemplateError:
+        skeleton = ""
+    rebuilt, spans, pos = "", [], 0  # the skeleton with the contents put back, and where they went
+    for i, content in enumerate(contents):
+        at = skeleton.find(_placeholder(i), pos) if content else -1
+        if at < 0 or skeleton.count(_placeholder(i)) != 1:
+            continue
+        rebuilt += skeleton[pos:at]
+        spans.append((len(rebuilt), len(rebuilt) + len(content)))
+        rebuilt += content
+        pos = at + len(_placeholder(i))
+    if rebuilt + skeleton[pos:] == text and len(spans) == sum(map(bool, contents)):
+        return text, spans
+    spans, pos = [], 0
+    for content in filter(None, contents):
+        at = text.find(content, pos)
+        if at >= 0:
+            spans.append((at, at + len(content)))
+            pos = at + len(content)
+    return text, spans

