@@ -19,6 +19,14 @@ from .errors import GGUFError
 SUPPORTED_VERSIONS = (2, 3)
 MAX_DIMS = 4
 MAX_NESTING = 4
+MAX_TENSOR_NAME = 64   # bytes, as ggml's GGML_MAX_NAME: llama.cpp refuses longer names too
+MAX_KEY = 256          # bytes of a metadata key; real keys are a few dozen
+SHOWN_NAME = 100       # characters of a name quoted in an error
+
+
+def shown(name: str) -> str:
+    """A name from the file as an error quotes it: repr, cut to SHOWN_NAME characters."""
+    return repr(name) if len(name) <= SHOWN_NAME else repr(name[:SHOWN_NAME]) + f"... ({len(name)} characters)"
 
 _SCALARS = {
     GGUFValueType.UINT8: np.dtype("<u1"), GGUFValueType.INT8: np.dtype("<i1"),
@@ -89,8 +97,11 @@ class _Cursor:
         self.pos += n
         return value[0] if len(value) == 1 else value
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, max_length: int | None = None) -> str:
         length = self.unpack("<Q", what + " length")
+        if max_length is not None and length > max_length:
+            raise GGUFError(f"file is corrupt: a {what} of {length} bytes at byte {self.pos - 8} "
+                            f"(at most {max_length} allowed)")
         self.need(length, what)
         raw = bytes(self.buf[self.pos:self.pos + length])
         self.pos += length
@@ -128,26 +139,26 @@ def _value_type(raw: int, key: str) -> GGUFValueType:
     try:
         return GGUFValueType(raw)
     except ValueError:
-        raise GGUFError(f"metadata key {key!r} has unknown value type {raw}") from None
+        raise GGUFError(f"metadata key {shown(key)} has unknown value type {raw}") from None
 
 
 def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str, depth: int = 0) -> MetadataValue:
     if vtype == GGUFValueType.STRING:
-        return MetadataValue(vtype, cur.string(f"metadata {key!r}"))
+        return MetadataValue(vtype, cur.string(f"metadata {shown(key)}"))
     if vtype in _SCALARS:
         dtype = _SCALARS[vtype]
-        cur.need(dtype.itemsize, f"metadata {key!r}")
+        cur.need(dtype.itemsize, f"metadata {shown(key)}")
         value = np.frombuffer(cur.buf, dtype, 1, cur.pos)[0].item()
         cur.pos += dtype.itemsize
         return MetadataValue(vtype, bool(value) if vtype == GGUFValueType.BOOL else value)
     if vtype != GGUFValueType.ARRAY:
-        raise GGUFError(f"metadata key {key!r} has unhandled value type {vtype.name}")
+        raise GGUFError(f"metadata key {shown(key)} has unhandled value type {vtype.name}")
     if depth >= MAX_NESTING:
-        raise GGUFError(f"metadata key {key!r} nests arrays deeper than {MAX_NESTING}")
-    item_type = _value_type(cur.unpack("<I", f"metadata {key!r} item type"), key)
+        raise GGUFError(f"metadata key {shown(key)} nests arrays deeper than {MAX_NESTING}")
+    item_type = _value_type(cur.unpack("<I", f"metadata {shown(key)} item type"), key)
     if item_type in _SCALARS:
         dtype = _SCALARS[item_type]
-        n = cur.count(dtype.itemsize, f"metadata array {key!r}")
+        n = cur.count(dtype.itemsize, f"metadata array {shown(key)}")
         # Zero-copy view into the mapped file: vocabulary scores and types are large.
         items = np.frombuffer(cur.buf, dtype, n, cur.pos)
         cur.pos += n * dtype.itemsize
@@ -155,22 +166,22 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str, depth: int = 0) ->
             items = items.astype(bool)
         return MetadataValue(vtype, items, item_type)
     if item_type == GGUFValueType.STRING:
-        n = cur.count(8, f"metadata array {key!r}")
-        return MetadataValue(vtype, cur.strings(n, f"metadata {key!r} item"), item_type)
-    n = cur.count(12, f"metadata array {key!r}")  # a nested array is at least its type and count
+        n = cur.count(8, f"metadata array {shown(key)}")
+        return MetadataValue(vtype, cur.strings(n, f"metadata {shown(key)} item"), item_type)
+    n = cur.count(12, f"metadata array {shown(key)}")  # a nested array is at least its type and count
     return MetadataValue(vtype, [_read_value(cur, item_type, key, depth + 1).value for _ in range(n)], item_type)
 
 
 def _read_tensor_info(cur: _Cursor) -> tuple[str, int, tuple[int, ...], int]:
-    name = cur.string("tensor name")
-    n_dims = cur.unpack("<I", f"tensor {name!r} dimension count")
+    name = cur.string("tensor name", MAX_TENSOR_NAME)
+    n_dims = cur.unpack("<I", f"tensor {shown(name)} dimension count")
     if not 1 <= n_dims <= MAX_DIMS:
-        raise GGUFError(f"tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
-    cur.need(8 * n_dims, f"tensor {name!r} shape")
+        raise GGUFError(f"tensor {shown(name)} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
+    cur.need(8 * n_dims, f"tensor {shown(name)} shape")
     shape = struct.unpack_from(f"<{n_dims}Q", cur.buf, cur.pos)
     cur.pos += 8 * n_dims
-    raw_type = cur.unpack("<I", f"tensor {name!r} type")
-    rel_offset = cur.unpack("<Q", f"tensor {name!r} offset")
+    raw_type = cur.unpack("<I", f"tensor {shown(name)} type")
+    rel_offset = cur.unpack("<Q", f"tensor {shown(name)} offset")
     return name, raw_type, shape, rel_offset
 
 
@@ -178,7 +189,7 @@ def _tensor_type(raw: int, name: str) -> GGMLQuantizationType:
     try:
         return GGMLQuantizationType(raw)
     except ValueError:
-        raise GGUFError(f"tensor {name!r} has unknown type id {raw}") from None
+        raise GGUFError(f"tensor {shown(name)} has unknown type id {raw}") from None
 
 
 def parse_header(buf, size: int) -> Header:
@@ -194,10 +205,10 @@ def parse_header(buf, size: int) -> Header:
 
     metadata: dict[str, MetadataValue] = {}
     for _ in range(n_kv):
-        key = cur.string("metadata key")
-        vtype = _value_type(cur.unpack("<I", f"metadata {key!r} type"), key)
+        key = cur.string("metadata key", MAX_KEY)
+        vtype = _value_type(cur.unpack("<I", f"metadata {shown(key)} type"), key)
         if key in metadata:
-            raise GGUFError(f"metadata key {key!r} appears twice")
+            raise GGUFError(f"metadata key {shown(key)} appears twice")
         metadata[key] = _read_value(cur, vtype, key)
 
     alignment = GGUF_DEFAULT_ALIGNMENT
@@ -212,7 +223,7 @@ def parse_header(buf, size: int) -> Header:
     tensors: dict[str, TensorInfo] = {}
     for name, raw_type, shape, rel_offset in raw_tensors:
         if name in tensors:
-            raise GGUFError(f"tensor {name!r} appears twice")
+            raise GGUFError(f"tensor {shown(name)} appears twice")
         tensors[name] = _checked_tensor(name, raw_type, shape, rel_offset, data_offset, alignment, size)
     _check_no_overlap(tensors.values())
     return Header(version, metadata, tensors, data_offset, alignment)
@@ -221,20 +232,20 @@ def parse_header(buf, size: int) -> Header:
 def _checked_tensor(name, raw_type, shape, rel_offset, data_offset, alignment, size) -> TensorInfo:
     ttype = _tensor_type(raw_type, name)
     if any(d == 0 for d in shape) or any(d >= 2**40 for d in shape):
-        raise GGUFError(f"tensor {name!r} has an invalid shape {list(shape)}")
+        raise GGUFError(f"tensor {shown(name)} has an invalid shape {list(shape)}")
     block, block_bytes = GGML_QUANT_SIZES[ttype]
     if shape[0] % block:
-        raise GGUFError(f"tensor {name!r}: row length {shape[0]} is not a multiple of the "
+        raise GGUFError(f"tensor {shown(name)}: row length {shape[0]} is not a multiple of the "
                         f"{ttype.name} block size {block}")
     n_elements = 1
     for d in shape:
         n_elements *= d
     nbytes = n_elements // block * block_bytes
     if rel_offset % alignment:
-        raise GGUFError(f"tensor {name!r} offset {rel_offset} is not aligned to {alignment}")
+        raise GGUFError(f"tensor {shown(name)} offset {rel_offset} is not aligned to {alignment}")
     offset = data_offset + rel_offset
     if offset + nbytes > size:
-        raise GGUFError(f"tensor {name!r} extends past the end of the file "
+        raise GGUFError(f"tensor {shown(name)} extends past the end of the file "
                         f"(needs bytes {offset}..{offset + nbytes}, file has {size}); truncated?")
     return TensorInfo(name, ttype, tuple(int(d) for d in shape), offset, nbytes)
 

@@ -122,3 +122,21 @@ def test_cli_reports_one_line_and_exit_1(tmp_path, small_gguf):
 def test_gguf_version_2_opens(tmp_path, small_gguf):
     (tmp_path / "v2.gguf").write_bytes(small_gguf[:4] + struct.pack("<I", 2) + small_gguf[8:])
     assert GGUFFile(tmp_path / "v2.gguf").version == 2
+
+
+def test_mutated_counts_are_refused_fast_with_a_short_message(tmp_path, smollm_path):
+    """The tensor count (byte 8) and the first tensor's name length and dimension count, raised:
+    the reader met tensor data as names (11 s, 1.7 GB and a 127 MB message before names were bounded)."""
+    import time
+    data = bytearray(smollm_path.read_bytes())
+    n_tensors = struct.unpack_from("<Q", data, 8)[0]
+    f = GGUFFile(smollm_path)
+    first = next(iter(f.tensors))
+    at = data.find(struct.pack("<Q", len(first)) + first.encode())  # the first tensor's name in the table
+    for offset, value in ((8, n_tensors + 7), (8, n_tensors * 1000), (at, 10**6), (at, 2**40),
+                          (at + 8 + len(first), 3)):
+        bad = bytearray(data)
+        struct.pack_into("<Q" if offset != at + 8 + len(first) else "<I", bad, offset, value)
+        start = time.monotonic()
+        message = _check_refused(tmp_path, bytes(bad))
+        assert time.monotonic() - start < 3 and len(message) < 300, (offset, value, message[:300])
