@@ -1,4 +1,5 @@
-"""Next-token sampling: repetition penalty, then top-k, top-p, min-p and temperature, as llama.cpp chains them."""
+"""Next-token sampling: repetition, frequency and presence penalties, then top-k, top-p, min-p and
+temperature, as llama.cpp chains them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,8 +14,10 @@ class SamplingOptions:
     top_p: float = 0.95           # >= 1: off
     min_p: float = 0.05           # <= 0: off
     repeat_penalty: float = 1.0   # 1: off
-    repeat_last_n: int = 64       # window of recent tokens the penalty looks at
+    repeat_last_n: int = 64       # window of recent tokens the penalties look at
     seed: int | None = None
+    presence_penalty: float = 0.0   # subtracted once from a token seen in the window (0: off)
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the window (0: off)
 
 
 class Sampler:
@@ -25,11 +28,14 @@ class Sampler:
     def sample(self, logits: np.ndarray, history: list[int]) -> int:
         o = self.options
         logits = np.asarray(logits, dtype=np.float32)
-        if o.repeat_penalty != 1.0 and history and o.repeat_last_n != 0:
-            recent = np.unique(np.asarray(history[-o.repeat_last_n:] if o.repeat_last_n > 0 else history))
+        penalized = o.repeat_penalty != 1.0 or o.presence_penalty != 0.0 or o.frequency_penalty != 0.0
+        if penalized and history and o.repeat_last_n != 0:  # llama.cpp's penalties sampler
+            window = np.asarray(history[-o.repeat_last_n:] if o.repeat_last_n > 0 else history)
+            recent, counts = np.unique(window, return_counts=True)
             logits = logits.copy()
             vals = logits[recent]
-            logits[recent] = np.where(vals > 0, vals / o.repeat_penalty, vals * o.repeat_penalty)
+            vals = np.where(vals > 0, vals / o.repeat_penalty, vals * o.repeat_penalty)
+            logits[recent] = vals - counts * o.frequency_penalty - o.presence_penalty
         if o.temperature <= 0:
             return int(np.argmax(logits))
 

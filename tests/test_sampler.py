@@ -33,3 +33,13 @@ def test_same_seed_same_choices():
     a = Sampler(SamplingOptions(seed=7, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0))
     b = Sampler(SamplingOptions(seed=7, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0))
     assert [a.sample(LOGITS, []) for _ in range(50)] == [b.sample(LOGITS, []) for _ in range(50)]
+
+
+def test_frequency_and_presence_penalties_as_llama_cpp_applies_them():
+    """logit - count * frequency - (count > 0) * presence, over the last repeat_last_n tokens."""
+    logits = np.array([2.0, 1.5, 1.0], dtype=np.float32)
+    freq = Sampler(SamplingOptions(temperature=0, frequency_penalty=0.3, repeat_last_n=8))
+    assert freq.sample(logits, [0]) == 0 and freq.sample(logits, [0, 0]) == 1  # 2.0 - 0.6 < 1.5
+    presence = Sampler(SamplingOptions(temperature=0, presence_penalty=0.6, repeat_last_n=8))
+    assert presence.sample(logits, [0]) == presence.sample(logits, [0, 0, 0]) == 1  # 1.4 once, however often
+    assert presence.sample(logits, [0, 1]) == 0  # 1.4, 0.9, 1.0
