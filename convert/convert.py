@@ -90,6 +90,8 @@ def _tokenizer_metadata(tok, special: dict, arch: str) -> list:
 def requantize(src: Path, out: Path, type_name: str, progress: bool = True) -> Summary:
     from gguf.quants import dequantize
     file_type = _file_type(type_name)
+    if Path(out).exists() and Path(out).samefile(src):  # also through another path or a link
+        raise ConversionError(f"{out} is the input file itself; write the {file_type} file elsewhere")
     f = GGUFFile(src)
     params = read_params(f)
     types = mix_types(file_type, {name: t.shape for name, t in f.tensors.items()},

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from gguf import GGMLQuantizationType as T
 from tqdm import tqdm
 
 from .errors import ConversionError
-from .quants import quantize
+from .quants import BLOCK_TYPES, quantize, quantizers_compiled
 
 
 @dataclass
@@ -81,6 +82,8 @@ def write_gguf(path: Path, arch: str, metadata: list[tuple[str, object, GGUFValu
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
+        if progress and any(t.type in BLOCK_TYPES and not t.quantized for t in tensors) and not quantizers_compiled():
+            print("compiling the Numba quantizers (first conversion only; cached for later runs)...", file=sys.stderr)
         for t in tqdm(tensors, desc="quantizing", unit="tensor", disable=not progress):
             if t.quantized:
                 w.write_tensor_data(np.asarray(t.load(), dtype=np.uint8).reshape(-1))
@@ -92,6 +95,9 @@ def write_gguf(path: Path, arch: str, metadata: list[tuple[str, object, GGUFValu
             w.write_tensor_data(raw.reshape(-1))
         w.close()
         os.replace(tmp, path)
+    except OSError as e:  # named as the user named it, not by the hidden file written first
+        tmp.unlink(missing_ok=True)
+        raise ConversionError(f"cannot write {path}: {e.strerror or e}") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -5,6 +5,8 @@ Byte equality needs llama.cpp's float32 arithmetic step by step: every constant 
 integer operands are converted where C converts them, nothing runs with fastmath, and rounding
 follows C (nearest_int: to even; roundf: half away from zero; casts: toward zero).
 """
+from pathlib import Path
+
 import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
@@ -506,6 +508,15 @@ def _quantize_rows(qtype, x, out, block, block_bytes):
                 _q5_k(xb, ob)
             elif qtype == _Q6_K:
                 _q6_k(xb, ob)
+
+
+def quantizers_compiled() -> bool:
+    """False when quantizing to a block type would compile the quantizers first (~40 s: no cache
+    index of _quantize_rows on disk yet)."""
+    try:
+        return Path(_quantize_rows._cache._cache_file._index_path).exists()  # (Numba's own cache index)
+    except AttributeError:
+        return True
 
 
 BLOCK_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K})

@@ -1,8 +1,10 @@
 """The `ggrun` command line."""
 from __future__ import annotations
 
+import functools
 import importlib
 import json
+import os
 import sys
 from collections import Counter
 
@@ -15,11 +17,18 @@ from convert.mixes import FILE_TYPES
 
 from .backend import DEVICES, BackendError
 from .chat_template import ChatTemplateError
+from .generate import ModelOutputError
 from .kv_cache import SINK_TOKENS, ContextFullError
 from .registry import MODELS, RegistryError
 
+
+
+class InputError(Exception):
+    """A file or value the user gave is unusable (not a usage mistake: click's usage text would not help)."""
+
+
 USER_ERRORS = (GGUFError, ContextFullError, RegistryError, ConversionError, ChatTemplateError, BackendError,
-               OSError)
+               ModelOutputError, InputError, OSError)
 
 
 class Command(click.Command):
@@ -36,28 +45,111 @@ class Command(click.Command):
             sys.exit(130)
 
 
-model_argument = click.argument("model", required=False)
+def _options(*decorators):
+    def apply(f):
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+    return apply
 
 
-def sampling_options(f):
-    for option in reversed([
-            click.option("--temp", default=0.8, show_default=True, help="Temperature; 0 is greedy."),
-            click.option("--top-k", default=40, show_default=True),
-            click.option("--top-p", default=0.95, show_default=True),
-            click.option("--min-p", default=0.05, show_default=True),
-            click.option("--repeat-penalty", default=1.0, show_default=True),
-            click.option("--repeat-last-n", default=64, show_default=True, help="Window of the repeat penalty."),
-            click.option("--seed", type=int, help="Random seed; the same seed gives the same text.")]):
-        f = option(f)
-    return f
+def _merging(merge, *decorators):
+    """Options that a wrapper folds into the command's own arguments (llama.cpp's spellings of them)."""
+    def apply(f):
+        @functools.wraps(f)
+        def wrapper(**kwargs):
+            return f(**merge(kwargs))
+        return _options(*decorators)(wrapper)
+    return apply
+
+
+def _merge_model(kw):
+    model, option = kw.pop("model"), kw.pop("model_opt")
+    if model and option and model != option:
+        raise click.UsageError(f"two models given: {model!r} and -m {option!r}")
+    return {**kw, "model": model or option}
+
+
+def _merge_kv_type(kw):
+    given = {t for t in (kw.pop("ctk"), kw.pop("ctv")) if t}
+    if len(given) > 1:
+        raise click.UsageError("ggrun keeps keys and values in one type: give -ctk and -ctv the same one")
+    return {**kw, "kv_type": given.pop() if given else kw["kv_type"]}
+
+
+def _merge_ngl(kw):
+    ngl = kw.pop("n_gpu_layers")
+    if ngl is not None:  # llama.cpp's layer count: ggrun offloads all layers or none
+        kw["device"] = "cuda" if ngl != 0 else "cpu"
+    return kw
+
+
+model_argument = _merging(_merge_model, click.argument("model", required=False),
+                          click.option("-m", "--model", "model_opt", metavar="MODEL",
+                                       help="The model, as llama.cpp's -m (or give it as the argument)."))
+sampling_options = _options(
+    click.option("--temp", default=0.8, show_default=True, help="Temperature; 0 is greedy."),
+    click.option("--top-k", default=40, show_default=True),
+    click.option("--top-p", default=0.95, show_default=True),
+    click.option("--min-p", default=0.05, show_default=True),
+    click.option("--repeat-penalty", default=1.0, show_default=True),
+    click.option("--repeat-last-n", default=64, show_default=True, help="Window of the penalties."),
+    click.option("--presence-penalty", default=0.0, show_default=True),
+    click.option("--frequency-penalty", default=0.0, show_default=True),
+    click.option("-s", "--seed", type=int, help="Random seed; the same seed gives the same text."))
 threads_option = click.option("-t", "--threads", type=click.IntRange(1), help="CPU threads (default: all cores).")
-kv_type_option = click.option("--cache-type", "--kv-type", "kv_type", default="f16", show_default=True,
-                              type=click.Choice(["f16", "f32", "q8_0"]),
-                              help="KV cache precision, as llama.cpp's -ctk/-ctv (f32: exact, twice the memory; "
-                                   "q8_0: 8-bit blocks, about half).")
-device_option = click.option("--device", default="auto", show_default=True, type=click.Choice(DEVICES),
-                             help="cpu (Numba), cuda (an NVIDIA GPU through torch), or auto: cuda when "
-                                  "available. torch-cpu runs the GPU kernels on the CPU (for testing).")
+_kv_types = click.Choice(["f16", "f32", "q8_0"])
+kv_type_option = _merging(
+    _merge_kv_type,
+    click.option("--cache-type", "--kv-type", "kv_type", default="f16", show_default=True, type=_kv_types,
+                 help="KV cache precision (f32: exact, twice the memory; q8_0: 8-bit blocks, about half)."),
+    click.option("-ctk", "--cache-type-k", "ctk", type=_kv_types, help="As --cache-type (llama.cpp's spelling)."),
+    click.option("-ctv", "--cache-type-v", "ctv", type=_kv_types, help="As --cache-type (llama.cpp's spelling)."))
+device_option = _merging(
+    _merge_ngl,
+    click.option("--device", default="auto", show_default=True, type=click.Choice(DEVICES),
+                 help="cpu (Numba), cuda (an NVIDIA GPU through torch), or auto: cuda when "
+                      "available. torch-cpu runs the GPU kernels on the CPU (for testing)."),
+    click.option("-ngl", "--n-gpu-layers", "--gpu-layers", "n_gpu_layers", type=click.IntRange(-1),
+                 help="llama.cpp's offload count: 0 runs on the CPU, any other value on CUDA (all layers)."))
+
+
+def _read_text(path: str) -> str:
+    """A text file the user named (a prompt, a system prompt), '-' for stdin."""
+    from .tokenizer import valid_utf8
+    if path == "-":
+        return valid_utf8(sys.stdin.read())
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            return valid_utf8(f.read())
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror}") from None
+
+
+def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
+    """-p TEXT ('-': stdin), -f FILE, or the text piped in."""
+    from .tokenizer import valid_utf8
+    if prompt is not None and prompt_file is not None:
+        raise click.UsageError("give the prompt once: -p or -f")
+    if prompt_file is not None:
+        return _read_text(prompt_file)
+    if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
+        return valid_utf8(sys.stdin.read())
+    if prompt is None:
+        raise click.UsageError("no prompt: give -p TEXT, -f FILE or pipe it in")
+    return valid_utf8(prompt)
+
+
+def _system_text(system: str | None, system_file: str | None) -> str | None:
+    if system is not None and system_file is not None:
+        raise click.UsageError("give the system prompt once: --system-prompt or --system-prompt-file")
+    return _read_text(system_file) if system_file is not None else system
+
+
+system_options = _options(
+    click.option("-sys", "--system-prompt", "--system", "system", help="System prompt."),
+    click.option("--system-prompt-file", "system_file", type=click.Path(dir_okay=False),
+                 help="Read the system prompt from a file."))
 
 
 @click.group()
@@ -121,9 +213,15 @@ def _warm_up(lm, compiling):
 
 @main.command(cls=Command)
 @model_argument
-@click.option("-p", "--prompt", required=True, help="Prompt text; '-' reads it from stdin.")
+@click.option("-p", "--prompt", help="Prompt text; '-' reads it from stdin, as does a pipe without -p.")
+@click.option("-f", "--file", "prompt_file", type=click.Path(dir_okay=False), help="Read the prompt from a file.")
+@system_options
 @click.option("-n", "--n-predict", default=128, show_default=True, type=click.IntRange(0), help="Tokens to generate.")
 @sampling_options
+@click.option("-r", "--reverse-prompt", "stops", multiple=True, help="Stop once the text contains this (repeatable).")
+@click.option("--ignore-eos", is_flag=True, help="Go on past end-of-generation tokens.")
+@click.option("--special", is_flag=True, help="Special-token text in the prompt becomes those tokens (as llama.cpp "
+                                              "parses it); by default a prompt is plain text.")
 @click.option("-c", "--ctx-size", type=click.IntRange(16), help="Context size (default: min(trained, 4096)).")
 @click.option("--ring/--no-ring", default=True, show_default=True,
               help="Past the context, keep BOS and overwrite the oldest tokens; --no-ring makes that an error.")
@@ -132,32 +230,39 @@ def _warm_up(lm, compiling):
 @device_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
 @click.option("--timings", is_flag=True, help="Print where the time before the first token went.")
-def run(model, prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
-        ctx_size, ring, threads, kv_type, device, as_json, timings):
-    """Complete PROMPT with MODEL (a GGUF path or a registry name)."""
+def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k, top_p, min_p, repeat_penalty,
+        repeat_last_n, presence_penalty, frequency_penalty, seed, stops, ignore_eos, special, ctx_size, ring,
+        threads, kv_type, device, as_json, timings):
+    """Complete a prompt with MODEL (a GGUF path or a registry name)."""
     from .startup import StartupTimes
     times = StartupTimes()
     times.start("interpreter and CLI")
-    from .generate import GenerationStats, generate
+    from .generate import GenerationStats, generate, truncate_prompt
     from .sampler import Sampler, SamplingOptions
     from .tokenizer import StreamDecoder
 
-    if prompt == "-":
-        prompt = sys.stdin.read()
+    prompt = _prompt_text(prompt, prompt_file)
+    system = _system_text(system, system_file)
     lm = _load(model, threads, kv_type, times, device, ctx_size)
     n_ctx = ctx_size or lm.default_context()
-    ids = lm.tokenizer.encode(prompt)
+    ids = _prompt_ids(lm, prompt, system, special)
     if not ring and len(ids) + n_predict > n_ctx:
         raise ContextFullError(f"the prompt ({len(ids)} tokens) plus -n {n_predict} exceed the context of "
                                f"{n_ctx}; use a larger -c, a smaller -n, or --ring")
+    pin = min(SINK_TOKENS, len(ids) - 1) if ring else 0  # BOS included, these stay for good
+    ids, notice = truncate_prompt(ids, n_ctx, pin, n_predict)
+    if notice:
+        click.echo(f"warning: {notice}", err=True)
     cache = lm.model.new_cache(n_ctx, ring=ring)
     vocab = lm.tokenizer.vocab
-    pin = min(SINK_TOKENS, len(ids) - 1) if ring else 0  # BOS included, these stay for good
-    sampler = Sampler(SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed))
+    sampler = Sampler(SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
+                                      presence_penalty, frequency_penalty))
     stats = GenerationStats()
     stream = StreamDecoder(lm.tokenizer)
     text = []
-    tokens = generate(lm.model, cache, ids, sampler, n_predict, vocab.end_of_generation, stats, pin=pin)
+    tail = ""  # the end of the text, as long as the longest reverse prompt needs
+    stop_ids = () if ignore_eos else vocab.end_of_generation
+    tokens = generate(lm.model, cache, ids, sampler, n_predict, stop_ids, stats, pin=pin)
     try:
         for token in tokens:
             if timings and stats.generated_tokens == 1:
@@ -168,6 +273,11 @@ def run(model, prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, rep
             if not as_json:
                 click.echo(piece, nl=False)
                 sys.stdout.flush()
+            if stops:
+                tail = (tail + piece)[-max(map(len, stops)) - len(piece):]
+                if any(stop in tail for stop in stops):
+                    stats.stop_reason = "reverse_prompt"
+                    break
     except KeyboardInterrupt:
         stats.stop_reason = "interrupted"
     text.append(stream.flush())
@@ -185,19 +295,47 @@ def run(model, prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, rep
                    f"({stats.generated_tokens} tokens, stop: {stats.stop_reason})", err=True)
 
 
+def _prompt_ids(lm, prompt: str, system: str | None, special: bool) -> list[int]:
+    """The prompt's tokens: plain text (special-token text parsed only with --special); with a
+    system prompt, the chat template's rendering of system and user turns, whose markup alone
+    yields control tokens. An empty prompt starts from BOS, as llama.cpp does."""
+    tok = lm.tokenizer
+    if system is not None:
+        from .chat_template import choose_template, render_with_content_spans
+        template, warning = choose_template(tok.vocab)
+        if warning:
+            click.echo(f"warning: {warning}", err=True)
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+        text, spans = render_with_content_spans(template, messages, add_generation_prompt=True)
+        ids = tok.encode(text, add_special=False, literal=() if special else spans)
+        bos = tok.vocab.bos_id
+        if tok.vocab.add_bos and bos >= 0 and (not ids or ids[0] != bos):
+            ids = [bos] + ids
+    else:
+        ids = tok.encode(prompt, parse_special=special)
+    if not ids:
+        if tok.vocab.bos_id < 0:
+            raise InputError("the prompt is empty and the model has no BOS token to start from")
+        ids = [tok.vocab.bos_id]
+    return ids
+
+
 @main.command(cls=Command)
 @click.argument("model")
-@click.argument("text")
+@click.argument("text", required=False)
+@click.option("-f", "--file", "text_file", type=click.Path(dir_okay=False), help="Tokenize a file's text.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--no-special", is_flag=True, help="Do not add BOS/EOS.")
-def tokenize(model, text, as_json, no_special):
-    """Print the token ids (and pieces) of TEXT."""
+@click.option("--no-parse-special", is_flag=True, help="Special-token text stays plain text (llama-tokenize's).")
+def tokenize(model, text, text_file, as_json, no_special, no_parse_special):
+    """Print the token ids (and pieces) of TEXT (or of -f FILE, or of what is piped in)."""
     from gguf_io import GGUFFile, read_vocab
 
     from .registry import resolve
     from .tokenizer import Tokenizer
+    text = _prompt_text(text, text_file)
     tok = Tokenizer(read_vocab(GGUFFile(resolve(model))))
-    ids = tok.encode(text, add_special=not no_special)
+    ids = tok.encode(text, add_special=not no_special, parse_special=not no_parse_special)
     if as_json:
         click.echo(json.dumps({"ids": ids, "pieces": [tok.piece(i) for i in ids]}))
     else:
@@ -238,6 +376,10 @@ def _print_fit(f, p, n_ctx, mem, users, kv_type):
     from .memory_fit import parse_size
     if p.arch not in ARCHITECTURES:
         raise GGUFError(f"architecture {p.arch!r} is not supported")
+    try:
+        budget = parse_size(mem) if mem else None
+    except ValueError as e:
+        raise InputError(f"--mem: {e}") from None
     fit = memory_fit(f, p, kv_type)
     mib = 2**20
     click.echo(f"weights: {fit.weight_bytes / mib:.1f} MiB (" + ", ".join(
@@ -250,10 +392,6 @@ def _print_fit(f, p, n_ctx, mem, users, kv_type):
     click.echo(f"context {n_ctx} x {users} user(s): KV {fit.kv_bytes(n_ctx, users) / mib:.1f} MiB, "
                f"total {fit.total_bytes(n_ctx, users) / mib:.1f} MiB")
     if mem:
-        try:
-            budget = parse_size(mem)
-        except ValueError as e:
-            raise click.BadParameter(str(e), param_hint="--mem") from None
         best = fit.max_context(budget, users)
         if fit.weight_bytes > budget:
             click.echo(f"does not fit in {budget / mib:.0f} MiB: "
@@ -358,6 +496,8 @@ def perplexity(model, text_file, ctx_size, ring, save_logits, kl_base, threads, 
     from pathlib import Path
 
     from . import perplexity as ppl
+    if save_logits:
+        _check_writable(save_logits)
     lm = _load(model, threads, kv_type, device=device, n_ctx=ring or ctx_size)
     text = Path(text_file).read_text(encoding="utf-8", errors="replace")
     try:
@@ -365,7 +505,7 @@ def perplexity(model, text_file, ctx_size, ring, save_logits, kl_base, threads, 
         result = (ppl.ring_perplexity(lm, text, ring, base=base) if ring
                   else ppl.perplexity(lm, text, ctx_size, base=base))
     except ValueError as e:
-        raise click.UsageError(str(e)) from None
+        raise InputError(str(e)) from None
     if save_logits:
         ppl.save_logits(result, save_logits, len(lm.tokenizer.vocab))
     kl = ppl.compare_to_base(result, base) if base else None
@@ -380,6 +520,16 @@ def perplexity(model, text_file, ctx_size, ring, save_logits, kl_base, threads, 
                    f"p99 {kl['kld_p99']:.5f}, max {kl['kld_max']:.5f}")
         click.echo(f"top-1 agreement {100 * kl['top1_agreement']:.2f}%, PPL ratio {kl['ppl_ratio']:.4f} "
                    f"(base PPL {kl['ppl_base']:.4f})")
+
+
+def _check_writable(path: str) -> None:
+    """Fail before the work, not after it, when an output file cannot be written."""
+    from pathlib import Path
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if target.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK) or (
+            target.exists() and not os.access(target, os.W_OK)):
+        raise InputError(f"cannot write {path}")
 
 
 @main.command("quant-report", cls=Command)
@@ -401,21 +551,25 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
     if unknown:
         raise click.BadParameter(f"unknown type {unknown[0]}", param_hint="--types")
     text = Path(text_file).read_text(encoding="utf-8", errors="replace")
+    if plot_file:
+        _check_writable(plot_file)
     try:
         rows = report(Path(source), text, names, ctx_size, threads)
     except ValueError as e:
-        raise click.UsageError(str(e)) from None
+        raise InputError(str(e)) from None
     click.echo(json.dumps(rows, indent=1) if as_json else format_table(rows))
     if plot_file:
         try:
             plot(rows, Path(plot_file), Path(source).name)
         except RuntimeError as e:
-            raise click.UsageError(str(e)) from None
+            raise InputError(str(e)) from None
 
 
 @main.command(cls=Command)
 @model_argument
-@click.option("--system", help="System prompt.")
+@system_options
+@click.option("-n", "--n-predict", default=-1, show_default=True, type=click.IntRange(-1),
+              help="Most tokens per reply; -1: until the model ends it (or Ctrl-C).")
 @click.option("-c", "--ctx-size", type=click.IntRange(16), help="Context size (default: min(trained, 4096)).")
 @click.option("--chat-template", type=click.Choice(["chatml", "llama3", "gemma"]),
               help="Use a built-in template instead of the file's own.")
@@ -423,16 +577,20 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
 @threads_option
 @kv_type_option
 @device_option
-def chat(model, system, ctx_size, chat_template, temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
-         seed, threads, kv_type, device):
+def chat(model, system, system_file, n_predict, ctx_size, chat_template, temp, top_k, top_p, min_p,
+         repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, threads, kv_type, device):
     """Talk with MODEL in the terminal; the context never runs out (ring window)."""
     from .chat import ChatSession, repl
     from .registry import cache_dir
     from .sampler import SamplingOptions
+    system = _system_text(system, system_file)
     lm = _load(model, threads, kv_type, device=device, n_ctx=ctx_size)
-    options = SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
-    session = ChatSession(lm, ctx_size or lm.default_context(), options, system, chat_template)
-    repl(session, sys.stdout, cache_dir() / "chat_history")
+    options = SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
+                              presence_penalty, frequency_penalty)
+    session = ChatSession(lm, ctx_size or lm.default_context(), options, system, chat_template,
+                          max_reply=sys.maxsize if n_predict < 0 else n_predict)
+    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    repl(session, sys.stdout, cache_dir() / "chat_history", colour=colour)
 
 
 def entry():

@@ -4,8 +4,33 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .kv_cache import ContextFullError
 from .sampler import Sampler
+
+
+class ModelOutputError(Exception):
+    """The model computed something unusable (NaN or infinite logits)."""
+
+
+def checked(logits):
+    """logits, when they are all finite; a corrupt tensor shows up here first."""
+    if not np.isfinite(logits).all():
+        raise ModelOutputError("the model produced NaN or infinite logits; the file may be corrupt")
+    return logits
+
+
+def truncate_prompt(ids: list[int], n_ctx: int, keep: int, n_predict: int) -> tuple[list[int], str | None]:
+    """A prompt that fits the context: past it, the first `keep` tokens (pinned) and the last
+    ones, leaving room for min(n_predict, half the rest) generated tokens before the ring wraps,
+    as llama.cpp keeps n_keep and the end; and a notice saying what was dropped."""
+    if len(ids) <= n_ctx:
+        return ids, None
+    tail = n_ctx - keep - min(n_predict, (n_ctx - keep) // 2)
+    kept = ids[:keep] + ids[len(ids) - tail:]
+    return kept, (f"the prompt has {len(ids)} tokens, more than the context of {n_ctx}: kept the first {keep} "
+                  f"and the last {tail} ({len(ids) - len(kept)} dropped)")
 
 
 @dataclass
@@ -45,7 +70,7 @@ def generate(model, cache, prompt: list[int], sampler: Sampler, max_tokens: int,
     if pin:
         model.forward(prompt[:pin], cache)
         cache.pin()
-    logits = model.forward(prompt[pin:], cache)
+    logits = checked(model.forward(prompt[pin:], cache))
     history = list(history or []) + list(prompt)
     stats.prefill_s = time.perf_counter() - start
     decode_start = None
@@ -69,5 +94,5 @@ def generate(model, cache, prompt: list[int], sampler: Sampler, max_tokens: int,
         history.append(token)
         yield token
         # every token handed out is also in the cache, so a caller can continue from it
-        logits = model.forward([token], cache)
+        logits = checked(model.forward([token], cache))
         stats.decode_s = time.perf_counter() - decode_start

@@ -17,11 +17,11 @@ pexpect = pytest.importorskip("pexpect")
 PROMPT = ">>> "
 
 
-def start_chat(*args, env_dir: Path):
+def start_chat(*args, env_dir: Path, extra_env: dict | None = None):
     child = pexpect.spawn(sys.executable, ["-m", "runner", "chat", *map(str, args)], encoding="utf-8",
                           timeout=300, dimensions=(40, 200),
                           env={"GGRUN_CACHE_DIR": str(env_dir), "PATH": "/usr/bin:/bin", "HOME": str(env_dir),
-                               "PYTHONPATH": str(Path(__file__).parents[1])})
+                               "PYTHONPATH": str(Path(__file__).parents[1]), **(extra_env or {})})
     child.expect_exact(PROMPT)
     return child
 
@@ -216,3 +216,33 @@ def test_invalid_utf8_typed_into_chat_is_replaced(smollm, monkeypatch):
     session = _session(smollm)
     session.send(text)
     session.save(Path("/dev/null"))
+
+
+def test_colour_on_a_terminal_only(smollm, monkeypatch, tmp_path):
+    import io
+
+    from runner.chat import PROMPT_COLOUR, REPLY_COLOUR, repl
+    for colour in (True, False):
+        lines, prompts = iter(["Hi"]), []
+
+        def fake_input(prompt=""):
+            prompts.append(prompt)
+            try:
+                return next(lines)
+            except StopIteration:
+                raise EOFError from None
+        monkeypatch.setattr("builtins.input", fake_input)
+        out = io.StringIO()
+        repl(_session(smollm), out, tmp_path / "history", colour=colour)
+        assert (REPLY_COLOUR in out.getvalue()) == colour and (PROMPT_COLOUR in prompts[0]) == colour
+
+
+
+@pytest.mark.parametrize("no_color", [False, True])
+def test_the_chat_command_colours_a_terminal_unless_no_color(home, no_color):
+    child = start_chat("--temp", "0", "-n", "4", env_dir=home, extra_env={"NO_COLOR": "1"} if no_color else {})
+    child.sendline("Hi")
+    child.expect_exact(PROMPT)
+    assert ("\x1b[36m" in child.before) != no_color
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)
