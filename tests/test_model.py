@@ -44,18 +44,16 @@ def test_decode_steps_match_prefill(smollm, hf_logits):
 
 
 @pytest.mark.parametrize("kv_type, dtype", [("f16", np.float16), ("q8_0", np.int8)])
-def test_reduced_precision_caches_stay_close(smollm, hf_logits, kv_type, dtype):
+def test_reduced_precision_caches_stay_close(smollm_path, hf_logits, kv_type, dtype):
     """The f16 KV cache (the CLI's default, as llama.cpp's) and the q8_0 one against the same
     fp32 reference: the exact tests above use the f32 cache; rounding keys and values may flip
-    near-ties."""
+    near-ties. (A model of its own: the session's is shared, and stays as it is.)"""
+    from runner.load import load_model
     ids, want = hf_logits
-    smollm.model.kv_type = kv_type
-    try:
-        cache = smollm.model.new_cache(256)
-        got = smollm.model.forward(ids[:-8], cache, all_logits=True)
-        decoded = [smollm.model.forward([t], cache) for t in ids[-8:]]
-    finally:
-        smollm.model.kv_type = "f32"
+    model = load_model(smollm_path, kv_type=kv_type).model
+    cache = model.new_cache(256)
+    got = model.forward(ids[:-8], cache, all_logits=True)
+    decoded = [model.forward([t], cache) for t in ids[-8:]]
     assert cache.keys[0].dtype == dtype
     got = np.concatenate([got, decoded])
     assert np.mean(got.argmax(axis=1) == want.argmax(axis=1)) >= 0.95
