@@ -71,17 +71,20 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
     (weights, and the KV cache at that depth) and the share of the memory bandwidth, measured in
     the same run, that their speed implies, and with several depths their speed against the first
     depth's (depth_steps) beside the most that reading the deeper cache at that bandwidth allows."""
+    from kernels_cpu.cpu_features import cpu_description
+
     from .load import memory_fit
     f, p = lm.file, lm.params
     base = {"model": f.path.name, "arch": p.arch, "quant": file_type_name(f), "size_mib": f.size / 2**20,
             "params_m": sum(t.n_elements for t in f.tensors.values()) / 1e6,
             "bits_per_weight": f.bits_per_weight(), "backend": lm.backend.label, "threads": lm.backend.threads,
-            "kv_type": lm.model.kv_type}
+            "kv_type": lm.model.kv_type, "cpu": cpu_description()}
     bandwidth = lm.backend.read_bandwidth()
     fit = memory_fit(f, p, lm.model.kv_type)
-    tests = [("pp", n_prompt, 0, lambda k: _time_prefill(lm, k))]
-    tests += [("tg", n_gen, d, lambda k, d=d: time_decode(lm, k, d)) for d in depths]
-    steps = dict(zip(depths, depth_steps(lm, n_gen, depths))) if len(depths) > 1 else {}
+    # as llama-bench: -p 0 skips prefill, -n 0 skips decode
+    tests = [("pp", n_prompt, 0, lambda k: _time_prefill(lm, k))] if n_prompt else []
+    tests += [("tg", n_gen, d, lambda k, d=d: time_decode(lm, k, d)) for d in depths] if n_gen else []
+    steps = dict(zip(depths, depth_steps(lm, n_gen, depths))) if len(depths) > 1 and n_gen else {}
     rows = []
     for test, n, depth, run in tests:
         # warm-up: loads every kernel outside the measurement; 32 tokens, as backends switch to

@@ -411,8 +411,8 @@ def pull(name):
 
 @main.command(cls=Command)
 @model_argument
-@click.option("-p", "--n-prompt", default=512, show_default=True, type=click.IntRange(1))
-@click.option("-n", "--n-gen", default=128, show_default=True, type=click.IntRange(1))
+@click.option("-p", "--n-prompt", default=512, show_default=True, type=click.IntRange(0), help="0: no prefill test.")
+@click.option("-n", "--n-gen", default=128, show_default=True, type=click.IntRange(0), help="0: no decode test.")
 @click.option("-r", "--repetitions", default=3, show_default=True, type=click.IntRange(1))
 @click.option("-d", "--depth", "depths", default="0", show_default=True,
               help="Comma-separated context depths to decode at (llama-bench's -d), e.g. 16,2048.")
@@ -430,11 +430,13 @@ def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device,
             raise ValueError
     except ValueError:
         raise click.BadParameter("expected comma-separated non-negative integers", param_hint="--depth") from None
-    lm = _load(model, threads, kv_type, device=device, n_ctx=max(n_prompt, max(depths) + n_gen + 1))
+    lm = _load(model, threads, kv_type, device=device, n_ctx=max(n_prompt, max(depths) + n_gen + 1, 16))
     rows = run_bench(lm, n_prompt, n_gen, repetitions, depths)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
+    if rows:
+        click.echo(f"cpu: {rows[0]['cpu']}")
     for r in rows:
         line = (f"{r['model']:<32} {r['quant']:<7} {r['size_mib']:>7.1f} MiB {r['backend']:<7} {r['threads']:>2} thr "
                 f"{r['test']:>10}  {r['tok_s_mean']:>7.1f} ± {r['tok_s_std']:.1f} tok/s")
