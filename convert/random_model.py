@@ -19,7 +19,7 @@ from .convert import model_metadata
 from .gguf_out import PlannedTensor, Summary, write_gguf
 from .hf_model import model_from_config
 from .hf_tokenizer import TokenizerData
-from .mixes import mix_types
+from .mixes import FILE_TYPES, mix_types
 from .quants import quantize
 
 ROWS = 256
@@ -96,10 +96,22 @@ def write_random_llama(path: Path, shape: LlamaShape = SHAPE_7B, type_name: str 
 
 @click.command()
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
-def main(out):
-    """Write a Llama of random Q4_K_M weights in the 7B shape to OUT (a GGUF file), for
-    benchmarks of a model that size (scripts/gpu_check)."""
-    click.echo("\n".join(write_random_llama(out).lines()))
+@click.option("--layers", "n_layer", default=SHAPE_7B.n_layer, show_default=True, type=click.IntRange(1))
+@click.option("--embd", "n_embd", default=SHAPE_7B.n_embd, show_default=True, type=click.IntRange(64))
+@click.option("--ff", "n_ff", default=SHAPE_7B.n_ff, show_default=True, type=click.IntRange(32))
+@click.option("--heads", "n_head", default=SHAPE_7B.n_head, show_default=True, type=click.IntRange(1))
+@click.option("--kv-heads", "n_head_kv", default=SHAPE_7B.n_head_kv, show_default=True, type=click.IntRange(1))
+@click.option("--vocab", "vocab_size", default=SHAPE_7B.vocab_size, show_default=True, type=click.IntRange(300))
+@click.option("--type", "type_name", default="Q4_K_M", show_default=True,
+              type=click.Choice(list(FILE_TYPES), case_sensitive=False))
+def main(out, n_layer, n_embd, n_ff, n_head, n_head_kv, vocab_size, type_name):
+    """Write a Llama of random weights to OUT (a GGUF file), by default Q4_K_M in the 7B shape,
+    for benchmarks of a model that size (scripts/gpu_check); e.g. the 1B shape: --layers 16
+    --embd 2048 --ff 8192 --heads 32 --kv-heads 8."""
+    if n_embd % n_head or n_head % n_head_kv:
+        raise click.BadParameter("--embd must divide into --heads, and --heads into --kv-heads")
+    shape = LlamaShape(n_layer, n_embd, n_head, n_head_kv, n_ff, vocab_size)
+    click.echo("\n".join(write_random_llama(out, shape, type_name).lines()))
 
 
 if __name__ == "__main__":  # python -m convert.random_model OUT.gguf

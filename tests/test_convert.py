@@ -154,6 +154,13 @@ def test_random_llama_command_asks_for_its_output(tmp_path, monkeypatch):
     assert result.exit_code == 0 and "OUT" in result.output
     assert CliRunner().invoke(main, []).exit_code == 2
     assert list(tmp_path.iterdir()) == []
+    # any shape and type, as benchmarks of other sizes need
+    result = CliRunner().invoke(main, ["small.gguf", "--layers", "2", "--embd", "256", "--ff", "512", "--heads", "4",
+                                       "--kv-heads", "2", "--vocab", "1000", "--type", "q8_0"])
+    assert result.exit_code == 0, result.output
+    p = read_params(GGUFFile(tmp_path / "small.gguf"))
+    assert (p.n_layer, p.n_embd, p.n_ff, p.n_head, p.n_head_kv, p.vocab_size) == (2, 256, 512, 4, 2, 1000)
+    assert GGUFFile(tmp_path / "small.gguf").tensors["blk.0.attn_q.weight"].type == T.Q8_0
 
 
 def test_random_llama_for_benchmarks_loads_and_runs(tmp_path):
