@@ -79,13 +79,8 @@ class ChatSession:
 
     def _tokens(self, text: str, spans, first: bool, offset: int = 0) -> list[int]:
         """Tokens of text (rendered[offset:]); the contents' spans are tokenized as plain text."""
-        tok = self.lm.tokenizer
         literal = [(max(start - offset, 0), end - offset) for start, end in spans if end > offset]
-        ids = tok.encode(text, add_special=False, literal=literal)
-        vocab = tok.vocab
-        if first and vocab.add_bos and vocab.bos_id >= 0 and (not ids or ids[0] != vocab.bos_id):
-            ids = [vocab.bos_id] + ids
-        return ids
+        return self.lm.tokenizer.encode_rendered(text, literal, first)
 
     def _catch_up(self, rendered: str, spans) -> list[int]:
         """Tokens that bring the cache from fed_text to `rendered`; rebuilds from scratch in the rare

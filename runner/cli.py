@@ -22,7 +22,6 @@ from .kv_cache import SINK_TOKENS, ContextFullError
 from .registry import MODELS, RegistryError
 
 
-
 class InputError(Exception):
     """A file or value the user gave is unusable (not a usage mistake: click's usage text would not help)."""
 
@@ -134,7 +133,7 @@ def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
     if prompt_file is not None:
         return _read_text(prompt_file)
     if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
-        return valid_utf8(sys.stdin.read())
+        return _read_text("-")
     if prompt is None:
         raise click.UsageError("no prompt: give -p TEXT, -f FILE or pipe it in")
     return valid_utf8(prompt)
@@ -307,10 +306,7 @@ def _prompt_ids(lm, prompt: str, system: str | None, special: bool) -> list[int]
             click.echo(f"warning: {warning}", err=True)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
         text, spans = render_with_content_spans(template, messages, add_generation_prompt=True)
-        ids = tok.encode(text, add_special=False, literal=() if special else spans)
-        bos = tok.vocab.bos_id
-        if tok.vocab.add_bos and bos >= 0 and (not ids or ids[0] != bos):
-            ids = [bos] + ids
+        ids = tok.encode_rendered(text, literal=() if special else spans)
     else:
         ids = tok.encode(prompt, parse_special=special)
     if not ids:

@@ -49,6 +49,10 @@ class _Budget:
         self.memory_limit = _resident_bytes() + MAX_GROWTH
         self.steps = 0
 
+    def check_time(self):
+        if time.monotonic() > self.deadline:
+            raise TemplateLimitError(f"the chat template took longer than {RENDER_SECONDS} s")
+
     def check_memory(self):
         if _resident_bytes() > self.memory_limit:
             raise TemplateLimitError("the chat template uses too much memory")
@@ -60,20 +64,12 @@ class _Budget:
                 raise TemplateLimitError(f"the chat template ran more than {MAX_STEPS} steps")
             if self.steps % _CHECK_EVERY == 0:
                 self.check_memory()
-                if time.monotonic() > self.deadline:
-                    raise TemplateLimitError(f"the chat template took longer than {RENDER_SECONDS} s")
+                self.check_time()
         return self._line
 
     def trace(self, frame, event, arg):
-        if time.monotonic() > self.deadline:
-            raise TemplateLimitError(f"the chat template took longer than {RENDER_SECONDS} s")
+        self.check_time()
         return self._line if frame.f_code.co_filename == "<template>" else None
-
-
-def _bounded(value):
-    if isinstance(value, (str, list, tuple)) and len(value) > MAX_OUTPUT:
-        raise TemplateLimitError("the chat template builds an oversized value")
-    return value
 
 
 def _bounded_size(n: int):
@@ -81,18 +77,33 @@ def _bounded_size(n: int):
         raise TemplateLimitError("the chat template builds an oversized value")
 
 
+def _bounded(value):
+    if isinstance(value, (str, list, tuple)):
+        _bounded_size(len(value))
+    return value
+
+
+def _replaced_size(s: str, old: str, new: str) -> int:
+    """The length of s.replace(old, new), before computing it."""
+    return len(s) + (s.count(old) if old else len(s) + 1) * len(new)
+
+
+def _check_format(fmt: str):
+    if _WIDE_FORMAT.search(fmt):
+        raise TemplateLimitError("the chat template formats with an oversized width")
+
+
 def _check_str_call(method: str, s: str, args, kwargs):
     """Refuses, before it runs, a str method call whose result would exceed MAX_OUTPUT."""
     if method in ("ljust", "rjust", "center", "zfill") and args and isinstance(args[0], int):
         _bounded_size(args[0])
     elif method == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
-        count = s.count(args[0]) if args[0] else len(s) + 1
-        _bounded_size(len(s) + count * len(args[1]))
+        _bounded_size(_replaced_size(s, args[0], args[1]))
     elif method == "expandtabs":
         size = args[0] if args else kwargs.get("tabsize", 8)
         _bounded_size(len(s) * max(int(size), 1) if isinstance(size, int) else len(s))
-    elif method in ("format", "format_map") and _WIDE_FORMAT.search(s):
-        raise TemplateLimitError("the chat template formats with an oversized width")
+    elif method in ("format", "format_map"):
+        _check_format(s)
 
 
 class _GuardedCodeGenerator(CodeGenerator):
@@ -161,7 +172,7 @@ def _bounded_filters(filters) -> dict:
     @pass_eval_context
     def bounded_replace(eval_ctx, s, old, new, count=None):
         s, old, new = str(s), str(old), str(new)
-        _bounded_size(len(s) + (s.count(old) if old else len(s) + 1) * len(new))
+        _bounded_size(_replaced_size(s, old, new))
         return replace(eval_ctx, s, old, new, count)
 
     def bounded_center(value, width=80):
@@ -174,8 +185,7 @@ def _bounded_filters(filters) -> dict:
         return indent(s, width, first, blank)
 
     def bounded_format(value, *args, **kwargs):
-        if _WIDE_FORMAT.search(str(value)):
-            raise TemplateLimitError("the chat template formats with an oversized width")
+        _check_format(str(value))
         return _bounded(format_(value, *args, **kwargs))
 
     return {"join": bounded_join, "replace": bounded_replace, "center": bounded_center,
@@ -212,8 +222,8 @@ class GuardedEnvironment(ImmutableSandboxedEnvironment):
                     _bounded_size(len(seq) * n)
         if operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, type(left)):
             _bounded_size(len(left) + len(right))
-        if operator == "%" and isinstance(left, str) and _WIDE_FORMAT.search(left):
-            raise TemplateLimitError("the chat template formats with an oversized width")
+        if operator == "%" and isinstance(left, str):
+            _check_format(left)
         return _bounded(super().call_binop(context, operator, left, right))
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's own signature)

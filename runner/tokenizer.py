@@ -168,6 +168,16 @@ class Tokenizer:
             ids.append(v.eos_id)
         return ids
 
+    def encode_rendered(self, text: str, literal=(), first: bool = True) -> list[int]:
+        """Tokens of a rendered chat template: its markup parsed for special tokens, the
+        `literal` spans (what users wrote) plain; when `first`, BOS leads as the vocabulary asks,
+        unless the template wrote it itself."""
+        ids = self.encode(text, add_special=False, literal=literal)
+        bos = self.vocab.bos_id
+        if first and self.vocab.add_bos and bos >= 0 and (not ids or ids[0] != bos):
+            ids = [bos] + ids
+        return ids
+
     def _bpe_piece(self, piece: str) -> list[int]:
         cached = self._cache.get(piece)
         if cached is not None:
