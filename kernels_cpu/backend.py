@@ -12,6 +12,7 @@ from . import amx, ops
 from .attention import attention
 from .bandwidth import read_bandwidth
 from .blocks import SUPPORTED_TYPES
+from .cpu_features import int8_isa
 from .kv_layout import ELEMENTS, as_kernel_array, cached_rows, new_cache, store_kv
 from .matmul import decode_stack, load_matrix, matmuls
 from .step_program import GELU_MUL, SILU_MUL, run_step
@@ -22,7 +23,9 @@ class CpuBackend:
     supported_types = SUPPORTED_TYPES
     kv_types = tuple(ELEMENTS)
 
-    def __init__(self, threads: int | None = None):
+    def __init__(self, threads: int | None = None, precise: bool = False):
+        # precise: decode's products take 16-bit activations (rowdot.py), not llama.cpp's 8-bit ones
+        self.precise = precise
         self.threads = max(1, min(threads or os.cpu_count() or 1, numba.config.NUMBA_NUM_THREADS))
         numba.set_num_threads(self.threads)
         # Numba's OpenMP workers spin between parallel regions; a multi-threaded BLAS running
@@ -35,6 +38,12 @@ class CpuBackend:
     @property
     def label(self):
         return "cpu+amx" if amx.usable() else "cpu"
+
+    @property
+    def decode_products(self):
+        if self.precise:
+            return "16-bit activations (--precise)"
+        return f"8-bit activations, {int8_isa()} instructions"
 
     def free_memory(self):
         return None
@@ -75,12 +84,12 @@ class CpuBackend:
 
     def matmuls(self, ws, x):
         if self.recorder is None:
-            return matmuls(ws, x)
+            return matmuls(ws, x, self.precise)
         stack = decode_stack(ws, x)
         if stack is None:
             self.recorder.fail("products that do not run the decode kernel")
-            return matmuls(ws, x)
-        out = self._recorded(stack.products(x), "products", stack, x)
+            return matmuls(ws, x, self.precise)
+        out = self._recorded(stack.products(x, self.precise), "products", stack, x, self.precise)
         return [out[:, a:b] for a, b in stack.spans]
 
     def embed(self, w, ids):

@@ -1,13 +1,16 @@
 """Each quantized type's block layout, decoded in LLVM IR to integer vectors (byte layouts: ggml-common.h).
 
 A decoder reads one block at pointer `p` and returns a Block: its scale groups in order, each as
-Group(scale, bias, values, signed): weight = scale * value + bias, with `values` the group's 16
-or 32 integer values as <16 x i8> or <32 x i8> vectors in position order (signed or unsigned
-bytes). `bias` is None for symmetric types, whose integer offset (Q4_0's -8 ...) is subtracted in
-the bytes instead. K-quant groups leave scale and bias to their Block: integer sub-scales and mins, one
-i16 lane per group, which the block's float d and dmin turn into weight = d * scale * value -
-dmin * min; products can then stay integers over a whole super-block. rowdot.py multiplies the
-blocks with activations or writes them out as floats; nothing here knows about rows or tokens.
+Group(scale, bias, values, signed, offset): weight = scale * (value - offset) + bias, with
+`values` the group's 16 or 32 integer values as <16 x i8> or <32 x i8> vectors in position order
+(signed or unsigned bytes). `bias` is None for symmetric types, whose integer offset (Q4_0's 8 ...)
+is left apart: the 8-bit dot products multiply the unsigned values and subtract the offset times
+the activations' sum, and `integers` subtracts it in the bytes for the other users. K-quant
+groups leave scale and bias to their Block: integer sub-scales and mins, one i16 lane per group,
+which the block's float d and dmin turn into weight = d * scale * (value - offset) - dmin * min;
+products can then stay integers over a whole super-block. rowdot.py and rowdot_int8.py multiply
+the blocks with activations, or rowdot.py writes them out as floats; nothing here knows about
+rows or tokens.
 """
 from dataclasses import dataclass
 
@@ -23,6 +26,13 @@ class Group:
     bias: ir.Value | None
     values: list
     signed: bool
+    offset: int = 0
+
+    def integers(self, b):
+        """(values - offset, signed): the weights' integers as bytes."""
+        if not self.offset:
+            return self.values, self.signed
+        return [_sub(b, v, self.offset) for v in self.values], True
 
 
 @dataclass
@@ -74,18 +84,18 @@ def _nibble_halves(b, p, at):
     return _and(b, qs, 15), _shr(b, qs, 4)
 
 
-def _with_fifth_bits(b, v, qh, offset):
-    """v (<32 x i8> nibbles) with its fifth bits, minus `offset`: lane j gains 16 when bit j of
-    the 32-bit qh is set. Those bits serve as a lane mask as they stand (one mask register on
+def _with_fifth_bits(b, v, qh):
+    """v (<32 x i8> nibbles) with its fifth bits: lane j gains 16 when bit j of the 32-bit qh is
+    set. Those bits serve as a lane mask as they stand (one mask register on
     AVX-512, loaded straight from the block): Q5_0 products went from 12.7 to 16 GMAC/s over
     spreading each bit to its lane with vector shifts."""
     mask = b.bitcast(qh, ir.VectorType(ir.IntType(1), 32))
-    return b.select(mask, _sub(b, v, offset - 16), _sub(b, v, offset))
+    return b.select(mask, b.or_(v, const_vector(I8, [16] * 32)), v)
 
 
 def _q4_0(b, p):  # d:f16 qs[16]
     lo, hi = _nibble_halves(b, p, 2)
-    return Block([Group(load_f16(b, p, 0), None, [_sub(b, v, 8) for v in (lo, hi)], True)])
+    return Block([Group(load_f16(b, p, 0), None, [lo, hi], False, 8)])
 
 
 def _q4_1(b, p):  # d:f16 m:f16 qs[16]
@@ -93,17 +103,17 @@ def _q4_1(b, p):  # d:f16 m:f16 qs[16]
     return Block([Group(load_f16(b, p, 0), load_f16(b, p, 2), [lo, hi], False)])
 
 
-def _q5(b, p, qh_at, qs_at, offset):
-    """The 32 values of a Q5_0/Q5_1 block as one <32 x i8>."""
-    return _with_fifth_bits(b, concat(b, *_nibble_halves(b, p, qs_at)), load_u32(b, p, qh_at), offset)
+def _q5(b, p, qh_at, qs_at):
+    """The 32 unsigned values of a Q5_0/Q5_1 block as one <32 x i8>."""
+    return _with_fifth_bits(b, concat(b, *_nibble_halves(b, p, qs_at)), load_u32(b, p, qh_at))
 
 
 def _q5_0(b, p):  # d:f16 qh[4] qs[16]
-    return Block([Group(load_f16(b, p, 0), None, [_q5(b, p, 2, 6, 16)], True)])
+    return Block([Group(load_f16(b, p, 0), None, [_q5(b, p, 2, 6)], False, 16)])
 
 
 def _q5_1(b, p):  # d:f16 m:f16 qh[4] qs[16]
-    return Block([Group(load_f16(b, p, 0), load_f16(b, p, 2), [_q5(b, p, 4, 8, 0)], False)])
+    return Block([Group(load_f16(b, p, 0), load_f16(b, p, 2), [_q5(b, p, 4, 8)], False)])
 
 
 def _q8_0(b, p):  # d:f16 qs[32] int8
@@ -166,8 +176,8 @@ def _q6_k(b, p):  # ql[128], qh[64], scales[16] int8, d: 6-bit values offset by 
             quarters = (_and(b, a, 15), _and(b, c, 15), _shr(b, a, 4), _shr(b, c, 4))
             for quarter, low in enumerate(quarters):
                 g = 8 * half + 2 * quarter + lane
-                value = _sub(b, b.or_(low, _shl(b, _bits(b, h, 2 * quarter, 3), 4)), 32)
-                groups[g] = Group(None, None, [value], True)
+                value = b.or_(low, _shl(b, _bits(b, h, 2 * quarter, 3), 4))
+                groups[g] = Group(None, None, [value], False, 32)
     return Block(_sixteens(groups), d, scales=b.sext(load_bytes(b, p, 192), vector(I16)))
 
 
@@ -195,7 +205,7 @@ def _q3_k(b, p):  # hmask[32], qs[64], scales[12] (6-bit, packed, offset 32), d
 
     def group(g, half, plane, lane, v):
         # a clear high-mask bit means value - 4
-        return Group(None, None, [_sub(b, b.or_(v, _shl(b, _bits(b, hmask[lane], 4 * half + plane, 1), 2)), 4)], True)
+        return Group(None, None, [b.or_(v, _shl(b, _bits(b, hmask[lane], 4 * half + plane, 1), 2))], False, 4)
     # Scale g: low four bits from byte 96 + g % 8 (shifted by 4 for g >= 8), top two from byte
     # 104 + g % 4 (shifted by 2 * (g // 4)). The 16 bytes loaded end with the block's scales.
     packed = load_bytes(b, p, 94)

@@ -1,9 +1,13 @@
 """What this machine's CPU is, as benchmark figures name it: the model and the vector features
-that decide which kernels run (AVX2, AVX-512, VNNI, AMX)."""
+that decide which kernels run (AVX2, AVX-512, VNNI, AMX); and which 8-bit dot-product
+instructions the kernels are compiled with."""
 from __future__ import annotations
 
 import platform
 from functools import lru_cache
+
+import numba
+from llvmlite import binding
 
 # /proc/cpuinfo flag -> the name figures print
 _FEATURES = (("avx2", "AVX2"), ("avx512f", "AVX-512"), ("avx512_vnni", "AVX512-VNNI"), ("avx_vnni", "AVX-VNNI"),
@@ -27,3 +31,23 @@ def cpu_description() -> str:
         pass
     features = [name for flag, name in _FEATURES if flag in flags]
     return f"{model} ({', '.join(features) or 'no AVX2'})"
+
+
+@lru_cache(maxsize=1)
+def target_features() -> frozenset:
+    """The CPU features Numba compiles for: the host's, or those NUMBA_CPU_FEATURES gives when
+    NUMBA_CPU_NAME or NUMBA_CPU_FEATURES names another target (portable caches, and the tests of
+    each instruction path). LLVM stops the process on an instruction the target lacks, so the
+    kernels ask this, never /proc/cpuinfo."""
+    if numba.config.CPU_NAME not in (None, "host") or numba.config.CPU_FEATURES is not None:
+        return frozenset(f[1:] for f in (numba.config.CPU_FEATURES or "").split(",") if f.startswith("+"))
+    return frozenset(name for name, on in binding.get_host_cpu_features().items() if on)
+
+
+def int8_isa() -> str:
+    """The 8-bit dot products the kernels use: "vnni" (vpdpbusd: AVX512-VNNI or AVX-VNNI),
+    "avx2" (vpmaddubsw and vpmaddwd) or "generic" (LLVM's choice from plain integer IR)."""
+    features = target_features()
+    if "avx2" in features and ("avxvnni" in features or {"avx512vnni", "avx512vl"} <= features):
+        return "vnni"
+    return "avx2" if "avx2" in features else "generic"

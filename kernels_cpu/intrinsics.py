@@ -79,6 +79,12 @@ def f16_bits(typingctx, value):
 
 
 @intrinsic
+def f16_rounded(typingctx, value):
+    """float32 value rounded to the nearest float16 (ties to even), as float32."""
+    return types.float32(value), lambda context, b, sig, args: b.fpext(b.fptrunc(args[0], ir.HalfType()), F32)
+
+
+@intrinsic
 def pointer_at(typingctx, address, dtype):
     """An integer address as a typed pointer to `dtype` elements, for numba.carray. How the compiled
     decode step (step_program.py) and the products reach arrays of many shapes and owners through

@@ -153,3 +153,44 @@ def horizontal_sum(b, v):
         high = b.shuffle_vector(v, v, const_vector(I32, range(n, 2 * n)))
         v = b.fadd(low, high, flags=FAST)
     return b.extract_element(v, ir.Constant(I32, 0))
+
+
+# 8-bit dot products, by the instructions the target has (cpu_features.int8_isa): LLVM selects
+# vpmaddubsw and vpdpbusd only from their intrinsics (vpmaddubsw saturates, so no plain integer
+# IR means it), and asking for one the target lacks stops the process.
+def _x86(b, name, ret, args):  # (or any LLVM intrinsic)
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return b.call(fn, args)
+
+
+def byte_pair_sums(b, isa, u, s):
+    """<32 x i8> unsigned u, signed s -> <16 x i16>: u[2i] * s[2i] + u[2i + 1] * s[2i + 1]. Exact
+    while u <= 128 and |s| <= 127 (vpmaddubsw saturates beyond int16)."""
+    if isa == "generic":
+        wide = vector(I16, u.type.count)
+        p = b.mul(b.zext(u, wide), b.sext(s, wide))
+        n = u.type.count
+        return b.add(b.shuffle_vector(p, p, const_vector(I32, range(0, n, 2))),
+                     b.shuffle_vector(p, p, const_vector(I32, range(1, n, 2))))
+    return _x86(b, "llvm.x86.avx2.pmadd.ub.sw", vector(I16, 16), [u, s])
+
+
+def byte_quad_sums(b, isa, acc, u, s):
+    """acc (<8 x i32>) plus, in lane i, the sum of u[4i + j] * s[4i + j] over j < 4, for <32 x i8>
+    unsigned u and signed s (u <= 128, |s| <= 127): one vpdpbusd with VNNI, else vpmaddubsw and
+    vpmaddwd by ones."""
+    if isa == "vnni":
+        return _x86(b, "llvm.x86.avx512.vpdpbusd.256", acc.type, [acc, u, s])
+    return b.add(acc, pair_products(b, byte_pair_sums(b, isa, u, s), const_vector(I16, [1] * 16)))
+
+
+def signed_byte_quad_sums(b, isa, acc, w, s):
+    """byte_quad_sums for signed bytes w: |w| times s with w's signs (vpabsb, vpsignb), as
+    llama.cpp multiplies two Q8_0 blocks."""
+    if isa == "generic":
+        wide = vector(I32, w.type.count)
+        p = b.mul(b.sext(w, wide), b.sext(s, wide))
+        quads = [b.shuffle_vector(p, p, const_vector(I32, range(j, w.type.count, 4))) for j in range(4)]
+        return b.add(acc, b.add(b.add(quads[0], quads[1]), b.add(quads[2], quads[3])))
+    magnitude = _x86(b, f"llvm.abs.v{w.type.count}i8", w.type, [w, ir.Constant(ir.IntType(1), 0)])
+    return byte_quad_sums(b, isa, acc, magnitude, _x86(b, "llvm.x86.avx2.psign.b", s.type, [s, w]))

@@ -13,12 +13,16 @@ from functools import cached_property
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import carray, njit, prange
+from numba.extending import overload
 
 from . import amx
 from .block_ir import MIN_OFFSET
 from .blocks import FLOAT_TYPES, float_rows
-from .intrinsics import max_f32, min_f32, pointer_at, round_f32
-from .rowdot import DX_BLOCK, ROWS, row_dequantize, row_dot, rows_dot
+from .activations import (Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS, Q8_K_BLOCK, quantize_activations,
+                          rounding_kind)
+from .intrinsics import pointer_at
+from .rowdot import ROWS, row_dequantize, rows_dot
+from .rowdot_int8 import rows_dot_int8
 from .threads import in_parallel
 
 # Up to this many tokens, reading each weight row once beats dequantizing tiles for BLAS.
@@ -27,49 +31,6 @@ FEW_TOKENS = 8
 # memory streams are in flight at once: one sequential stream per thread read ~13 GB/s here,
 # four ~20 GB/s.
 STREAMS = 4
-
-
-@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
-def _abs_max(v):
-    amax = np.float32(0.0)
-    for j in range(v.shape[0]):
-        amax = max_f32(amax, abs(v[j]))
-    return amax
-
-
-@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
-def _to_int16(v, inv, out):
-    """out = round(v * inv), clamped to +-32767 (|v * inv| <= 32767 up to rounding)."""
-    for j in range(v.shape[0]):
-        out[j] = np.int16(max_f32(min_f32(round_f32(v[j] * inv), np.float32(32767.0)), np.float32(-32767.0)))
-
-
-@njit(cache=True, fastmath=True, error_model="numpy")
-def _quantize_activations(x):
-    """x (T, K) as 16-bit integers xq with a float32 scale dx per DX_BLOCK values (x ~ dx * xq,
-    off by at most 1/65534 of the largest |x| among them), and the sums of each 16 values (exact,
-    for the mins of affine types). 16 bits keep a product's error within 1e-5 of max|w| * sum|x|
-    (the kernel tests' bound; 8-bit activations, as llama.cpp's, would not), and let the integer
-    units multiply 32 pairs at once. (The loops over 1-d slices vectorize; written with 2-d
-    indexing they did not, 3x slower.)"""
-    n_tokens, k = x.shape
-    n_scales = (k + DX_BLOCK - 1) // DX_BLOCK
-    xq = np.empty((n_tokens, k), dtype=np.int16)
-    dx = np.empty((n_tokens, n_scales), dtype=np.float32)
-    xsum = np.empty((n_tokens, k // 16), dtype=np.float32)
-    for t in range(n_tokens):
-        for g in range(n_scales):
-            first, last = g * DX_BLOCK, min(g * DX_BLOCK + DX_BLOCK, k)
-            amax = _abs_max(x[t, first:last])
-            dx[t, g] = amax / np.float32(32767.0)
-            _to_int16(x[t, first:last], np.float32(32767.0) / amax if amax > 0 else np.float32(0.0),
-                      xq[t, first:last])
-        for g in range(k // 16):
-            s = np.float32(0.0)
-            for j in range(g * 16, g * 16 + 16):
-                s += x[t, j]
-            xsum[t, g] = s
-    return xq, dx, xsum
 
 
 # A products table: one row per matrix, where its raw rows and (Q4_1, Q5_1) mins lie in memory.
@@ -87,20 +48,37 @@ def matrix_arrays(mats, m):
             carray(pointer_at(d.mins, np.uint16), (d.rows, d.min_cols)))
 
 
+def rows_product(qtype, w, mins, row, acts, t, out, col):
+    """out[t, col + i] = row `row + i` of matrix w dotted with x[t], i < ROWS, from x's
+    activations `acts` as quantize_activations made them: rowdot.py's kernel for the 16-bit
+    ones, rowdot_int8.py's for the 8-bit ones."""
+
+
+@overload(rows_product)
+def _rows_product(qtype, w, mins, row, acts, t, out, col):
+    if len(acts) == 3:
+        return lambda qtype, w, mins, row, acts, t, out, col: rows_dot(
+            qtype, w, mins, row, acts[0], acts[1], t, acts[2], out, col)
+    return lambda qtype, w, mins, row, acts, t, out, col: rows_dot_int8(
+        qtype, w, row, acts[0], acts[1], acts[2], acts[3], acts[4], acts[5], acts[6], t, out, col)
+
+
 @njit(cache=True, parallel=True)
-def products(mats, tasks, single_rows, x, out):
-    """out = x @ [W_0; W_1; ...].T for the matrices of a products table (MATRIX), stacked by rows.
+def products(mats, tasks, small, x, out, formats, rounding):
+    """out = x @ [W_0; W_1; ...].T for the matrices of a products table (MATRIX), stacked by rows,
+    with the activations rounded as `rounding` (activations.rounding_kind) says, in the 8-bit
+    `formats` the matrices pair with.
 
     One parallel loop covers all the matrices that share an input (Q, K and V; gate and up).
     Task (m, row, col) is ROWS rows of matrix m from `row`, whose products go to out[:, col...];
-    its rows are read once, while in L1, for every token. Rows of matrices shorter than ROWS are
-    single_rows (m, row, col), done one by one after the loop (a branch for them inside it cost
-    ~8%).
+    its rows are read once, while in L1, for every token. Matrices of fewer than ROWS rows are
+    `small` (m, rows, col): their rows are padded to ROWS (QuantMatrix), multiplied after the loop
+    into a scratch row and copied out (a branch for them inside the loop cost ~8%).
     """
-    xq, dx, xsum = _quantize_activations(x)
+    n_tokens = x.shape[0]
+    acts = quantize_activations(rounding, x, formats)
     n_tasks = tasks.shape[0]
     stride = (n_tasks + STREAMS - 1) // STREAMS
-    n_tokens = x.shape[0]
     for c in prange(stride):
         for s in range(STREAMS):
             j = s * stride + c
@@ -109,12 +87,14 @@ def products(mats, tasks, single_rows, x, out):
             m = tasks[j, 0]
             raw, mins = matrix_arrays(mats, m)
             for t in range(n_tokens):
-                rows_dot(mats[m].qtype, raw, mins, tasks[j, 1], xq, dx, t, xsum, out, tasks[j, 2])
-    for j in range(single_rows.shape[0]):
-        m = single_rows[j, 0]
+                rows_product(mats[m].qtype, raw, mins, tasks[j, 1], acts, t, out, tasks[j, 2])
+    scratch = np.empty((n_tokens, ROWS), dtype=np.float32)
+    for j in range(small.shape[0]):
+        m, n_rows, col = small[j, 0], small[j, 1], small[j, 2]
         raw, mins = matrix_arrays(mats, m)
         for t in range(n_tokens):
-            row_dot(mats[m].qtype, raw, mins, single_rows[j, 1], xq, dx, t, xsum, out, single_rows[j, 2])
+            rows_product(mats[m].qtype, raw, mins, 0, acts, t, scratch, 0)
+            out[t, col:col + n_rows] = scratch[t, :n_rows]
 
 
 @njit(cache=True, nogil=True)
@@ -131,6 +111,9 @@ class QuantMatrix:
     def __init__(self, qtype: GGMLQuantizationType, raw: np.ndarray, k: int):
         # (rows of a file's tensor are contiguous already: no copy)
         self.qtype, self.shape, self.raw = qtype, (raw.shape[0], k), np.ascontiguousarray(raw)
+        if raw.shape[0] < ROWS:  # the kernels read ROWS rows at a time (see products)
+            self.raw = np.zeros((ROWS, raw.shape[1]), dtype=np.uint8)
+            self.raw[:raw.shape[0]] = raw
         self.stacks = {}  # see stacked
 
     @cached_property
@@ -138,12 +121,12 @@ class QuantMatrix:
         """The float16 mins of Q4_1/Q5_1 blocks as uint16 (rows, blocks per row), copied side by
         side for the dot products (a tenth of the matrix); (rows, 0) for other types. Made at the
         first product, so a prompt-only run never copies them."""
-        at = MIN_OFFSET.get(self.qtype)
+        at, rows = MIN_OFFSET.get(self.qtype), self.raw.shape[0]
         if at is None:
-            return np.zeros((self.shape[0], 0), dtype=np.uint16)
+            return np.zeros((rows, 0), dtype=np.uint16)
         block_bytes = GGML_QUANT_SIZES[self.qtype][1]
-        blocks = self.raw.reshape(self.shape[0], -1, block_bytes)
-        return np.ascontiguousarray(blocks[:, :, at:at + 2]).view(np.uint16).reshape(self.shape[0], -1)
+        blocks = self.raw.reshape(rows, -1, block_bytes)
+        return np.ascontiguousarray(blocks[:, :, at:at + 2]).view(np.uint16).reshape(rows, -1)
 
     @cached_property
     def descriptor(self) -> np.ndarray:
@@ -152,10 +135,10 @@ class QuantMatrix:
         return np.array([(int(self.qtype), raw.ctypes.data, *raw.shape, mins.ctypes.data, mins.shape[1])],
                         dtype=MATRIX)
 
-    def matmul(self, x: np.ndarray) -> np.ndarray:
-        """x (T, K) float32 -> x @ W.T, (T, N)."""
+    def matmul(self, x: np.ndarray, precise: bool = False) -> np.ndarray:
+        """x (T, K) float32 -> x @ W.T, (T, N); precise: decode's 16-bit activations."""
         if x.shape[0] <= FEW_TOKENS:
-            return stacked([self]).products(x)
+            return stacked([self]).products(x, precise)
         return self.tiled_product(_ManyTokens(x, self.shape[1]))
 
     def tiled_product(self, x: _ManyTokens) -> np.ndarray:
@@ -218,29 +201,35 @@ class _Stack:
         self.mats = np.concatenate([m.descriptor for m in matrices])  # (self.matrices keeps them valid)
         ends = np.cumsum([m.shape[0] for m in matrices]).tolist()
         self.n, self.spans = ends[-1], list(zip([0] + ends[:-1], ends))
-        self.tasks, self.single_rows = _tasks(matrices, [0] + ends[:-1])
+        self.tasks, self.small = _tasks(matrices, [0] + ends[:-1])
+        k_quants = [GGML_QUANT_SIZES[m.qtype][0] == Q8_K_BLOCK for m in matrices]
+        # the 8-bit activation formats these matrices pair with
+        self.formats = (Q8_K_ACTIVATIONS if any(k_quants) else 0) | (0 if all(k_quants) else Q8_0_ACTIVATIONS)
 
-    def products(self, x: np.ndarray) -> np.ndarray:
+    def products(self, x: np.ndarray, precise: bool = False) -> np.ndarray:
         """x @ [W_0; W_1; ...].T for a few tokens x (T, K)."""
         x = _checked(x, self.k)
         out = np.empty((x.shape[0], self.n), dtype=np.float32)
-        products(self.mats, self.tasks, self.single_rows, x, out)
+        products(self.mats, self.tasks, self.small, x, out, self.formats, rounding_kind(precise))
         return out
 
 
 def _tasks(matrices, first_columns):
     """products' tasks: (matrix, first row, first output column) of ROWS rows each, the last
     one of a matrix overlapping its predecessor when ROWS does not divide the rows (they write the
-    same values); and the rows of matrices shorter than ROWS, one by one. (numpy, not a Python
+    same values); and the matrices of fewer rows, (matrix, rows, first output column). (numpy, not a Python
     loop per task: a vocabulary's output matrix alone has tens of thousands of tasks, and building
     them in Python cost the first decode step 0.03-0.04 s of a run's start-up.)"""
-    tasks, single_rows = [], []
+    tasks, small = [], []
     for i, (m, col) in enumerate(zip(matrices, first_columns)):
         n = m.shape[0]
-        rows = np.arange(n) if n < ROWS else np.minimum(np.arange(0, n, ROWS), n - ROWS)
-        (single_rows if n < ROWS else tasks).append(np.stack([np.full_like(rows, i), rows, col + rows], axis=1))
+        if n < ROWS:
+            small.append(np.array([[i, n, col]]))
+            continue
+        rows = np.minimum(np.arange(0, n, ROWS), n - ROWS)
+        tasks.append(np.stack([np.full_like(rows, i), rows, col + rows], axis=1))
     return tuple(np.concatenate(t).astype(np.int64) if t else np.empty((0, 3), np.int64)
-                 for t in (tasks, single_rows))
+                 for t in (tasks, small))
 
 
 def stacked(matrices) -> _Stack:
@@ -261,18 +250,19 @@ def decode_stack(matrices: list, x: np.ndarray) -> _Stack | None:
     return stacked(matrices)
 
 
-def matmuls(matrices: list, x: np.ndarray) -> list:
+def matmuls(matrices: list, x: np.ndarray, precise: bool = False) -> list:
     """[x @ W.T for W in matrices], for matrices that take the same input.
 
     Quantized matrices and a few tokens share one kernel call; anything else goes one by one.
+    precise: a few tokens' products use 16-bit activations instead of 8-bit ones.
     """
     stack = decode_stack(matrices, x)
     if stack is None:
         if x.shape[0] <= FEW_TOKENS:
-            return [m.matmul(x) for m in matrices]
+            return [m.matmul(x, precise) for m in matrices]
         many = _ManyTokens(x, matrices[0].shape[1])
         return [m.tiled_product(many) if isinstance(m, QuantMatrix) else m.matmul(x) for m in matrices]
-    out = stack.products(x)
+    out = stack.products(x, precise)
     return [out[:, a:b] for a, b in stack.spans]
 
 
@@ -283,7 +273,7 @@ class FloatMatrix:
         self.qtype, self.shape = qtype, (raw.shape[0], k)
         self.w = float_rows(qtype, raw).reshape(self.shape)
 
-    def matmul(self, x: np.ndarray) -> np.ndarray:
+    def matmul(self, x: np.ndarray, precise: bool = False) -> np.ndarray:
         return x @ self.w.T
 
     def rows(self, ids: np.ndarray) -> np.ndarray:

@@ -1,5 +1,5 @@
 """Rows of quantized weights, straight from the GGUF blocks where the file maps them: dot
-products with activations (rows_dot, row_dot) and dequantization to float32 (row_dequantize).
+products with activations (rows_dot) and dequantization to float32 (row_dequantize).
 
 Both are one skeleton for every type, over the block decoders of block_ir.py. In the dot
 products, each 32-weight unit's integers multiply 16-bit activations in integer lanes and join
@@ -25,7 +25,7 @@ ACCUMULATORS = 4
 # Rows stream from memory; asking for the bytes ~4 KiB ahead measured 25% faster than no prefetch
 # (and ~5% faster than 2 or 8 KiB) on the 96 MB of SmolLM2's matrices (2 threads).
 PREFETCH_AHEAD = 4096
-# Activations share a float scale per this many values (see matmul._quantize_activations): a
+# Activations share a float scale per this many values (see activations.quantize_int16): a
 # K-quant super-block's integer products then add up before any conversion, and the blocks of
 # 32 weights within one add up as floats before one multiplication by it (unrolled, 8 blocks
 # per loop step).
@@ -168,8 +168,9 @@ def _dx(b, dx_ptr, first_weight):
 
 def _unit_ints(b, unit):
     """A unit's 32 integers widened to <32 x i16>."""
-    values = [v for grp in unit for v in grp.values]
-    return widen(b, values[0] if len(values) == 1 else concat(b, *values), I16, unit[0].signed)
+    integers = [grp.integers(b) for grp in unit]
+    values = [v for vs, _ in integers for v in vs]
+    return widen(b, values[0] if len(values) == 1 else concat(b, *values), I16, integers[0][1])
 
 
 def _k_group_sums(b, blk, first_weight, xsum_ptr):
@@ -225,7 +226,7 @@ def _rows_dot(n_rows):
     `row + i` of the raw blocks w (rows, bytes per row) of type qtype dotted with x[t], for
     i < n_rows; for types in MIN_OFFSET, mins holds each row's float16 block mins as uint16
     (rows, blocks per row), else it is not read. x is given as x[t, j] ~ dx[t, j // DX_BLOCK] *
-    xq[t, j] (see matmul._quantize_activations), and xsum[t] holds the sums of x[t]'s consecutive
+    xq[t, j] (see activations.quantize_int16), and xsum[t] holds the sums of x[t]'s consecutive
     16-weight runs. Callers guarantee row + n_rows <= len(w), mins as described, x[t] as long as
     a row, col + n_rows <= out.shape[1] and a qtype in DECODERS."""
     @intrinsic
@@ -257,7 +258,6 @@ def _rows_dot(n_rows):
 # independent chains; the per-row work at the end of a row (reductions, stores) is also shared.
 ROWS = 4
 rows_dot = _rows_dot(ROWS)
-row_dot = _rows_dot(1)
 
 
 def _emit_dequantize(b, qtype, row_ptr, row_bytes, out_ptr):
@@ -267,9 +267,10 @@ def _emit_dequantize(b, qtype, row_ptr, row_bytes, out_ptr):
         position = b.mul(loop.index, ir.Constant(I64, block))
         blk = DECODERS[qtype](b, offset(b, row_ptr, b.mul(loop.index, ir.Constant(I64, block_bytes))))
         for grp, (scale, bias) in zip(blk.groups, blk.float_groups(b)):
-            for ints in grp.values:
+            group_ints, signed = grp.integers(b)
+            for ints in group_ints:
                 n = ints.type.count
-                values = to_float(b, ints, grp.signed)
+                values = to_float(b, ints, signed)
                 weights = (b.fmul(values, splat(b, scale, n)) if bias is None
                            else mul_add(b, values, splat(b, scale, n), splat(b, bias, n)))
                 target = b.gep(b.bitcast(out_ptr, F32.as_pointer()), [position])

@@ -23,6 +23,7 @@ from . import ops
 from .attention import attention_few
 from .intrinsics import pointer_at
 from .kv_layout import as_kernel_array, head_dims, store_kv
+from .activations import rounding_kind
 from .matmul import MATRIX, QuantMatrix, check_row_ids, dequantize_rows, matrix_arrays, products
 
 # Operation codes; each row of a program is (code, arguments...) as the comments list them.
@@ -30,7 +31,7 @@ EMBED = 1       # matrix, ids input, out, width: out[t] = row ids[t] of the matr
 SCALE = 2       # x, out, n; factor: out = x * factor
 ADD = 3         # a, b, out, n: out = a + b
 RMS_NORM = 4    # x, weight, out, rows, width; eps
-PRODUCTS = 5    # x, out, tokens, k, n, tasks first, last, single rows first, last
+PRODUCTS = 5    # x, out, tokens, k, n, tasks first, last, small matrices first, last, formats
 ROPE_TABLE = 6  # positions input, frequencies, n, cos, sin; position scale
 ROPE = 7        # x, tokens, heads, dim, cos, sin, n, neox
 STORE_KV = 8    # cache, slots input, k, v, tokens, key dim, value dim
@@ -59,8 +60,9 @@ def _input(inputs, i, dtype):
 
 
 @njit(cache=True)
-def run_program(code, params, mats, tasks, single_rows, caches, inputs, kv_like):
-    """One replay of a recorded step; kv_like (empty) has the cache's element type."""
+def run_program(code, params, mats, tasks, small, caches, inputs, kv_like, rounding):
+    """One replay of a recorded step; kv_like (empty) has the cache's element type, rounding
+    (activations.rounding_kind) says how the products round activations."""
     for i in range(code.shape[0]):
         op, a, f = code[i, 0], code[i, 1:], params[i]
         if op == EMBED:
@@ -78,8 +80,8 @@ def run_program(code, params, mats, tasks, single_rows, caches, inputs, kv_like)
         elif op == RMS_NORM:
             ops.rms_norm(_f32(a[0], (a[3], a[4])), _f32(a[1], (a[4],)), np.float32(f[0]), _f32(a[2], (a[3], a[4])))
         elif op == PRODUCTS:
-            products(mats, tasks[a[5]:a[6]], single_rows[a[7]:a[8]], _f32(a[0], (a[2], a[3])),
-                     _f32(a[1], (a[2], a[4])))
+            products(mats, tasks[a[5]:a[6]], small[a[7]:a[8]], _f32(a[0], (a[2], a[3])),
+                     _f32(a[1], (a[2], a[4])), a[9], rounding)
         elif op == ROPE_TABLE:
             positions = _input(inputs, a[0], np.int32)
             shape = (positions.shape[0], a[2])
@@ -144,8 +146,9 @@ class Recorder:
                 self.inputs.append((name, j, array.dtype))
         self.mats: list = []        # products-table rows
         self._mat_ids: dict = {}
-        self.tasks, self.single_rows = [np.zeros((0, 3), np.int64)], [np.zeros((0, 3), np.int64)]
-        self.n_tasks = self.n_single_rows = 0
+        self.tasks, self.small = [np.zeros((0, 3), np.int64)], [np.zeros((0, 3), np.int64)]
+        self.n_tasks = self.n_small = 0
+        self.precise = False  # how the products round activations (the backend's choice)
         self.caches: list = []
         self._cache_ids: dict = {}
         self.rope_tables: dict = {}
@@ -219,17 +222,18 @@ class Recorder:
         self.add(RMS_NORM, self.address(x, out.size), self.address(weight, width), self.address(out, out.size),
                  rows, width, params=[eps])
 
-    def products(self, stack, x, out):
+    def products(self, stack, x, precise, out):
         relabel = np.array([self.matrix(m) for m in stack.matrices], dtype=np.int64)
-        tasks, single_rows = stack.tasks.copy(), stack.single_rows.copy()
-        tasks[:, 0], single_rows[:, 0] = relabel[stack.tasks[:, 0]], relabel[stack.single_rows[:, 0]]
+        tasks, small = stack.tasks.copy(), stack.small.copy()
+        tasks[:, 0], small[:, 0] = relabel[stack.tasks[:, 0]], relabel[stack.small[:, 0]]
         self.tasks.append(tasks)
-        self.single_rows.append(single_rows)
+        self.small.append(small)
         self.add(PRODUCTS, self.address(x, x.size), self.address(out, out.size), x.shape[0], x.shape[1],
-                 out.shape[1], self.n_tasks, self.n_tasks + len(tasks), self.n_single_rows,
-                 self.n_single_rows + len(single_rows))
+                 out.shape[1], self.n_tasks, self.n_tasks + len(tasks), self.n_small,
+                 self.n_small + len(small), stack.formats)
+        self.precise = precise
         self.n_tasks += len(tasks)
-        self.n_single_rows += len(single_rows)
+        self.n_small += len(small)
 
     def rope_table(self, positions, n_rot, base, pos_scale, freq_factors):
         """The step's cos/sin tables for one rotation, made once per step and recorded."""
@@ -302,9 +306,10 @@ class StepProgram:
         self.code = np.array([row for row, _ in r.rows], dtype=np.int64).reshape(-1, ARGS + 1)
         self.params = np.array([p for _, p in r.rows], dtype=np.float64).reshape(-1, 2)
         self.mats = np.concatenate(r.mats) if r.mats else np.zeros(0, dtype=MATRIX)
-        self.tasks, self.single_rows = np.concatenate(r.tasks), np.concatenate(r.single_rows)
+        self.tasks, self.small = np.concatenate(r.tasks), np.concatenate(r.small)
         self.caches = np.array(r.caches, dtype=np.int64).reshape(-1, CACHE_COLUMNS)
         self.kv_like = np.zeros(0, dtype=r.kv_dtype or np.float32)
+        self.rounding = rounding_kind(r.precise)
         self.inputs = r.inputs
         self.keep = list(r.keep.values())  # the memory the program names by address
         self.output = output
@@ -321,8 +326,8 @@ class StepProgram:
         if self.id_limit is not None:
             check_row_ids(batch.ids, self.id_limit)
         inputs = np.array([(a.ctypes.data, a.shape[0]) for a in arrays], dtype=np.int64)
-        run_program(self.code, self.params, self.mats, self.tasks, self.single_rows, self.caches, inputs,
-                    self.kv_like)
+        run_program(self.code, self.params, self.mats, self.tasks, self.small, self.caches, inputs,
+                    self.kv_like, self.rounding)
         return self.output.copy()
 
 

@@ -27,6 +27,7 @@ class TorchBackend:
         self.device = torch.device(device)
         self.cuda = cuda = self.device.type == "cuda"
         self.name = self.label = "cuda" if cuda else "torch-cpu"
+        self.decode_products = "float activations"  # (the fused dequantize-and-multiply kernels)
         if threads and not cuda:
             torch.set_num_threads(threads)
         self.threads = 1 if cuda else torch.get_num_threads()

@@ -17,6 +17,7 @@ class BackendError(Exception):
 class Backend(Protocol):
     name: str
     label: str  # name, and the units prefill's products run on where they vary (bench reports it)
+    decode_products: str  # how decode's products round the activations, and on which instructions
     threads: int
     supported_types: frozenset  # GGML tensor types load_matrix takes
     kv_types: tuple             # KV cache element types new_kv makes ("f32", "f16", "q8_0")
@@ -83,13 +84,14 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def make_backend(device: str = "cpu", threads: int | None = None) -> Backend:
+def make_backend(device: str = "cpu", threads: int | None = None, precise: bool = False) -> Backend:
     """The backend for a device: "cpu" (Numba), "cuda" (torch on the GPU), "torch-cpu" (the torch
-    kernels on the CPU, as the tests run them) or "auto"."""
+    kernels on the CPU, as the tests run them) or "auto". precise: the CPU's decode products take
+    16-bit activations instead of 8-bit ones (the torch kernels multiply floats either way)."""
     device = resolve_device(device)
     if device == "cpu":
         from kernels_cpu.backend import CpuBackend
-        return CpuBackend(threads)
+        return CpuBackend(threads, precise)
     if device not in DEVICES:
         raise BackendError(f"unknown device {device!r} (available: {', '.join(DEVICES)})")
     if importlib.util.find_spec("torch") is None:

@@ -78,7 +78,8 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
     base = {"model": f.path.name, "arch": p.arch, "quant": file_type_name(f), "size_mib": f.size / 2**20,
             "params_m": sum(t.n_elements for t in f.tensors.values()) / 1e6,
             "bits_per_weight": f.bits_per_weight(), "backend": lm.backend.label, "threads": lm.backend.threads,
-            "kv_type": lm.model.kv_type, "cpu": cpu_description()}
+            "kv_type": lm.model.kv_type, "cpu": cpu_description(),
+            "decode_products": lm.backend.decode_products}
     bandwidth = lm.backend.read_bandwidth()
     fit = memory_fit(f, p, lm.model.kv_type)
     # as llama-bench: -p 0 skips prefill, -n 0 skips decode

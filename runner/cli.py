@@ -110,7 +110,10 @@ device_option = _merging(
                  help="cpu (Numba), cuda (an NVIDIA GPU through torch), or auto: cuda when "
                       "available. torch-cpu runs the GPU kernels on the CPU (for testing)."),
     click.option("-ngl", "--n-gpu-layers", "--gpu-layers", "n_gpu_layers", type=click.IntRange(-1),
-                 help="llama.cpp's offload count: 0 runs on the CPU, any other value on CUDA (all layers)."))
+                 help="llama.cpp's offload count: 0 runs on the CPU, any other value on CUDA (all layers)."),
+    click.option("--precise", is_flag=True,
+                 help="CPU decode with 16-bit activations (within 0.01% of exact arithmetic) instead of "
+                      "llama.cpp's 8-bit ones, the faster default."))
 
 
 def _read_text(path: str) -> str:
@@ -157,7 +160,7 @@ def main():
     """Run GGUF language models locally."""
 
 
-def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None):
+def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None, precise=False):
     """The model, with its kernels loaded from Numba's cache (or compiled, the first time) by one
     throw-away decode step, so that the prompt does not pay for that; the replayed step's kernel
     loads at the second generated token (~0.06 s). On CUDA that step compiles the fused products
@@ -177,7 +180,7 @@ def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None):
         if device == "cpu":
             importlib.import_module("kernels_cpu.backend")  # (Numba: the bulk of the imports, timed as such)
         times.mark("imports")
-        lm = load_model(path, device=device, threads=threads, kv_type=kv_type, n_ctx=n_ctx)
+        lm = load_model(path, device=device, threads=threads, kv_type=kv_type, n_ctx=n_ctx, precise=precise)
         times.mark("file mapping and model")
         if compile_message:
             click.echo(f"{compile_message}; cached for later runs)...", err=True)
@@ -231,7 +234,7 @@ def _warm_up(lm, compiling):
 @click.option("--timings", is_flag=True, help="Print where the time before the first token went.")
 def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k, top_p, min_p, repeat_penalty,
         repeat_last_n, presence_penalty, frequency_penalty, seed, stops, ignore_eos, special, ctx_size, ring,
-        threads, kv_type, device, as_json, timings):
+        threads, kv_type, device, precise, as_json, timings):
     """Complete a prompt with MODEL (a GGUF path or a registry name)."""
     from .startup import StartupTimes
     times = StartupTimes()
@@ -242,7 +245,7 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k,
 
     prompt = _prompt_text(prompt, prompt_file)
     system = _system_text(system, system_file)
-    lm = _load(model, threads, kv_type, times, device, ctx_size)
+    lm = _load(model, threads, kv_type, times, device, ctx_size, precise)
     n_ctx = ctx_size or lm.default_context()
     ids = _prompt_ids(lm, prompt, system, special)
     if not ring and len(ids) + n_predict > n_ctx:
@@ -416,7 +419,7 @@ def pull(name):
 @kv_type_option
 @device_option
 @click.option("--json", "as_json", is_flag=True)
-def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device, as_json):
+def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device, precise, as_json):
     """Prefill and decode speed, like llama-bench: mean ± std over repetitions after a warm-up.
     Decode rows add the bytes a step reads and the share of the measured memory bandwidth."""
     from .bench import run_bench
@@ -426,13 +429,14 @@ def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device,
             raise ValueError
     except ValueError:
         raise click.BadParameter("expected comma-separated non-negative integers", param_hint="--depth") from None
-    lm = _load(model, threads, kv_type, device=device, n_ctx=max(n_prompt, max(depths) + n_gen + 1, 16))
+    lm = _load(model, threads, kv_type, device=device, n_ctx=max(n_prompt, max(depths) + n_gen + 1, 16),
+               precise=precise)
     rows = run_bench(lm, n_prompt, n_gen, repetitions, depths)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
     if rows:
-        click.echo(f"cpu: {rows[0]['cpu']}")
+        click.echo(f"cpu: {rows[0]['cpu']} · decode products: {rows[0]['decode_products']}")
     for r in rows:
         line = (f"{r['model']:<32} {r['quant']:<7} {r['size_mib']:>7.1f} MiB {r['backend']:<7} {r['threads']:>2} thr "
                 f"{r['test']:>10}  {r['tok_s_mean']:>7.1f} ± {r['tok_s_std']:.1f} tok/s")
@@ -482,6 +486,8 @@ def quantize(src, dst, type_name):
               help="Text to score.")
 @click.option("-c", "--ctx-size", default=512, show_default=True, type=click.IntRange(8))
 @click.option("--ring", type=click.IntRange(16), help="Stream the text through a ring of N slots instead of chunks.")
+@click.option("-ub", "--ubatch-size", "ubatch", type=click.IntRange(1),
+              help="Forward passes of N tokens (default: a chunk at once); up to 8, decode's kernels score the text.")
 @click.option("--save-logits", type=click.Path(dir_okay=False), help="Store log-probabilities for --kl-base.")
 @click.option("--kl-base", type=click.Path(exists=True, dir_okay=False),
               help="Compare with logits saved from another model with the same tokenizer.")
@@ -489,19 +495,20 @@ def quantize(src, dst, type_name):
 @kv_type_option
 @device_option
 @click.option("--json", "as_json", is_flag=True)
-def perplexity(model, text_file, ctx_size, ring, save_logits, kl_base, threads, kv_type, device, as_json):
+def perplexity(model, text_file, ctx_size, ring, ubatch, save_logits, kl_base, threads, kv_type, device, precise,
+               as_json):
     """Perplexity of MODEL on a text, computed as llama.cpp's perplexity tool does."""
     from pathlib import Path
 
     from . import perplexity as ppl
     if save_logits:
         _check_writable(save_logits)
-    lm = _load(model, threads, kv_type, device=device, n_ctx=ring or ctx_size)
+    lm = _load(model, threads, kv_type, device=device, n_ctx=ring or ctx_size, precise=precise)
     text = Path(text_file).read_text(encoding="utf-8", errors="replace")
     try:
         base = ppl.load_base(kl_base) if kl_base else None
         result = (ppl.ring_perplexity(lm, text, ring, base=base) if ring
-                  else ppl.perplexity(lm, text, ctx_size, base=base))
+                  else ppl.perplexity(lm, text, ctx_size, base=base, ubatch=ubatch))
     except ValueError as e:
         raise InputError(str(e)) from None
     if save_logits:
@@ -576,13 +583,13 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
 @kv_type_option
 @device_option
 def chat(model, system, system_file, n_predict, ctx_size, chat_template, temp, top_k, top_p, min_p,
-         repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, threads, kv_type, device):
+         repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, threads, kv_type, device, precise):
     """Talk with MODEL in the terminal; the context never runs out (ring window)."""
     from .chat import ChatSession, repl
     from .registry import cache_dir
     from .sampler import SamplingOptions
     system = _system_text(system, system_file)
-    lm = _load(model, threads, kv_type, device=device, n_ctx=ctx_size)
+    lm = _load(model, threads, kv_type, device=device, n_ctx=ctx_size, precise=precise)
     options = SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
                               presence_penalty, frequency_penalty)
     session = ChatSession(lm, ctx_size or lm.default_context(), options, system, chat_template,

@@ -61,9 +61,9 @@ def _check_kv_type(params: ModelParams, backend, kv_type: str) -> None:
 
 
 def load_model(path, device: str = "cpu", threads: int | None = None, kv_type: str = "f32",
-               n_ctx: int | None = None) -> LoadedModel:
+               n_ctx: int | None = None, precise: bool = False) -> LoadedModel:
     """The model on a backend; n_ctx (default: the model's default context) sizes the memory check
-    of devices with their own memory."""
+    of devices with their own memory; precise: see make_backend."""
     f = GGUFFile(path)
     arch = f.architecture
     if arch not in ARCHITECTURES:
@@ -71,7 +71,7 @@ def load_model(path, device: str = "cpu", threads: int | None = None, kv_type: s
                         f"(supported: {', '.join(sorted(ARCHITECTURES))})")
     params = read_params(f)
     tokenizer = Tokenizer(read_vocab(f))
-    backend = make_backend(device, threads)
+    backend = make_backend(device, threads, precise)
     _check_kv_type(params, backend, kv_type)
     _check_fit(f, params, backend, kv_type, n_ctx or min(params.context_length, 4096))
     model = ARCHITECTURES[arch](params, WeightLoader(f, backend), backend)

@@ -87,8 +87,11 @@ def _check_base(base, vocab_size: int, n_ctx: int, n_positions: int) -> None:
         raise ValueError("the base logits come from a different vocabulary, context size or text")
 
 
-def perplexity(lm, text: str, n_ctx: int, base: dict | None = None, progress: bool = True) -> PerplexityResult:
-    """`base` (from load_base) makes the run also record what KL divergence needs."""
+def perplexity(lm, text: str, n_ctx: int, base: dict | None = None, progress: bool = True,
+               ubatch: int | None = None) -> PerplexityResult:
+    """`base` (from load_base) makes the run also record what KL divergence needs. ubatch: each
+    chunk goes through the model in forward passes of that many tokens (llama.cpp's -ub); up to
+    matmul.FEW_TOKENS, every product then runs on decode's kernels, whose rounding is then scored."""
     tokens = lm.tokenizer.encode(text)
     n_chunks = len(tokens) // n_ctx
     if n_chunks == 0:
@@ -102,7 +105,9 @@ def perplexity(lm, text: str, n_ctx: int, base: dict | None = None, progress: bo
         chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
         if vocab.add_bos and vocab.bos_id >= 0:
             chunk[0] = vocab.bos_id
-        logits = lm.model.forward(chunk, lm.model.new_cache(n_ctx), all_logits=True)
+        cache, step = lm.model.new_cache(n_ctx), ubatch or n_ctx
+        logits = np.concatenate([lm.model.forward(chunk[i:i + step], cache, all_logits=True)
+                                 for i in range(0, n_ctx, step)])
         scores.add(logits[first:n_ctx - 1], chunk[first + 1:n_ctx])
     return scores.result(n_chunks, n_ctx, time.perf_counter() - start)
 

