@@ -244,6 +244,6 @@ def test_bench_compares_depths_in_one_line(smollm_path):
     line = r.stdout.strip().splitlines()[-1]
     assert line.startswith("decode at depth 48: ") and "x the speed at depth 16" in line
     assert float(line.split(": ")[1].split(" x")[0]) > 0  # (its size is for benchmarks to judge, not a test)
-    assert "MiB more of KV cache at" in line and 0.9 < float(line.split("allows at most ")[1]) < 1.0
+    assert "MiB more of KV cache at" in line and 0.9 < float(line.split("allows at most ")[1]) <= 1.0
     r = ggrun("bench", smollm_path, "-p", "16", "-n", "4", "-r", "1")
     assert r.returncode == 0 and "decode at depth" not in r.stdout

@@ -56,7 +56,7 @@ def _assert_same_greedy(got, want):
 @pytest.fixture(scope="module", params=["smollm_path", "gemma_path"])
 def both_backends(request):
     path = request.getfixturevalue(request.param)
-    return load_model(path), load_model(path, device=DEVICE)
+    return load_model(path, precise=True), load_model(path, device=DEVICE)
 
 
 def test_64_greedy_tokens_match_the_cpu_backend(both_backends):
@@ -124,7 +124,7 @@ def test_ring_with_pinned_keys_matches_the_cpu_backend(both_backends):
 def test_q8_0_cache_matches_the_cpu_backend(smollm_path, graphs):
     """Both backends quantize the q8_0 cache alike (llama.cpp's rounding), eagerly and through
     the padded one-token step of CUDA graphs."""
-    cpu = load_model(smollm_path, kv_type="q8_0")
+    cpu = load_model(smollm_path, kv_type="q8_0", precise=True)
     gpu = load_model(smollm_path, device=DEVICE, kv_type="q8_0")
     gpu.model.backend = TorchBackend(gpu.backend.device.type, graphs=graphs)
     assert gpu.model.new_cache(8).keys[0].dtype == torch.int8
