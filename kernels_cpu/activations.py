@@ -146,9 +146,9 @@ Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS = 1, 2
 def quantize_int8(x, formats):
     """x (T, K) in the 8-bit formats `formats` asks for, as one tuple: quantize_q8_0's arrays,
     then quantize_q8_k's (those of a format not asked for hold no tokens; x[:0] keeps the types)."""
-    n_tokens, k = x.shape
+    n_tokens = x.shape[0]
     q32, d32, sum32, ssum32 = quantize_q8_0(x[:n_tokens if formats & Q8_0_ACTIVATIONS else 0])
-    q256, d256, sum16 = quantize_q8_k(x[:n_tokens if formats & Q8_K_ACTIVATIONS and k % Q8_K_BLOCK == 0 else 0])
+    q256, d256, sum16 = quantize_q8_k(x[:n_tokens if formats & Q8_K_ACTIVATIONS else 0])
     return q32, d32, sum32, ssum32, q256, d256, sum16
 
 

@@ -25,13 +25,13 @@ import os
 import platform
 import threading
 
-import numba
 import numpy as np
 from llvmlite import binding, ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
+from .cpu_features import compiles_for_host
 from .ir import (F32, I8, I16, I32, I64, LANES, array_data, array_shape, array_strides, const_vector, load_vector,
                  offset, vector)
 from .rowdot import row_dequantize
@@ -273,7 +273,7 @@ def usable() -> bool:
     features = binding.get_host_cpu_features()
     if not (features.get("amx-tile") and features.get("amx-bf16")):
         return False
-    if numba.config.CPU_NAME not in (None, "host") or numba.config.CPU_FEATURES is not None:
+    if not compiles_for_host():
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)

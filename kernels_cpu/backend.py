@@ -89,7 +89,7 @@ class CpuBackend:
         if stack is None:
             self.recorder.fail("products that do not run the decode kernel")
             return matmuls(ws, x, self.precise)
-        out = self._recorded(stack.products(x, self.precise), "products", stack, x, self.precise)
+        out = self._recorded(stack.products(x, self.precise), "products", stack, x)
         return [out[:, a:b] for a, b in stack.spans]
 
     def embed(self, w, ids):

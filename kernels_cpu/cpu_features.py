@@ -33,13 +33,19 @@ def cpu_description() -> str:
     return f"{model} ({', '.join(features) or 'no AVX2'})"
 
 
+def compiles_for_host() -> bool:
+    """Whether Numba compiles for this machine's CPU, not for a NUMBA_CPU_NAME or
+    NUMBA_CPU_FEATURES target chosen to make caches portable (or to test a path)."""
+    return numba.config.CPU_NAME in (None, "host") and numba.config.CPU_FEATURES is None
+
+
 @lru_cache(maxsize=1)
 def target_features() -> frozenset:
     """The CPU features Numba compiles for: the host's, or those NUMBA_CPU_FEATURES gives when
     NUMBA_CPU_NAME or NUMBA_CPU_FEATURES names another target (portable caches, and the tests of
     each instruction path). LLVM stops the process on an instruction the target lacks, so the
     kernels ask this, never /proc/cpuinfo."""
-    if numba.config.CPU_NAME not in (None, "host") or numba.config.CPU_FEATURES is not None:
+    if not compiles_for_host():
         return frozenset(f[1:] for f in (numba.config.CPU_FEATURES or "").split(",") if f.startswith("+"))
     return frozenset(name for name, on in binding.get_host_cpu_features().items() if on)
 

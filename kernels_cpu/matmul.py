@@ -88,13 +88,14 @@ def products(mats, tasks, small, x, out, formats, rounding):
             raw, mins = matrix_arrays(mats, m)
             for t in range(n_tokens):
                 rows_product(mats[m].qtype, raw, mins, tasks[j, 1], acts, t, out, tasks[j, 2])
-    scratch = np.empty((n_tokens, ROWS), dtype=np.float32)
-    for j in range(small.shape[0]):
-        m, n_rows, col = small[j, 0], small[j, 1], small[j, 2]
-        raw, mins = matrix_arrays(mats, m)
-        for t in range(n_tokens):
-            rows_product(mats[m].qtype, raw, mins, 0, acts, t, scratch, 0)
-            out[t, col:col + n_rows] = scratch[t, :n_rows]
+    if small.shape[0]:
+        scratch = np.empty((n_tokens, ROWS), dtype=np.float32)
+        for j in range(small.shape[0]):
+            m, n_rows, col = small[j, 0], small[j, 1], small[j, 2]
+            raw, mins = matrix_arrays(mats, m)
+            for t in range(n_tokens):
+                rows_product(mats[m].qtype, raw, mins, 0, acts, t, scratch, 0)
+                out[t, col:col + n_rows] = scratch[t, :n_rows]
 
 
 @njit(cache=True, nogil=True)
@@ -217,8 +218,8 @@ class _Stack:
 def _tasks(matrices, first_columns):
     """products' tasks: (matrix, first row, first output column) of ROWS rows each, the last
     one of a matrix overlapping its predecessor when ROWS does not divide the rows (they write the
-    same values); and the matrices of fewer rows, (matrix, rows, first output column). (numpy, not a Python
-    loop per task: a vocabulary's output matrix alone has tens of thousands of tasks, and building
+    same values); and the matrices of fewer rows, (matrix, rows, first output column). (numpy,
+    not a Python loop per task: a vocabulary's output matrix alone has tens of thousands of tasks, and building
     them in Python cost the first decode step 0.03-0.04 s of a run's start-up.)"""
     tasks, small = [], []
     for i, (m, col) in enumerate(zip(matrices, first_columns)):

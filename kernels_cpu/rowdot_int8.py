@@ -53,7 +53,7 @@ def _emit_blocks32(b, isa, qtype, row_ptrs, row_bytes, act):
 
     def emit_block(i, slot, prefetch_at=None):
         xq = load_vector(b, act["q32"], b.mul(i, ir.Constant(I64, 32)), I8, 32)
-        dx = b.load(b.gep(b.bitcast(act["d32"], F32.as_pointer()), [i]))
+        dx = splat(b, b.load(b.gep(b.bitcast(act["d32"], F32.as_pointer()), [i])), LANES8)
         for r, row_ptr in enumerate(row_ptrs):
             block_ptr = offset(b, row_ptr, b.mul(i, ir.Constant(I64, block_bytes)))
             if prefetch_at is not None:
@@ -69,9 +69,8 @@ def _emit_blocks32(b, isa, qtype, row_ptrs, row_bytes, act):
                 correction = b.mul(block_sum, ir.Constant(I32, grp.offset))
                 ints = b.sub(ints, b.insert_element(_zeros(I32), correction, ir.Constant(I32, 0)))
             acc = accs[r][slot % 2]
-            scale = splat_float(b, grp.scale, LANES8)
-            b.store(mul_add(b, b.sitofp(ints, vector(F32, LANES8)), b.fmul(scale, splat(b, dx, LANES8), flags=FAST),
-                            b.load(acc)), acc)
+            scale = b.fmul(splat_float(b, grp.scale, LANES8), dx, flags=FAST)
+            b.store(mul_add(b, b.sitofp(ints, vector(F32, LANES8)), scale, b.load(acc)), acc)
             if grp.bias is not None:  # the block's min times the activations' sum
                 scaled_sum = b.load(b.gep(b.bitcast(act["ssum32"], F32.as_pointer()), [i]))
                 b.store(mul_add(b, grp.bias, scaled_sum, b.load(min_accs[r])), min_accs[r])

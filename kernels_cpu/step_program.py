@@ -132,7 +132,8 @@ class _Traced(np.ndarray):
 class Recorder:
     """Writes down a step's operations while the backend runs them eagerly (see module doc)."""
 
-    def __init__(self, batch, constants):
+    def __init__(self, batch, constants, precise):
+        self.precise = precise      # how the products round activations (the backend's choice)
         self.rows: list = []
         self.failed: str | None = None
         self.constants = constants  # id -> the weight vectors the backend loaded
@@ -148,7 +149,6 @@ class Recorder:
         self._mat_ids: dict = {}
         self.tasks, self.small = [np.zeros((0, 3), np.int64)], [np.zeros((0, 3), np.int64)]
         self.n_tasks = self.n_small = 0
-        self.precise = False  # how the products round activations (the backend's choice)
         self.caches: list = []
         self._cache_ids: dict = {}
         self.rope_tables: dict = {}
@@ -222,7 +222,7 @@ class Recorder:
         self.add(RMS_NORM, self.address(x, out.size), self.address(weight, width), self.address(out, out.size),
                  rows, width, params=[eps])
 
-    def products(self, stack, x, precise, out):
+    def products(self, stack, x, out):
         relabel = np.array([self.matrix(m) for m in stack.matrices], dtype=np.int64)
         tasks, small = stack.tasks.copy(), stack.small.copy()
         tasks[:, 0], small[:, 0] = relabel[stack.tasks[:, 0]], relabel[stack.small[:, 0]]
@@ -231,7 +231,6 @@ class Recorder:
         self.add(PRODUCTS, self.address(x, x.size), self.address(out, out.size), x.shape[0], x.shape[1],
                  out.shape[1], self.n_tasks, self.n_tasks + len(tasks), self.n_small,
                  self.n_small + len(small), stack.formats)
-        self.precise = precise
         self.n_tasks += len(tasks)
         self.n_small += len(small)
 
@@ -341,7 +340,7 @@ def run_step(backend, compute, batch, replays: dict):
         return compute(batch)
     if program is not False:
         return program.replay(batch)
-    recorder = Recorder(batch, backend.constants)
+    recorder = Recorder(batch, backend.constants, backend.precise)
     backend.recorder = recorder
     try:
         output = compute(batch)
