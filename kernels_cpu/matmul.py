@@ -21,16 +21,18 @@ from .blocks import FLOAT_TYPES, float_rows
 from .activations import (Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS, Q8_K_BLOCK, quantize_activations,
                           rounding_kind)
 from .intrinsics import pointer_at
-from .rowdot import ROWS, row_dequantize, rows_dot
+from .cpu_features import memory_streams
+from .rowdot import row_dequantize, rows_dot
 from .rowdot_int8 import rows_dot_int8
 from .threads import in_parallel
 
 # Up to this many tokens, reading each weight row once beats dequantizing tiles for BLAS.
 FEW_TOKENS = 8
-# Rows are visited round-robin from this many far-apart places of the matrix, so that several
-# memory streams are in flight at once: one sequential stream per thread read ~13 GB/s here,
-# four ~20 GB/s.
-STREAMS = 4
+# Rows per task of the products' parallel loop. A task's rows are read one after the other, and
+# consecutive tasks of a thread are consecutive rows, so each thread reads its share of the
+# weights as one sequential stream (see cpu_features.memory_streams), which the hardware
+# prefetchers follow.
+TASK_ROWS = 16
 
 
 # A products table: one row per matrix, where its raw rows and (Q4_1, Q5_1) mins lie in memory.
@@ -48,54 +50,42 @@ def matrix_arrays(mats, m):
             carray(pointer_at(d.mins, np.uint16), (d.rows, d.min_cols)))
 
 
-def rows_product(qtype, w, mins, row, acts, t, out, col):
-    """out[t, col + i] = row `row + i` of matrix w dotted with x[t], i < ROWS, from x's
-    activations `acts` as quantize_activations made them: rowdot.py's kernel for the 16-bit
-    ones, rowdot_int8.py's for the 8-bit ones."""
+def rows_product(qtype, w, mins, first, last, acts, out, col):
+    """out[t, col + r - first] = row r of matrix w dotted with x[t], for rows first..last-1 and
+    every token, from x's activations `acts` as quantize_activations made them: rowdot.py's
+    kernel for the 16-bit ones, rowdot_int8.py's for the 8-bit ones."""
 
 
 @overload(rows_product)
-def _rows_product(qtype, w, mins, row, acts, t, out, col):
+def _rows_product(qtype, w, mins, first, last, acts, out, col):
     if len(acts) == 3:
-        return lambda qtype, w, mins, row, acts, t, out, col: rows_dot(
-            qtype, w, mins, row, acts[0], acts[1], t, acts[2], out, col)
-    return lambda qtype, w, mins, row, acts, t, out, col: rows_dot_int8(
-        qtype, w, row, acts[0], acts[1], acts[2], acts[3], acts[4], acts[5], acts[6], t, out, col)
+        return lambda qtype, w, mins, first, last, acts, out, col: rows_dot(
+            qtype, w, mins, first, last, acts[0], acts[1], acts[2], out, col)
+    return lambda qtype, w, mins, first, last, acts, out, col: rows_dot_int8(
+        qtype, w, first, last, acts[0], acts[1], acts[2], acts[3], acts[4], acts[5], acts[6], out, col)
 
 
 @njit(cache=True, parallel=True)
-def products(mats, tasks, small, x, out, formats, rounding):
+def products(mats, tasks, x, out, formats, rounding, streams):
     """out = x @ [W_0; W_1; ...].T for the matrices of a products table (MATRIX), stacked by rows,
     with the activations rounded as `rounding` (activations.rounding_kind) says, in the 8-bit
     `formats` the matrices pair with.
 
     One parallel loop covers all the matrices that share an input (Q, K and V; gate and up).
-    Task (m, row, col) is ROWS rows of matrix m from `row`, whose products go to out[:, col...];
-    its rows are read once, while in L1, for every token. Matrices of fewer than ROWS rows are
-    `small` (m, rows, col): their rows are padded to ROWS (QuantMatrix), multiplied after the loop
-    into a scratch row and copied out (a branch for them inside the loop cost ~8%).
+    Task (m, first, last, col) is rows first..last-1 of matrix m, whose products go to
+    out[:, col...]; each row is read once, while in L1, for every token. The tasks are split into
+    `streams` runs that each thread visits round-robin (cpu_features.memory_streams).
     """
-    n_tokens = x.shape[0]
     acts = quantize_activations(rounding, x, formats)
     n_tasks = tasks.shape[0]
-    stride = (n_tasks + STREAMS - 1) // STREAMS
+    stride = (n_tasks + streams - 1) // streams
     for c in prange(stride):
-        for s in range(STREAMS):
+        for s in range(streams):
             j = s * stride + c
             if j >= n_tasks:
                 break
-            m = tasks[j, 0]
-            raw, mins = matrix_arrays(mats, m)
-            for t in range(n_tokens):
-                rows_product(mats[m].qtype, raw, mins, tasks[j, 1], acts, t, out, tasks[j, 2])
-    if small.shape[0]:
-        scratch = np.empty((n_tokens, ROWS), dtype=np.float32)
-        for j in range(small.shape[0]):
-            m, n_rows, col = small[j, 0], small[j, 1], small[j, 2]
-            raw, mins = matrix_arrays(mats, m)
-            for t in range(n_tokens):
-                rows_product(mats[m].qtype, raw, mins, 0, acts, t, scratch, 0)
-                out[t, col:col + n_rows] = scratch[t, :n_rows]
+            raw, mins = matrix_arrays(mats, tasks[j, 0])
+            rows_product(mats[tasks[j, 0]].qtype, raw, mins, tasks[j, 1], tasks[j, 2], acts, out, tasks[j, 3])
 
 
 @njit(cache=True, nogil=True)
@@ -112,9 +102,6 @@ class QuantMatrix:
     def __init__(self, qtype: GGMLQuantizationType, raw: np.ndarray, k: int):
         # (rows of a file's tensor are contiguous already: no copy)
         self.qtype, self.shape, self.raw = qtype, (raw.shape[0], k), np.ascontiguousarray(raw)
-        if raw.shape[0] < ROWS:  # the kernels read ROWS rows at a time (see products)
-            self.raw = np.zeros((ROWS, raw.shape[1]), dtype=np.uint8)
-            self.raw[:raw.shape[0]] = raw
         self.stacks = {}  # see stacked
 
     @cached_property
@@ -202,7 +189,7 @@ class _Stack:
         self.mats = np.concatenate([m.descriptor for m in matrices])  # (self.matrices keeps them valid)
         ends = np.cumsum([m.shape[0] for m in matrices]).tolist()
         self.n, self.spans = ends[-1], list(zip([0] + ends[:-1], ends))
-        self.tasks, self.small = _tasks(matrices, [0] + ends[:-1])
+        self.tasks = _tasks(matrices, [0] + ends[:-1])
         k_quants = [GGML_QUANT_SIZES[m.qtype][0] == Q8_K_BLOCK for m in matrices]
         # the 8-bit activation formats these matrices pair with
         self.formats = (Q8_K_ACTIVATIONS if any(k_quants) else 0) | (0 if all(k_quants) else Q8_0_ACTIVATIONS)
@@ -211,26 +198,21 @@ class _Stack:
         """x @ [W_0; W_1; ...].T for a few tokens x (T, K)."""
         x = _checked(x, self.k)
         out = np.empty((x.shape[0], self.n), dtype=np.float32)
-        products(self.mats, self.tasks, self.small, x, out, self.formats, rounding_kind(precise))
+        products(self.mats, self.tasks, x, out, self.formats, rounding_kind(precise), memory_streams())
         return out
 
 
 def _tasks(matrices, first_columns):
-    """products' tasks: (matrix, first row, first output column) of ROWS rows each, the last
-    one of a matrix overlapping its predecessor when ROWS does not divide the rows (they write the
-    same values); and the matrices of fewer rows, (matrix, rows, first output column). (numpy,
-    not a Python loop per task: a vocabulary's output matrix alone has tens of thousands of tasks, and building
-    them in Python cost the first decode step 0.03-0.04 s of a run's start-up.)"""
-    tasks, small = [], []
+    """products' tasks: (matrix, first row, last row + 1, first output column) of up to
+    TASK_ROWS rows each. (numpy, not a Python loop per task: a vocabulary's output matrix alone
+    has thousands of tasks, and building them in Python cost the first decode step 0.03-0.04 s
+    of a run's start-up.)"""
+    tasks = []
     for i, (m, col) in enumerate(zip(matrices, first_columns)):
-        n = m.shape[0]
-        if n < ROWS:
-            small.append(np.array([[i, n, col]]))
-            continue
-        rows = np.minimum(np.arange(0, n, ROWS), n - ROWS)
-        tasks.append(np.stack([np.full_like(rows, i), rows, col + rows], axis=1))
-    return tuple(np.concatenate(t).astype(np.int64) if t else np.empty((0, 3), np.int64)
-                 for t in (tasks, small))
+        first = np.arange(0, m.shape[0], TASK_ROWS)
+        tasks.append(np.stack([np.full_like(first, i), first, np.minimum(first + TASK_ROWS, m.shape[0]), col + first],
+                              axis=1))
+    return np.concatenate(tasks).astype(np.int64)
 
 
 def stacked(matrices) -> _Stack:

@@ -14,17 +14,14 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from .block_ir import DECODERS, MIN_OFFSET
-from .ir import (F32, FAST, I16, I32, I64, LANES, array_row, array_shape, array_strides, concat, const_vector,
-                 horizontal_sum, lanes_below, load_vector, masked_load, mul_add, offset, pair_products, prefetch,
-                 splat, splat_float, to_float, vector, widen)
+from .ir import (F32, FAST, I16, I32, I64, LANES, array_row, array_shape, concat, const_vector, horizontal_sum,
+                 lanes_below, load_vector, masked_load, mul_add, offset, pair_products, splat, splat_float, to_float,
+                 vector, widen)
 
 
 # Independent accumulator chains, so that consecutive groups' multiply-adds need not wait for one
 # another (an FMA takes 4 cycles, a group's other work about as long).
 ACCUMULATORS = 4
-# Rows stream from memory; asking for the bytes ~4 KiB ahead measured 25% faster than no prefetch
-# (and ~5% faster than 2 or 8 KiB) on the 96 MB of SmolLM2's matrices (2 threads).
-PREFETCH_AHEAD = 4096
 # Activations share a float scale per this many values (see activations.quantize_int16): a
 # K-quant super-block's integer products then add up before any conversion, and the blocks of
 # 32 weights within one add up as floats before one multiplication by it (unrolled, 8 blocks
@@ -43,74 +40,62 @@ def _units(groups):
     return units
 
 
-def _emit_rows(b, qtype, row_ptrs, min_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
-    """IR for the dot products of several rows of qtype blocks with one activation vector, given
-    as 16-bit integers xq with a float scale dx per DX_BLOCK values (x ~ dx * xq); returns their
-    float32 sums.
+def _emit_row(b, qtype, row_ptr, min_ptr, row_bytes, xq_ptr, dx_ptr, xsum_ptr):
+    """IR for the dot product of a row of qtype blocks with one activation vector, given as
+    16-bit integers xq with a float scale dx per DX_BLOCK values (x ~ dx * xq); returns its
+    float32 sum.
 
     Per 32-weight unit, the weights' integers (widened to 16 bits) and xq multiply and add in
     pairs into 16 int32 lanes (one vpmaddwd, or vpdpwssd with VNNI: 32 products per instruction,
     against 16 for a float FMA after converting every weight to float). A block of one unit then
     takes one conversion to float and one multiply-add by its scale times dx; a K-quant
     super-block first multiplies its units by their integer sub-scales (16-bit lanes) and adds
-    them up as integers, so it converts once for 256 weights. The rows advance block by block
-    together, so the activations are loaded once for all of them.
+    them up as integers, so it converts once for 256 weights.
 
-    The mins of 32-weight affine blocks (Q4_1, Q5_1) come from min_ptrs, each row's float16 mins
+    The mins of 32-weight affine blocks (Q4_1, Q5_1) come from min_ptr, the row's float16 mins
     side by side: eight blocks' mins times their activation sums are one vector multiply-add,
     where reading each from its block cost three scalar instructions of the ~12 per block.
     """
     block, block_bytes = GGML_QUANT_SIZES[qtype]
     decode = DECODERS[qtype]
     n_blocks = b.udiv(row_bytes, ir.Constant(I64, block_bytes))
-    per_row = max(1, ACCUMULATORS // len(row_ptrs))
     zero = ir.Constant(vector(F32), [0.0] * LANES)
 
     def accumulators():
-        return [[cgutils.alloca_once_value(b, zero) for _ in range(per_row)] for _ in row_ptrs]
+        return [cgutils.alloca_once_value(b, zero) for _ in range(ACCUMULATORS)]
     accs = accumulators()
-    min_accs = [cgutils.alloca_once_value(b, zero) for _ in row_ptrs]  # mins, lane per group or block
+    min_acc = cgutils.alloca_once_value(b, zero)  # mins, lane per group or block
     # 32-weight blocks add up without dx into these, times dx once per DX_BLOCK weights
     chunk_accs = accumulators() if block < DX_BLOCK else None
 
-    def emit_block(i, slot, prefetch_lines=range(0, block_bytes, 64)):
-        """Block i of every row, added into each row's next accumulator (of chunk_accs for
-        32-weight blocks); asks for the cache lines at prefetch_lines (byte offsets) from
-        PREFETCH_AHEAD past the block."""
+    def emit_block(i, slot):
+        """Block i of the row, added into the row's accumulator `slot` (of chunk_accs for
+        32-weight blocks)."""
         first_weight = b.mul(i, ir.Constant(I64, block))
-        block_at = b.mul(i, ir.Constant(I64, block_bytes))
-        blocks = []
-        for row_ptr in row_ptrs:
-            block_ptr = offset(b, row_ptr, block_at)
-            for line in prefetch_lines:
-                prefetch(b, offset(b, block_ptr, PREFETCH_AHEAD + line))
-            blocks.append(decode(b, block_ptr))
-        units = _units(blocks[0].groups)
+        blk = decode(b, offset(b, row_ptr, b.mul(i, ir.Constant(I64, block_bytes))))
+        units = _units(blk.groups)
         xqs = [load_vector(b, xq_ptr, b.add(first_weight, ir.Constant(I64, 2 * LANES * u)), I16, 2 * LANES)
                for u in range(len(units))]
-        group_sums = _k_group_sums(b, blocks[0], first_weight, xsum_ptr)
-        for r, blk in enumerate(blocks):
-            min_acc = min_accs[r]
-            row_units = _units(blk.groups)
-            if blk.d is None:  # one unit, float scale (its min: see emit_chunk)
-                (grp,) = blk.groups
-                acc = chunk_accs[r][slot % per_row]
-                products = b.sitofp(pair_products(b, _unit_ints(b, row_units[0]), xqs[0]), vector(F32))
-                b.store(mul_add(b, products, splat_float(b, grp.scale), b.load(acc)), acc)
-                continue
-            acc = accs[r][slot % per_row]
-            dx = _dx(b, dx_ptr, first_weight)
-            total, first_group = None, 0
-            for unit, xq in zip(row_units, xqs):  # each unit's weights times their groups' scales
-                lanes = [first_group + i * len(unit) // (2 * LANES) for i in range(2 * LANES)]
-                multipliers = b.shuffle_vector(blk.scales, blk.scales, const_vector(I32, lanes))
-                products = pair_products(b, b.mul(_unit_ints(b, unit), multipliers), xq)
-                total = products if total is None else b.add(total, products)
-                first_group += len(unit)
-            b.store(mul_add(b, b.sitofp(total, vector(F32)), splat(b, b.fmul(blk.d, dx, flags=FAST)), b.load(acc)), acc)
-            if blk.mins is not None:  # the groups' mins times their activation sums, times -dmin
-                mins = b.fmul(b.sitofp(blk.mins, vector(F32, len(blk.groups))), group_sums, flags=FAST)
-                b.store(mul_add(b, _widen_lanes(b, mins), splat(b, b.fneg(blk.dmin)), b.load(min_acc)), min_acc)
+        if blk.d is None:  # one unit, float scale (its min: see emit_chunk)
+            (grp,) = blk.groups
+            acc = chunk_accs[slot % ACCUMULATORS]
+            products = b.sitofp(pair_products(b, _unit_ints(b, units[0]), xqs[0]), vector(F32))
+            b.store(mul_add(b, products, splat_float(b, grp.scale), b.load(acc)), acc)
+            return
+        acc = accs[slot % ACCUMULATORS]
+        dx = _dx(b, dx_ptr, first_weight)
+        total, first_group = None, 0
+        for unit, xq in zip(units, xqs):  # each unit's weights times their groups' scales
+            lanes = [first_group + i * len(unit) // (2 * LANES) for i in range(2 * LANES)]
+            multipliers = b.shuffle_vector(blk.scales, blk.scales, const_vector(I32, lanes))
+            products = pair_products(b, b.mul(_unit_ints(b, unit), multipliers), xq)
+            total = products if total is None else b.add(total, products)
+            first_group += len(unit)
+        b.store(mul_add(b, b.sitofp(total, vector(F32)), splat(b, b.fmul(blk.d, dx, flags=FAST)), b.load(acc)), acc)
+        if blk.mins is not None:  # the groups' mins times their activation sums, times -dmin
+            group_sums = _k_group_sums(b, blk, first_weight, xsum_ptr)
+            mins = b.fmul(b.sitofp(blk.mins, vector(F32, len(blk.groups))), group_sums, flags=FAST)
+            b.store(mul_add(b, _widen_lanes(b, mins), splat(b, b.fneg(blk.dmin)), b.load(min_acc)), min_acc)
 
     if chunk_accs is None:  # a block is a chunk of DX_BLOCK weights
         with cgutils.for_range(b, n_blocks) as loop:
@@ -121,30 +106,25 @@ def _emit_rows(b, qtype, row_ptrs, min_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr
         def emit_chunk(first_block, count):
             """`count` blocks from first_block (an int: unrolled, else a loop), into chunk_accs,
             then those times their dx into accs."""
-            for acc in (acc for row in chunk_accs for acc in row):
+            for acc in chunk_accs:
                 b.store(zero, acc)
             if isinstance(count, int):
-                for u in range(count):  # one line per 64 bytes of the chunk, spread over its blocks
-                    first_byte = u * block_bytes
-                    lines = [line - first_byte for line in range(0, count * block_bytes, 64)
-                             if first_byte <= line < first_byte + block_bytes]
-                    emit_block(b.add(first_block, ir.Constant(I64, u)), u, lines)
+                for u in range(count):
+                    emit_block(b.add(first_block, ir.Constant(I64, u)), u)
             else:
                 with cgutils.for_range(b, count) as loop:
                     emit_block(b.add(first_block, loop.index), 0)
             dx = splat(b, _dx(b, dx_ptr, b.mul(first_block, ir.Constant(I64, block))))
-            for row_accs, row_chunk_accs in zip(accs, chunk_accs):
-                for acc, chunk_acc in zip(row_accs, row_chunk_accs):
-                    b.store(mul_add(b, b.load(chunk_acc), dx, b.load(acc)), acc)
+            for acc, chunk_acc in zip(accs, chunk_accs):
+                b.store(mul_add(b, b.load(chunk_acc), dx, b.load(acc)), acc)
             if qtype in MIN_OFFSET:  # the chunk's mins times their blocks' activation sums
                 mask = None if isinstance(count, int) else lanes_below(b, count, per_chunk)
                 sums = _block_sums(b, xsum_ptr, first_block, per_chunk, mask)
-                for min_ptr, min_acc in zip(min_ptrs, min_accs):
-                    at = b.bitcast(offset(b, min_ptr, b.mul(first_block, ir.Constant(I64, 2))),
-                                   vector(ir.HalfType(), per_chunk).as_pointer())
-                    mins = b.fpext(b.load(at, align=2) if mask is None else masked_load(b, at, mask, 2),
-                                   vector(F32, per_chunk))
-                    b.store(mul_add(b, _widen_lanes(b, mins), _widen_lanes(b, sums), b.load(min_acc)), min_acc)
+                at = b.bitcast(offset(b, min_ptr, b.mul(first_block, ir.Constant(I64, 2))),
+                               vector(ir.HalfType(), per_chunk).as_pointer())
+                mins = b.fpext(b.load(at, align=2) if mask is None else masked_load(b, at, mask, 2),
+                               vector(F32, per_chunk))
+                b.store(mul_add(b, _widen_lanes(b, mins), _widen_lanes(b, sums), b.load(min_acc)), min_acc)
 
         full_chunks = b.udiv(n_blocks, ir.Constant(I64, per_chunk))
         with cgutils.for_range(b, full_chunks) as loop:
@@ -152,13 +132,10 @@ def _emit_rows(b, qtype, row_ptrs, min_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr
         rest = b.urem(n_blocks, ir.Constant(I64, per_chunk))
         with b.if_then(b.icmp_unsigned(">", rest, ir.Constant(I64, 0))):
             emit_chunk(b.mul(full_chunks, ir.Constant(I64, per_chunk)), rest)
-    sums = []
-    for row_accs, min_acc in zip(accs, min_accs):
-        total = b.load(min_acc)
-        for acc in row_accs:
-            total = b.fadd(total, b.load(acc), flags=FAST)
-        sums.append(horizontal_sum(b, total))
-    return sums
+    total = b.load(min_acc)
+    for acc in accs:
+        total = b.fadd(total, b.load(acc), flags=FAST)
+    return horizontal_sum(b, total)
 
 
 def _dx(b, dx_ptr, first_weight):
@@ -221,43 +198,44 @@ def _switch_on_type(b, qtype_value, emit):
     b.position_at_end(done)
 
 
-def _rows_dot(n_rows):
-    """An intrinsic (qtype, w, mins, row, xq, dx, t, xsum, out, col): out[t, col + i] = row
-    `row + i` of the raw blocks w (rows, bytes per row) of type qtype dotted with x[t], for
-    i < n_rows; for types in MIN_OFFSET, mins holds each row's float16 block mins as uint16
-    (rows, blocks per row), else it is not read. x is given as x[t, j] ~ dx[t, j // DX_BLOCK] *
-    xq[t, j] (see activations.quantize_int16), and xsum[t] holds the sums of x[t]'s consecutive
-    16-weight runs. Callers guarantee row + n_rows <= len(w), mins as described, x[t] as long as
-    a row, col + n_rows <= out.shape[1] and a qtype in DECODERS."""
-    @intrinsic
-    def rows_dot(typingctx, qtype, w, mins, row, xq, dx, t, xsum, out, col):
-        def codegen(context, b, signature, args):
-            _, w_type, mins_type, _, xq_type, dx_type, _, xsum_type, out_type, _ = signature.args
-            qtype_v, wv, minsv, rowv, xqv, dxv, tv, xsumv, outv, colv = args
-            w_stride = array_strides(context, b, w_type, wv)[0]
-            first_row = array_row(context, b, w_type, wv, rowv)
-            row_ptrs = [offset(b, first_row, b.mul(w_stride, ir.Constant(I64, i))) for i in range(n_rows)]
-            mins_stride = array_strides(context, b, mins_type, minsv)[0]
-            first_mins = array_row(context, b, mins_type, minsv, rowv)
-            min_ptrs = [offset(b, first_mins, b.mul(mins_stride, ir.Constant(I64, i))) for i in range(n_rows)]
-            xq_ptr, dx_ptr = array_row(context, b, xq_type, xqv, tv), array_row(context, b, dx_type, dxv, tv)
-            xsum_ptr = array_row(context, b, xsum_type, xsumv, tv)
-            out_ptr = b.gep(b.bitcast(array_row(context, b, out_type, outv, tv), F32.as_pointer()), [colv])
-            row_bytes = array_shape(context, b, w_type, wv)[1]
+@intrinsic
+def rows_dot(typingctx, qtype, w, mins, first, last, xq, dx, xsum, out, col):
+    """out[t, col + r - first] = row r of the raw blocks w (rows, bytes per row) of type qtype
+    dotted with x[t], for rows first <= r < last and every token t < len(out); for types in
+    MIN_OFFSET, mins holds each row's float16 block mins as uint16 (rows, blocks per row), else
+    it is not read. x is given as x[t, j] ~ dx[t, j // DX_BLOCK] * xq[t, j] (see
+    activations.quantize_int16), and xsum[t] holds the sums of x[t]'s consecutive 16-weight runs.
+    Callers guarantee last <= len(w), mins as described, x as long as a row for every token of
+    out, col + last - first <= out.shape[1] and a qtype in DECODERS."""
+    def codegen(context, b, signature, args):
+        _, w_type, mins_type, _, _, xq_type, dx_type, xsum_type, out_type, _ = signature.args
+        qtype_v, wv, minsv, first_v, last_v, xqv, dxv, xsumv, outv, colv = args
+        row_bytes = array_shape(context, b, w_type, wv)[1]
 
-            def emit(qt):
-                for i, total in enumerate(_emit_rows(b, qt, row_ptrs, min_ptrs, row_bytes, xq_ptr, dx_ptr, xsum_ptr)):
-                    b.store(total, b.gep(out_ptr, [ir.Constant(I64, i)]))
-            _switch_on_type(b, qtype_v, emit)
-            return context.get_dummy_value()
-        return types.none(qtype, w, mins, row, xq, dx, t, xsum, out, col), codegen
-    return rows_dot
+        def emit(qt):
+            def row_dot(row, t):
+                return _emit_row(b, qt, array_row(context, b, w_type, wv, row), array_row(context, b, mins_type, minsv, row),
+                                 row_bytes, array_row(context, b, xq_type, xqv, t), array_row(context, b, dx_type, dxv, t),
+                                 array_row(context, b, xsum_type, xsumv, t))
+            emit_rows(context, b, first_v, last_v, (out_type, outv), colv, row_dot)
+        _switch_on_type(b, qtype_v, emit)
+        return context.get_dummy_value()
+    return types.none(qtype, w, mins, first, last, xq, dx, xsum, out, col), codegen
 
 
-# Rows per kernel step: four rows share each activation load and fill the FMA pipeline with
-# independent chains; the per-row work at the end of a row (reductions, stores) is also shared.
-ROWS = 4
-rows_dot = _rows_dot(ROWS)
+def emit_rows(context, b, first, last, out, col, emit_row):
+    """IR calling emit_row(row, t) for rows first..last-1 (i64 values) and every token t <
+    len(out), storing what it returns at out[t, col + row - first]; row by row, so that a row is
+    read from memory once for all tokens, and one row after the other, so that the rows stream
+    from memory in order (four rows read side by side ran at half the speed on an AMD EPYC: its
+    prefetchers follow one stream, not four that each end after a row)."""
+    out_type, outv = out
+    n_tokens = array_shape(context, b, out_type, outv)[0]
+    with cgutils.for_range(b, b.sub(last, first)) as rows:
+        row = b.add(first, rows.index)
+        with cgutils.for_range(b, n_tokens) as tokens:
+            out_row = b.bitcast(array_row(context, b, out_type, outv, tokens.index), F32.as_pointer())
+            b.store(emit_row(row, tokens.index), b.gep(out_row, [b.add(col, rows.index)]))
 
 
 def _emit_dequantize(b, qtype, row_ptr, row_bytes, out_ptr):

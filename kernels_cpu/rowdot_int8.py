@@ -11,8 +11,7 @@ they multiply by magnitude with the activations' signs flipped to match (vpsignb
 Per 32-weight block: four-product sums in 8 int32 lanes, one conversion to float and one
 multiply-add by the block's scale times the activations'. Per K-quant super-block: its units'
 pair sums (vpmaddubsw) times their groups' integer scales (vpmaddwd) add up as integers over all
-256 weights, then convert once. The rows of a kernel call advance together, so the activations
-are loaded once for all of them; the only horizontal sum is at the end of a row.
+256 weights, then convert once. The only horizontal sum is at the end of a row.
 """
 from gguf import GGML_QUANT_SIZES
 from llvmlite import ir
@@ -22,14 +21,14 @@ from numba.core.extending import intrinsic
 
 from .block_ir import DECODERS
 from .cpu_features import int8_isa
-from .ir import (F32, FAST, I8, I16, I32, I64, array_row, array_shape, array_strides, byte_pair_sums, byte_quad_sums,
-                 concat, const_vector, horizontal_sum, load_vector, mul_add, offset, pair_products, prefetch,
-                 signed_byte_quad_sums, splat, splat_float, vector)
-from .rowdot import PREFETCH_AHEAD, ROWS, _switch_on_type, _units
+from .ir import (F32, FAST, I8, I16, I32, I64, array_row, array_shape, byte_pair_sums, byte_quad_sums, concat,
+                 const_vector, horizontal_sum, load_vector, mul_add, offset, pair_products, signed_byte_quad_sums,
+                 splat, splat_float, vector)
+from .rowdot import _switch_on_type, _units, emit_rows
 
 LANES8 = 8  # int32 / float32 lanes of a 256-bit register, the width of the 8-bit products
-# 32-weight blocks per loop step: their bytes (18-34 each) share prefetches, and their products
-# alternate between two accumulators per row so that consecutive multiply-adds need not wait.
+# 32-weight blocks per loop step, each adding into its own accumulator, so that consecutive
+# multiply-adds need not wait for one another.
 BLOCKS_PER_STEP = 4
 
 
@@ -43,59 +42,69 @@ def _values(b, groups):
     return values[0] if len(values) == 1 else concat(b, *values)
 
 
-def _emit_blocks32(b, isa, qtype, row_ptrs, row_bytes, act):
-    """The dot products of rows of a 32-weight type with Q8_0 activations; their float32 sums."""
+def _emit_blocks32(b, isa, qtype, row_ptr, row_bytes, act):
+    """The dot product of a row of a 32-weight type with Q8_0 activations, as float32."""
     _, block_bytes = GGML_QUANT_SIZES[qtype]
     decode = DECODERS[qtype]
     n_blocks = b.udiv(row_bytes, ir.Constant(I64, block_bytes))
-    accs = [[cgutils.alloca_once_value(b, _zeros(F32)) for _ in range(2)] for _ in row_ptrs]
-    min_accs = [cgutils.alloca_once_value(b, ir.Constant(F32, 0.0)) for _ in row_ptrs]  # mins times sums
+    accs = [cgutils.alloca_once_value(b, _zeros(F32)) for _ in range(BLOCKS_PER_STEP)]
+    # mins times sums, one chain per step slot as for accs (one chain waited ~4 cycles per block)
+    min_accs = [cgutils.alloca_once_value(b, ir.Constant(F32, 0.0)) for _ in range(BLOCKS_PER_STEP)]
 
-    def emit_block(i, slot, prefetch_at=None):
+    def emit_block(i, slot):
+        acc, min_acc = accs[slot], min_accs[slot]
         xq = load_vector(b, act["q32"], b.mul(i, ir.Constant(I64, 32)), I8, 32)
         dx = splat(b, b.load(b.gep(b.bitcast(act["d32"], F32.as_pointer()), [i])), LANES8)
-        for r, row_ptr in enumerate(row_ptrs):
-            block_ptr = offset(b, row_ptr, b.mul(i, ir.Constant(I64, block_bytes)))
-            if prefetch_at is not None:
-                prefetch(b, offset(b, block_ptr, prefetch_at))
-            (grp,) = decode(b, block_ptr).groups
-            values = _values(b, [grp])
-            if grp.signed:
-                ints = signed_byte_quad_sums(b, isa, _zeros(I32), values, xq)
-            else:
-                ints = byte_quad_sums(b, isa, _zeros(I32), values, xq)
-            if grp.offset:  # minus offset * sum(xq), in one lane: only the row's total matters
-                block_sum = b.load(b.gep(b.bitcast(act["sum32"], I32.as_pointer()), [i]))
-                correction = b.mul(block_sum, ir.Constant(I32, grp.offset))
-                ints = b.sub(ints, b.insert_element(_zeros(I32), correction, ir.Constant(I32, 0)))
-            acc = accs[r][slot % 2]
-            scale = b.fmul(splat_float(b, grp.scale, LANES8), dx, flags=FAST)
-            b.store(mul_add(b, b.sitofp(ints, vector(F32, LANES8)), scale, b.load(acc)), acc)
-            if grp.bias is not None:  # the block's min times the activations' sum
-                scaled_sum = b.load(b.gep(b.bitcast(act["ssum32"], F32.as_pointer()), [i]))
-                b.store(mul_add(b, grp.bias, scaled_sum, b.load(min_accs[r])), min_accs[r])
+        (grp,) = decode(b, offset(b, row_ptr, b.mul(i, ir.Constant(I64, block_bytes)))).groups
+        values = _values(b, [grp])
+        if grp.signed:
+            ints = signed_byte_quad_sums(b, isa, _zeros(I32), values, xq)
+        else:
+            ints = byte_quad_sums(b, isa, _zeros(I32), values, xq)
+        if grp.offset:  # minus offset * sum(xq), in one lane: only the row's total matters
+            block_sum = b.load(b.gep(b.bitcast(act["sum32"], I32.as_pointer()), [i]))
+            correction = b.mul(block_sum, ir.Constant(I32, grp.offset))
+            ints = b.sub(ints, b.insert_element(_zeros(I32), correction, ir.Constant(I32, 0)))
+        scale = b.fmul(splat_float(b, grp.scale, LANES8), dx, flags=FAST)
+        b.store(mul_add(b, b.sitofp(ints, vector(F32, LANES8)), scale, b.load(acc)), acc)
+        if grp.bias is not None:  # the block's min times the activations' sum
+            scaled_sum = b.load(b.gep(b.bitcast(act["ssum32"], F32.as_pointer()), [i]))
+            b.store(mul_add(b, grp.bias, scaled_sum, b.load(min_acc)), min_acc)
 
     steps = b.udiv(n_blocks, ir.Constant(I64, BLOCKS_PER_STEP))
     with cgutils.for_range(b, steps) as loop:
         first = b.mul(loop.index, ir.Constant(I64, BLOCKS_PER_STEP))
-        for u in range(BLOCKS_PER_STEP):  # one prefetch per 64 bytes of the step's blocks
-            lines = [line for line in range(0, BLOCKS_PER_STEP * block_bytes, 64)
-                     if u * block_bytes <= line < (u + 1) * block_bytes]
-            emit_block(b.add(first, ir.Constant(I64, u)), u,
-                       PREFETCH_AHEAD + lines[0] - u * block_bytes if lines else None)
+        for u in range(BLOCKS_PER_STEP):
+            emit_block(b.add(first, ir.Constant(I64, u)), u)
     with cgutils.for_range(b, b.urem(n_blocks, ir.Constant(I64, BLOCKS_PER_STEP))) as loop:
         emit_block(b.add(b.mul(steps, ir.Constant(I64, BLOCKS_PER_STEP)), loop.index), 0)
-    return [b.fadd(horizontal_sum(b, b.fadd(b.load(a0), b.load(a1), flags=FAST)), b.load(m), flags=FAST)
-            for (a0, a1), m in zip(accs, min_accs)]
+    total = horizontal_sum(b, _float_sum(b, [b.load(acc) for acc in accs]))
+    return b.fadd(total, _float_sum(b, [b.load(acc) for acc in min_accs]), flags=FAST)
 
 
-def _emit_super_blocks(b, isa, qtype, row_ptrs, row_bytes, act):
-    """The dot products of rows of a K-quant with Q8_K activations; their float32 sums."""
+def _float_sum(b, values):
+    while len(values) > 1:
+        values = [b.fadd(values[i], values[i + 1], flags=FAST) for i in range(0, len(values), 2)]
+    return values[0]
+
+
+def tree_sum(b, values):
+    """The integer vectors' sum, added pairwise: a chain of eight adds (each fused with its
+    product into one vpdpwssd) waited ~4 cycles on each, and bounded a K-quant super-block at
+    ~32 cycles where its instructions take ~15."""
+    while len(values) > 1:
+        values = [b.add(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
+                  for i in range(0, len(values), 2)]
+    return values[0]
+
+
+def _emit_super_blocks(b, isa, qtype, row_ptr, row_bytes, act):
+    """The dot product of a row of a K-quant with Q8_K activations, as float32."""
     block, block_bytes = GGML_QUANT_SIZES[qtype]
     decode = DECODERS[qtype]
     n_blocks = b.udiv(row_bytes, ir.Constant(I64, block_bytes))
-    accs = [cgutils.alloca_once_value(b, _zeros(F32)) for _ in row_ptrs]
-    min_accs = [cgutils.alloca_once_value(b, _zeros(F32)) for _ in row_ptrs]
+    acc = cgutils.alloca_once_value(b, _zeros(F32))
+    min_acc = cgutils.alloca_once_value(b, _zeros(F32))
 
     with cgutils.for_range(b, n_blocks) as loop:
         i = loop.index
@@ -104,69 +113,57 @@ def _emit_super_blocks(b, isa, qtype, row_ptrs, row_bytes, act):
         sums = load_vector(b, act["sum16"], b.mul(i, ir.Constant(I64, 16)), I16, 16)  # 16 per super-block
         xqs = [load_vector(b, act["q256"], b.add(first_weight, ir.Constant(I64, 32 * u)), I8, 32)
                for u in range(block // 32)]
-        for r, row_ptr in enumerate(row_ptrs):
-            block_ptr = offset(b, row_ptr, b.mul(i, ir.Constant(I64, block_bytes)))
-            for line in range(0, block_bytes, 64):
-                prefetch(b, offset(b, block_ptr, PREFETCH_AHEAD + line))
-            blk = decode(b, block_ptr)
-            n_groups = len(blk.groups)
-            total, first_group = _zeros(I32), 0
-            for unit, xq in zip(_units(blk.groups), xqs):
-                # lanes 0-7 of the pair sums hold weights 0-15 of the unit, lanes 8-15 the rest
-                lanes = [first_group + j * len(unit) // 16 for j in range(16)]
-                multipliers = b.shuffle_vector(blk.scales, blk.scales, const_vector(I32, lanes))
-                total = b.add(total, pair_products(b, byte_pair_sums(b, isa, _values(b, unit), xq), multipliers))
-                first_group += len(unit)
-            per_sum = [g * n_groups // 16 for g in range(16)]  # the group of each sum of 16
-            group_offset = blk.groups[0].offset
-            if group_offset:  # minus offset * scale * sum(xq) per group
-                scaled = b.mul(b.shuffle_vector(blk.scales, blk.scales, const_vector(I32, per_sum)),
-                               const_vector(I16, [group_offset] * 16))
-                total = b.sub(total, pair_products(b, scaled, sums))
-            acc = accs[r]
-            b.store(mul_add(b, b.sitofp(total, vector(F32, LANES8)), splat(b, b.fmul(blk.d, dx, flags=FAST), LANES8),
-                            b.load(acc)), acc)
-            if blk.mins is not None:  # minus dmin * min * sum(xq) per group
-                mins = b.shuffle_vector(blk.mins, blk.mins, const_vector(I32, per_sum))
-                products = b.sitofp(pair_products(b, mins, sums), vector(F32, LANES8))
-                scale = splat(b, b.fneg(b.fmul(blk.dmin, dx, flags=FAST)), LANES8)
-                b.store(mul_add(b, products, scale, b.load(min_accs[r])), min_accs[r])
-    return [horizontal_sum(b, b.fadd(b.load(acc), b.load(min_acc), flags=FAST))
-            for acc, min_acc in zip(accs, min_accs)]
+        blk = decode(b, offset(b, row_ptr, b.mul(i, ir.Constant(I64, block_bytes))))
+        n_groups = len(blk.groups)
+        parts, first_group = [], 0
+        for unit, xq in zip(_units(blk.groups), xqs):
+            # lanes 0-7 of the pair sums hold weights 0-15 of the unit, lanes 8-15 the rest
+            lanes = [first_group + j * len(unit) // 16 for j in range(16)]
+            multipliers = b.shuffle_vector(blk.scales, blk.scales, const_vector(I32, lanes))
+            parts.append(pair_products(b, byte_pair_sums(b, isa, _values(b, unit), xq), multipliers))
+            first_group += len(unit)
+        per_sum = [g * n_groups // 16 for g in range(16)]  # the group of each sum of 16
+        group_offset = blk.groups[0].offset
+        if group_offset:  # minus offset * scale * sum(xq) per group
+            scaled = b.mul(b.shuffle_vector(blk.scales, blk.scales, const_vector(I32, per_sum)),
+                           const_vector(I16, [-group_offset] * 16))
+            parts.append(pair_products(b, scaled, sums))
+        total = tree_sum(b, parts)
+        b.store(mul_add(b, b.sitofp(total, vector(F32, LANES8)), splat(b, b.fmul(blk.d, dx, flags=FAST), LANES8),
+                        b.load(acc)), acc)
+        if blk.mins is not None:  # minus dmin * min * sum(xq) per group
+            mins = b.shuffle_vector(blk.mins, blk.mins, const_vector(I32, per_sum))
+            products = b.sitofp(pair_products(b, mins, sums), vector(F32, LANES8))
+            scale = splat(b, b.fneg(b.fmul(blk.dmin, dx, flags=FAST)), LANES8)
+            b.store(mul_add(b, products, scale, b.load(min_acc)), min_acc)
+    return horizontal_sum(b, b.fadd(b.load(acc), b.load(min_acc), flags=FAST))
 
 
-def _rows_dot_int8(n_rows):
-    """An intrinsic (qtype, w, row, q32, d32, sum32, ssum32, q256, d256, sum16, t, out, col):
-    out[t, col + i] = row `row + i` of the raw blocks w (rows, bytes per row) of type qtype
-    dotted with x[t], for i < n_rows, with x[t] given in the format of activations.py that the
-    type pairs with: quantize_q8_0's (q32, d32, sum32, ssum32) for 32-weight types,
-    quantize_q8_k's (q256, d256, sum16) for K-quants (the other format is not read). Callers
-    guarantee row + n_rows <= len(w), x[t] as long as a row, col + n_rows <= out.shape[1] and a
-    qtype in DECODERS."""
+ACTIVATIONS = ("q32", "d32", "sum32", "ssum32", "q256", "d256", "sum16")
+
+
+@intrinsic
+def rows_dot_int8(typingctx, qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col):
+    """out[t, col + r - first] = row r of the raw blocks w (rows, bytes per row) of type qtype
+    dotted with x[t], for rows first <= r < last and every token t < len(out), x given in the
+    format of activations.py that the type pairs with: quantize_q8_0's (q32, d32, sum32, ssum32)
+    for 32-weight types, quantize_q8_k's (q256, d256, sum16) for K-quants (the other format is
+    not read). Callers guarantee last <= len(w), x as long as a row for every token of out,
+    col + last - first <= out.shape[1] and a qtype in DECODERS."""
     isa = int8_isa()
 
-    @intrinsic
-    def rows_dot_int8(typingctx, qtype, w, row, q32, d32, sum32, ssum32, q256, d256, sum16, t, out, col):
-        def codegen(context, b, signature, args):
-            w_type, out_type = signature.args[1], signature.args[11]
-            qtype_v, wv, rowv, *act_values, tv, outv, colv = args
-            w_stride = array_strides(context, b, w_type, wv)[0]
-            first_row = array_row(context, b, w_type, wv, rowv)
-            row_ptrs = [offset(b, first_row, b.mul(w_stride, ir.Constant(I64, i))) for i in range(n_rows)]
-            act = {name: array_row(context, b, ty, v, tv)
-                   for name, ty, v in zip(("q32", "d32", "sum32", "ssum32", "q256", "d256", "sum16"),
-                                          signature.args[3:10], act_values)}
-            out_ptr = b.gep(b.bitcast(array_row(context, b, out_type, outv, tv), F32.as_pointer()), [colv])
-            row_bytes = array_shape(context, b, w_type, wv)[1]
+    def codegen(context, b, signature, args):
+        qtype_v, wv, first_v, last_v, *act_values, outv, colv = args
+        row_bytes = array_shape(context, b, signature.args[1], wv)[1]
+        act_arrays = list(zip(signature.args[4:11], act_values))
 
-            def emit(qt):
-                emit_rows = _emit_super_blocks if GGML_QUANT_SIZES[qt][0] == 256 else _emit_blocks32
-                for i, total in enumerate(emit_rows(b, isa, qt, row_ptrs, row_bytes, act)):
-                    b.store(total, b.gep(out_ptr, [ir.Constant(I64, i)]))
-            _switch_on_type(b, qtype_v, emit)
-            return context.get_dummy_value()
-        return types.none(qtype, w, row, q32, d32, sum32, ssum32, q256, d256, sum16, t, out, col), codegen
-    return rows_dot_int8
+        def emit(qt):
+            emit_row = _emit_super_blocks if GGML_QUANT_SIZES[qt][0] == 256 else _emit_blocks32
 
-
-rows_dot_int8 = _rows_dot_int8(ROWS)
+            def row_dot(row, t):
+                act = {name: array_row(context, b, ty, v, t) for name, (ty, v) in zip(ACTIVATIONS, act_arrays)}
+                return emit_row(b, isa, qt, array_row(context, b, signature.args[1], wv, row), row_bytes, act)
+            emit_rows(context, b, first_v, last_v, (signature.args[11], outv), colv, row_dot)
+        _switch_on_type(b, qtype_v, emit)
+        return context.get_dummy_value()
+    return types.none(qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col), codegen

@@ -24,6 +24,7 @@ from .attention import attention_few
 from .intrinsics import pointer_at
 from .kv_layout import as_kernel_array, head_dims, store_kv
 from .activations import rounding_kind
+from .cpu_features import memory_streams
 from .matmul import MATRIX, QuantMatrix, check_row_ids, dequantize_rows, matrix_arrays, products
 
 # Operation codes; each row of a program is (code, arguments...) as the comments list them.
@@ -31,7 +32,7 @@ EMBED = 1       # matrix, ids input, out, width: out[t] = row ids[t] of the matr
 SCALE = 2       # x, out, n; factor: out = x * factor
 ADD = 3         # a, b, out, n: out = a + b
 RMS_NORM = 4    # x, weight, out, rows, width; eps
-PRODUCTS = 5    # x, out, tokens, k, n, tasks first, last, small matrices first, last, formats
+PRODUCTS = 5    # x, out, tokens, k, n, tasks first, last, formats
 ROPE_TABLE = 6  # positions input, frequencies, n, cos, sin; position scale
 ROPE = 7        # x, tokens, heads, dim, cos, sin, n, neox
 STORE_KV = 8    # cache, slots input, k, v, tokens, key dim, value dim
@@ -60,9 +61,10 @@ def _input(inputs, i, dtype):
 
 
 @njit(cache=True)
-def run_program(code, params, mats, tasks, small, caches, inputs, kv_like, rounding):
+def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, streams):
     """One replay of a recorded step; kv_like (empty) has the cache's element type, rounding
-    (activations.rounding_kind) says how the products round activations."""
+    (activations.rounding_kind) says how the products round activations, streams how they read
+    the weights (cpu_features.memory_streams)."""
     for i in range(code.shape[0]):
         op, a, f = code[i, 0], code[i, 1:], params[i]
         if op == EMBED:
@@ -80,8 +82,8 @@ def run_program(code, params, mats, tasks, small, caches, inputs, kv_like, round
         elif op == RMS_NORM:
             ops.rms_norm(_f32(a[0], (a[3], a[4])), _f32(a[1], (a[4],)), np.float32(f[0]), _f32(a[2], (a[3], a[4])))
         elif op == PRODUCTS:
-            products(mats, tasks[a[5]:a[6]], small[a[7]:a[8]], _f32(a[0], (a[2], a[3])),
-                     _f32(a[1], (a[2], a[4])), a[9], rounding)
+            products(mats, tasks[a[5]:a[6]], _f32(a[0], (a[2], a[3])), _f32(a[1], (a[2], a[4])), a[7], rounding,
+                     streams)
         elif op == ROPE_TABLE:
             positions = _input(inputs, a[0], np.int32)
             shape = (positions.shape[0], a[2])
@@ -147,8 +149,8 @@ class Recorder:
                 self.inputs.append((name, j, array.dtype))
         self.mats: list = []        # products-table rows
         self._mat_ids: dict = {}
-        self.tasks, self.small = [np.zeros((0, 3), np.int64)], [np.zeros((0, 3), np.int64)]
-        self.n_tasks = self.n_small = 0
+        self.tasks = [np.zeros((0, 4), np.int64)]
+        self.n_tasks = 0
         self.caches: list = []
         self._cache_ids: dict = {}
         self.rope_tables: dict = {}
@@ -224,15 +226,12 @@ class Recorder:
 
     def products(self, stack, x, out):
         relabel = np.array([self.matrix(m) for m in stack.matrices], dtype=np.int64)
-        tasks, small = stack.tasks.copy(), stack.small.copy()
-        tasks[:, 0], small[:, 0] = relabel[stack.tasks[:, 0]], relabel[stack.small[:, 0]]
+        tasks = stack.tasks.copy()
+        tasks[:, 0] = relabel[stack.tasks[:, 0]]
         self.tasks.append(tasks)
-        self.small.append(small)
         self.add(PRODUCTS, self.address(x, x.size), self.address(out, out.size), x.shape[0], x.shape[1],
-                 out.shape[1], self.n_tasks, self.n_tasks + len(tasks), self.n_small,
-                 self.n_small + len(small), stack.formats)
+                 out.shape[1], self.n_tasks, self.n_tasks + len(tasks), stack.formats)
         self.n_tasks += len(tasks)
-        self.n_small += len(small)
 
     def rope_table(self, positions, n_rot, base, pos_scale, freq_factors):
         """The step's cos/sin tables for one rotation, made once per step and recorded."""
@@ -305,7 +304,7 @@ class StepProgram:
         self.code = np.array([row for row, _ in r.rows], dtype=np.int64).reshape(-1, ARGS + 1)
         self.params = np.array([p for _, p in r.rows], dtype=np.float64).reshape(-1, 2)
         self.mats = np.concatenate(r.mats) if r.mats else np.zeros(0, dtype=MATRIX)
-        self.tasks, self.small = np.concatenate(r.tasks), np.concatenate(r.small)
+        self.tasks = np.concatenate(r.tasks)
         self.caches = np.array(r.caches, dtype=np.int64).reshape(-1, CACHE_COLUMNS)
         self.kv_like = np.zeros(0, dtype=r.kv_dtype or np.float32)
         self.rounding = rounding_kind(r.precise)
@@ -325,8 +324,8 @@ class StepProgram:
         if self.id_limit is not None:
             check_row_ids(batch.ids, self.id_limit)
         inputs = np.array([(a.ctypes.data, a.shape[0]) for a in arrays], dtype=np.int64)
-        run_program(self.code, self.params, self.mats, self.tasks, self.small, self.caches, inputs,
-                    self.kv_like, self.rounding)
+        run_program(self.code, self.params, self.mats, self.tasks, self.caches, inputs, self.kv_like, self.rounding,
+                    memory_streams())
         return self.output.copy()
 
 

