@@ -107,6 +107,15 @@ def pair_products(b, a, c):
     return b.add(even, odd)
 
 
+def pair_products_into(b, isa, acc, a, c):
+    """acc + pair_products(a, c) for <16 x i16> a, c: one vpdpwssd with VNNI, kept as the
+    intrinsic so that LLVM does not re-associate sums of them into one chain of vpdpwssd (4-5
+    cycles each: a K-quant super-block then waited ~36 cycles on its own sum)."""
+    if isa == "vnni":
+        return _x86(b, "llvm.x86.avx512.vpdpwssd.256", acc.type, [acc, b.bitcast(a, acc.type), b.bitcast(c, acc.type)])
+    return b.add(acc, pair_products(b, a, c))
+
+
 def lanes_below(b, n, lanes=LANES):
     """<lanes x i1>: lane i set when i < n (an i64 value)."""
     return b.icmp_unsigned("<", const_vector(I64, range(lanes)), splat(b, n, lanes))
@@ -173,6 +182,24 @@ def byte_pair_sums(b, isa, u, s):
         return b.add(b.shuffle_vector(p, p, const_vector(I32, range(0, n, 2))),
                      b.shuffle_vector(p, p, const_vector(I32, range(1, n, 2))))
     return _x86(b, "llvm.x86.avx2.pmadd.ub.sw", vector(I16, 16), [u, s])
+
+
+def word_picks(b, isa, v, lanes):
+    """<16 x i16> whose lane j is v[lanes[j]], for v of 8 or 16 words and lanes that all read
+    one half of v (words 0-7 or 8-15), as a vpshufb from that half repeated in both 128-bit
+    lanes. Where the picks are not one broadcast, LLVM keeps it: the 16-group K-quants' units
+    (word g in lanes 0-7, g + 1 in 8-15) took a shift and a broadcast each from its own lowering,
+    and llvm-mca's Zen 3 model puts a Q6_K super-block at 17.7 cycles against 21.9 (Q2_K 16.6
+    against 21.3). One broadcast (Q4_K, Q5_K) it turns back into vpbroadcastw."""
+    if isa == "generic":
+        return b.shuffle_vector(v, v, const_vector(I32, lanes))
+    half = lanes[0] // 8
+    if any(lane // 8 != half for lane in lanes):
+        raise ValueError("word_picks reads one half of its vector")
+    source = b.shuffle_vector(v, v, const_vector(I32, [8 * half + i % 8 for i in range(16)]))
+    control = const_vector(I8, [2 * (lane % 8) + byte for lane in lanes for byte in (0, 1)])
+    picked = _x86(b, "llvm.x86.avx2.pshuf.b", vector(I8, 32), [b.bitcast(source, vector(I8, 32)), control])
+    return b.bitcast(picked, vector(I16, 16))
 
 
 def byte_quad_sums(b, isa, acc, u, s):

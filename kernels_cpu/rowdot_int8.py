@@ -22,8 +22,9 @@ from numba.core.extending import intrinsic
 from .block_ir import DECODERS
 from .cpu_features import int8_isa
 from .ir import (F32, FAST, I8, I16, I32, I64, array_row, array_shape, byte_pair_sums, byte_quad_sums, concat,
-                 const_vector, horizontal_sum, load_vector, mul_add, offset, pair_products, signed_byte_quad_sums,
-                 splat, splat_float, vector)
+                 const_vector, horizontal_sum, load_vector, mul_add, offset, pair_products, pair_products_into,
+                 signed_byte_quad_sums,
+                 splat, splat_float, vector, word_picks)
 from .rowdot import _switch_on_type, _units, emit_rows
 
 LANES8 = 8  # int32 / float32 lanes of a 256-bit register, the width of the 8-bit products
@@ -89,9 +90,7 @@ def _float_sum(b, values):
 
 
 def tree_sum(b, values):
-    """The integer vectors' sum, added pairwise: a chain of eight adds (each fused with its
-    product into one vpdpwssd) waited ~4 cycles on each, and bounded a K-quant super-block at
-    ~32 cycles where its instructions take ~15."""
+    """The integer vectors' sum, added pairwise."""
     while len(values) > 1:
         values = [b.add(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
                   for i in range(0, len(values), 2)]
@@ -115,20 +114,22 @@ def _emit_super_blocks(b, isa, qtype, row_ptr, row_bytes, act):
                for u in range(block // 32)]
         blk = decode(b, offset(b, row_ptr, b.mul(i, ir.Constant(I64, block_bytes))))
         n_groups = len(blk.groups)
-        parts, first_group = [], 0
+        products, first_group = [], 0
         for unit, xq in zip(_units(blk.groups), xqs):
             # lanes 0-7 of the pair sums hold weights 0-15 of the unit, lanes 8-15 the rest
-            lanes = [first_group + j * len(unit) // 16 for j in range(16)]
-            multipliers = b.shuffle_vector(blk.scales, blk.scales, const_vector(I32, lanes))
-            parts.append(pair_products(b, byte_pair_sums(b, isa, _values(b, unit), xq), multipliers))
+            multipliers = word_picks(b, isa, blk.scales, [first_group + j * len(unit) // 16 for j in range(16)])
+            products.append((byte_pair_sums(b, isa, _values(b, unit), xq), multipliers))
             first_group += len(unit)
         per_sum = [g * n_groups // 16 for g in range(16)]  # the group of each sum of 16
         group_offset = blk.groups[0].offset
         if group_offset:  # minus offset * scale * sum(xq) per group
             scaled = b.mul(b.shuffle_vector(blk.scales, blk.scales, const_vector(I32, per_sum)),
                            const_vector(I16, [-group_offset] * 16))
-            parts.append(pair_products(b, scaled, sums))
-        total = tree_sum(b, parts)
+            products.append((scaled, sums))
+        # the units' products scaled, in pairs of two chained multiply-adds, the pairs added up
+        pairs = [pair_products_into(b, isa, pair_products(b, *products[i]), *products[i + 1])
+                 if i + 1 < len(products) else pair_products(b, *products[i]) for i in range(0, len(products), 2)]
+        total = tree_sum(b, pairs)
         b.store(mul_add(b, b.sitofp(total, vector(F32, LANES8)), splat(b, b.fmul(blk.d, dx, flags=FAST), LANES8),
                         b.load(acc)), acc)
         if blk.mins is not None:  # minus dmin * min * sum(xq) per group
