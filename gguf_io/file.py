@@ -52,6 +52,15 @@ class GGUFFile:
         t = self.tensors[name]
         return self._bytes[t.offset:t.offset + t.nbytes].reshape(t.n_rows, t.row_bytes)
 
+    def release(self, name: str) -> None:
+        """Tell the system the tensor's pages of the mapping will not be read again (a backend
+        copied what it needs): they leave this process's memory and stay in the page cache."""
+        t = self.tensors[name]
+        page = mmap.PAGESIZE
+        first, last = -(-t.offset // page) * page, (t.offset + t.nbytes) // page * page
+        if last > first and hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
+
     def bits_per_weight(self) -> float:
         n = sum(t.n_elements for t in self.tensors.values())
         return 8.0 * sum(t.nbytes for t in self.tensors.values()) / max(n, 1)

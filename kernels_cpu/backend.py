@@ -69,7 +69,9 @@ class CpuBackend:
         return self._recorded(out, "softcap", x, cap)
 
     def load_matrix(self, qtype, raw, k):
-        return load_matrix(qtype, raw, k)
+        # decode's 8-bit products take interleaved groups (copies of the rows), its precise
+        # 16-bit ones the file's rows
+        return load_matrix(qtype, raw, k, interleaved=not self.precise)
 
     def load_vector(self, values):
         vector = np.ascontiguousarray(values, dtype=np.float32)

@@ -22,6 +22,7 @@ from .activations import (Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS, Q8_K_BLOCK, quanti
                           rounding_kind)
 from .intrinsics import pointer_at
 from .cpu_features import memory_streams
+from .interleaved import GROUP, byte_places, groups_dot_int8, interleave, interleaves, row_blocks
 from .rowdot import row_dequantize, rows_dot
 from .rowdot_int8 import rows_dot_int8
 from .threads import in_parallel
@@ -35,16 +36,19 @@ FEW_TOKENS = 8
 TASK_ROWS = 16
 
 
-# A products table: one row per matrix, where its raw rows and (Q4_1, Q5_1) mins lie in memory.
+# A products table: one row per matrix, where its raw rows (or interleaved groups, with their
+# interleaved.byte_places) and (Q4_1, Q5_1) mins lie in memory.
 # Addresses rather than arrays, so that one table serves any mix of matrices (a tuple of arrays
 # would make every stack length a new compiled signature, and typing it cost microseconds per call).
 MATRIX = np.dtype([("qtype", np.int64), ("raw", np.int64), ("rows", np.int64), ("row_bytes", np.int64),
-                   ("mins", np.int64), ("min_cols", np.int64)])
+                   ("mins", np.int64), ("min_cols", np.int64), ("interleaved", np.int64), ("places", np.int64),
+                   ("places_cols", np.int64)])
 
 
 @njit(cache=True, inline="always")
 def matrix_arrays(mats, m):
-    """Matrix m of a products table as arrays: raw rows (rows, bytes per row), mins (rows, min_cols)."""
+    """Matrix m of a products table as arrays: raw rows (rows, bytes per row), or its groups of
+    interleaved rows where `interleaved` is set (interleaved.py); mins (rows, min_cols)."""
     d = mats[m]
     return (carray(pointer_at(d.raw, np.uint8), (d.rows, d.row_bytes)),
             carray(pointer_at(d.mins, np.uint16), (d.rows, d.min_cols)))
@@ -62,6 +66,19 @@ def _rows_product(qtype, w, mins, first, last, acts, out, col):
         return lambda qtype, w, mins, first, last, acts, out, col: rows_dot(
             qtype, w, mins, first, last, acts[0], acts[1], acts[2], out, col)
     return lambda qtype, w, mins, first, last, acts, out, col: rows_dot_int8(
+        qtype, w, first, last, acts[0], acts[1], acts[2], acts[3], acts[4], acts[5], acts[6], out, col)
+
+
+def groups_product(qtype, w, first, last, acts, out, col):
+    """rows_product for a matrix of interleaved rows (interleaved.py), from 8-bit activations
+    (the tables of the precise path never mark a matrix interleaved)."""
+
+
+@overload(groups_product)
+def _groups_product(qtype, w, first, last, acts, out, col):
+    if len(acts) == 3:
+        return lambda qtype, w, first, last, acts, out, col: None
+    return lambda qtype, w, first, last, acts, out, col: groups_dot_int8(
         qtype, w, first, last, acts[0], acts[1], acts[2], acts[3], acts[4], acts[5], acts[6], out, col)
 
 
@@ -84,8 +101,12 @@ def products(mats, tasks, x, out, formats, rounding, streams):
             j = s * stride + c
             if j >= n_tasks:
                 break
-            raw, mins = matrix_arrays(mats, tasks[j, 0])
-            rows_product(mats[tasks[j, 0]].qtype, raw, mins, tasks[j, 1], tasks[j, 2], acts, out, tasks[j, 3])
+            m = tasks[j, 0]
+            raw, mins = matrix_arrays(mats, m)
+            if mats[m].interleaved:
+                groups_product(mats[m].qtype, raw, tasks[j, 1], tasks[j, 2], acts, out, tasks[j, 3])
+            else:
+                rows_product(mats[m].qtype, raw, mins, tasks[j, 1], tasks[j, 2], acts, out, tasks[j, 3])
 
 
 @njit(cache=True, nogil=True)
@@ -96,21 +117,54 @@ def dequantize_rows(qtype, raw, rows, out):
         row_dequantize(qtype, raw, rows[i], out, i)
 
 
-class QuantMatrix:
-    """An (N, K) quantized weight matrix: its raw GGUF rows (N, bytes per row), used in place."""
+@njit(cache=True, nogil=True)
+def dequantize_matrix_rows(mats, m, rows, out):
+    """dequantize_rows for matrix m of a products table, in either layout."""
+    raw, _ = matrix_arrays(mats, m)
+    if not mats[m].interleaved:
+        dequantize_rows(mats[m].qtype, raw, rows, out)
+        return
+    places = carray(pointer_at(mats[m].places, np.int64), (2, mats[m].places_cols))
+    row = np.empty((1, raw.shape[1] // GROUP), dtype=np.uint8)
+    for i in range(rows.shape[0]):
+        row_blocks(raw, places, rows[i], row[0])
+        row_dequantize(mats[m].qtype, row, 0, out, i)
 
-    def __init__(self, qtype: GGMLQuantizationType, raw: np.ndarray, k: int):
-        # (rows of a file's tensor are contiguous already: no copy)
-        self.qtype, self.shape, self.raw = qtype, (raw.shape[0], k), np.ascontiguousarray(raw)
+
+class QuantMatrix:
+    """An (N, K) quantized weight matrix: its raw GGUF rows (N, bytes per row), used in place,
+    or (interleaved) a copy of them in interleaved groups (interleaved.py) for decode's 8-bit
+    products, where the type has them."""
+
+    def __init__(self, qtype: GGMLQuantizationType, raw: np.ndarray, k: int, interleaved: bool = False):
+        self.qtype, self.shape = qtype, (raw.shape[0], k)
+        if interleaved and interleaves(qtype, raw.shape[0]):
+            self.raw, self.groups, self.places = None, interleave(qtype, raw), byte_places(qtype)
+        else:  # (rows of a file's tensor are contiguous already: no copy)
+            self.raw, self.groups, self.places = np.ascontiguousarray(raw), None, np.zeros((2, 0), np.int64)
         self.stacks = {}  # see stacked
+
+    @property
+    def reads_file(self) -> bool:
+        """Whether the matrix reads the file's rows (else it holds a copy of its own)."""
+        return self.groups is None
+
+    def row_blocks(self, first: int, last: int) -> np.ndarray:
+        """Rows first..last-1 as the file lays them out (a view, or read out of the groups)."""
+        if self.groups is None:
+            return self.raw[first:last]
+        out = np.empty((last - first, self.groups.shape[1] // GROUP), dtype=np.uint8)
+        for i in range(last - first):
+            row_blocks(self.groups, self.places, first + i, out[i])
+        return out
 
     @cached_property
     def mins(self) -> np.ndarray:
         """The float16 mins of Q4_1/Q5_1 blocks as uint16 (rows, blocks per row), copied side by
         side for the dot products (a tenth of the matrix); (rows, 0) for other types. Made at the
         first product, so a prompt-only run never copies them."""
-        at, rows = MIN_OFFSET.get(self.qtype), self.raw.shape[0]
-        if at is None:
+        at, rows = MIN_OFFSET.get(self.qtype), self.shape[0]
+        if at is None or self.raw is None:
             return np.zeros((rows, 0), dtype=np.uint16)
         block_bytes = GGML_QUANT_SIZES[self.qtype][1]
         blocks = self.raw.reshape(rows, -1, block_bytes)
@@ -119,9 +173,9 @@ class QuantMatrix:
     @cached_property
     def descriptor(self) -> np.ndarray:
         """This matrix as a products table of one row (see MATRIX); valid while self lives."""
-        raw, mins = self.raw, self.mins
-        return np.array([(int(self.qtype), raw.ctypes.data, *raw.shape, mins.ctypes.data, mins.shape[1])],
-                        dtype=MATRIX)
+        weights, mins = (self.raw, self.mins) if self.groups is None else (self.groups, self.mins)
+        return np.array([(int(self.qtype), weights.ctypes.data, *weights.shape, mins.ctypes.data, mins.shape[1],
+                          self.groups is not None, self.places.ctypes.data, self.places.shape[1])], dtype=MATRIX)
 
     def matmul(self, x: np.ndarray, precise: bool = False) -> np.ndarray:
         """x (T, K) float32 -> x @ W.T, (T, N); precise: decode's 16-bit activations."""
@@ -137,11 +191,12 @@ class QuantMatrix:
         out = np.empty((n_tokens, n), dtype=np.float32)
 
         def amx_tile(first, last):
-            out[:, first:last] = amx.rows_product(int(self.qtype), self.raw, first, last, x.tiles)[:n_tokens]
+            rows = self.row_blocks(first, last)
+            out[:, first:last] = amx.rows_product(int(self.qtype), rows, 0, last - first, x.tiles)[:n_tokens]
 
         def blas_tile(first, last):
             w = np.empty((last - first, k), dtype=np.float32)
-            dequantize_rows(int(self.qtype), self.raw, np.arange(first, last), w)
+            dequantize_rows(int(self.qtype), self.row_blocks(first, last), np.arange(last - first), w)
             np.matmul(x.values, w.T, out=out[:, first:last])
         in_parallel(blas_tile if x.tiles is None else amx_tile, n)
         return out
@@ -150,7 +205,7 @@ class QuantMatrix:
         ids = np.asarray(ids, dtype=np.int64)
         check_row_ids(ids, self.shape[0])
         out = np.empty((len(ids), self.shape[1]), dtype=np.float32)
-        dequantize_rows(int(self.qtype), self.raw, ids, out)
+        dequantize_matrix_rows(self.descriptor, 0, ids, out)
         return out
 
 
@@ -186,17 +241,20 @@ class _Stack:
         self.k = matrices[0].shape[1]
         if any(m.shape[1] != self.k for m in matrices):
             raise ValueError("matrices of one product must take inputs of the same size")
-        self.mats = np.concatenate([m.descriptor for m in matrices])  # (self.matrices keeps them valid)
         ends = np.cumsum([m.shape[0] for m in matrices]).tolist()
         self.n, self.spans = ends[-1], list(zip([0] + ends[:-1], ends))
+        self.mats = np.concatenate([m.descriptor for m in matrices])  # (self.matrices keeps them valid)
         self.tasks = _tasks(matrices, [0] + ends[:-1])
         k_quants = [GGML_QUANT_SIZES[m.qtype][0] == Q8_K_BLOCK for m in matrices]
         # the 8-bit activation formats these matrices pair with
         self.formats = (Q8_K_ACTIVATIONS if any(k_quants) else 0) | (0 if all(k_quants) else Q8_0_ACTIVATIONS)
 
     def products(self, x: np.ndarray, precise: bool = False) -> np.ndarray:
-        """x @ [W_0; W_1; ...].T for a few tokens x (T, K)."""
+        """x @ [W_0; W_1; ...].T for a few tokens x (T, K); precise: 16-bit activations, which
+        interleaved matrices do not take."""
         x = _checked(x, self.k)
+        if precise and any(m.groups is not None for m in self.matrices):
+            raise ValueError("16-bit (precise) products read the file's rows, not interleaved groups")
         out = np.empty((x.shape[0], self.n), dtype=np.float32)
         products(self.mats, self.tasks, x, out, self.formats, rounding_kind(precise), memory_streams())
         return out
@@ -263,9 +321,10 @@ class FloatMatrix:
         return self.w[ids].astype(np.float32)
 
 
-def load_matrix(qtype: GGMLQuantizationType, raw: np.ndarray, k: int):
-    """The matrix object for raw rows (N, bytes per row) of a tensor whose rows hold k weights."""
+def load_matrix(qtype: GGMLQuantizationType, raw: np.ndarray, k: int, interleaved: bool = False):
+    """The matrix object for raw rows (N, bytes per row) of a tensor whose rows hold k weights;
+    interleaved: in interleaved groups where the type has them (see QuantMatrix)."""
     block, block_bytes = GGML_QUANT_SIZES[qtype]
     if raw.ndim != 2 or k % block or raw.shape[1] != k // block * block_bytes:
         raise ValueError(f"{qtype.name} rows of {raw.shape[1]} bytes cannot hold {k} weights")
-    return FloatMatrix(qtype, raw, k) if qtype in FLOAT_TYPES else QuantMatrix(qtype, raw, k)
+    return FloatMatrix(qtype, raw, k) if qtype in FLOAT_TYPES else QuantMatrix(qtype, raw, k, interleaved)

@@ -184,12 +184,13 @@ def _widen_lanes(b, v):
     return b.shuffle_vector(v, ir.Constant(v.type, [0.0] * n), const_vector(I32, [min(i, n) for i in range(LANES)]))
 
 
-def _switch_on_type(b, qtype_value, emit):
-    """One IR branch per quantized type, each built by emit(type); the type is dispatched once
-    per row, outside the block loop. An unknown type falls through (callers validate types)."""
+def switch_on_type(b, qtype_value, emit, qtypes=DECODERS):
+    """One IR branch per quantized type of qtypes, each built by emit(type); the type is
+    dispatched once per call, outside the row and block loops. Another type falls through
+    (callers validate types)."""
     done = b.append_basic_block("qtype.done")
     switch = b.switch(b.sext(qtype_value, I64) if qtype_value.type != I64 else qtype_value, done)
-    for qt in DECODERS:
+    for qt in qtypes:
         case = b.append_basic_block(f"qtype.{qt.name}")
         switch.add_case(ir.Constant(I64, int(qt)), case)
         b.position_at_end(case)
@@ -218,7 +219,7 @@ def rows_dot(typingctx, qtype, w, mins, first, last, xq, dx, xsum, out, col):
                                  row_bytes, array_row(context, b, xq_type, xqv, t), array_row(context, b, dx_type, dxv, t),
                                  array_row(context, b, xsum_type, xsumv, t))
             emit_rows(context, b, first_v, last_v, (out_type, outv), colv, row_dot)
-        _switch_on_type(b, qtype_v, emit)
+        switch_on_type(b, qtype_v, emit)
         return context.get_dummy_value()
     return types.none(qtype, w, mins, first, last, xq, dx, xsum, out, col), codegen
 
@@ -264,6 +265,6 @@ def row_dequantize(typingctx, qtype, w, row, out, out_row):
         qtype_v, wv, rowv, outv, out_rowv = args
         row_ptr, out_ptr = array_row(context, b, w_type, wv, rowv), array_row(context, b, out_type, outv, out_rowv)
         row_bytes = array_shape(context, b, w_type, wv)[1]
-        _switch_on_type(b, qtype_v, lambda qt: _emit_dequantize(b, qt, row_ptr, row_bytes, out_ptr))
+        switch_on_type(b, qtype_v, lambda qt: _emit_dequantize(b, qt, row_ptr, row_bytes, out_ptr))
         return context.get_dummy_value()
     return types.none(qtype, w, row, out, out_row), codegen

@@ -25,7 +25,7 @@ from .ir import (F32, FAST, I8, I16, I32, I64, array_row, array_shape, byte_pair
                  const_vector, horizontal_sum, load_vector, mul_add, offset, pair_products, pair_products_into,
                  signed_byte_quad_sums,
                  splat, splat_float, vector, word_picks)
-from .rowdot import _switch_on_type, _units, emit_rows
+from .rowdot import switch_on_type, _units, emit_rows
 
 LANES8 = 8  # int32 / float32 lanes of a 256-bit register, the width of the 8-bit products
 # 32-weight blocks per loop step, each adding into its own accumulator, so that consecutive
@@ -165,6 +165,6 @@ def rows_dot_int8(typingctx, qtype, w, first, last, q32, d32, sum32, ssum32, q25
                 act = {name: array_row(context, b, ty, v, t) for name, (ty, v) in zip(ACTIVATIONS, act_arrays)}
                 return emit_row(b, isa, qt, array_row(context, b, signature.args[1], wv, row), row_bytes, act)
             emit_rows(context, b, first_v, last_v, (signature.args[11], outv), colv, row_dot)
-        _switch_on_type(b, qtype_v, emit)
+        switch_on_type(b, qtype_v, emit)
         return context.get_dummy_value()
     return types.none(qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col), codegen

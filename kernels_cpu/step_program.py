@@ -25,7 +25,7 @@ from .intrinsics import pointer_at
 from .kv_layout import as_kernel_array, head_dims, store_kv
 from .activations import rounding_kind
 from .cpu_features import memory_streams
-from .matmul import MATRIX, QuantMatrix, check_row_ids, dequantize_rows, matrix_arrays, products
+from .matmul import MATRIX, QuantMatrix, check_row_ids, dequantize_matrix_rows, products
 
 # Operation codes; each row of a program is (code, arguments...) as the comments list them.
 EMBED = 1       # matrix, ids input, out, width: out[t] = row ids[t] of the matrix
@@ -68,9 +68,8 @@ def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, st
     for i in range(code.shape[0]):
         op, a, f = code[i, 0], code[i, 1:], params[i]
         if op == EMBED:
-            raw, _ = matrix_arrays(mats, a[0])
             ids = _input(inputs, a[1], np.int64)
-            dequantize_rows(mats[a[0]].qtype, raw, ids, _f32(a[2], (ids.shape[0], a[3])))
+            dequantize_matrix_rows(mats, a[0], ids, _f32(a[2], (ids.shape[0], a[3])))
         elif op == SCALE:
             x, out, factor = _f32(a[0], (a[2],)), _f32(a[1], (a[2],)), np.float32(f[0])
             for j in range(a[2]):
@@ -148,6 +147,7 @@ class Recorder:
                 self._input_ids[id(array)] = len(self.inputs)
                 self.inputs.append((name, j, array.dtype))
         self.mats: list = []        # products-table rows
+        self.embedding_rows: list = []  # the row count of each embedding matrix (token ids must be below)
         self._mat_ids: dict = {}
         self.tasks = [np.zeros((0, 4), np.int64)]
         self.n_tasks = 0
@@ -217,6 +217,7 @@ class Recorder:
     def embed(self, w, ids, out):
         if not isinstance(w, QuantMatrix):
             return self.fail("an embedding of float weights")
+        self.embedding_rows.append(w.shape[0])
         self.add(EMBED, self.matrix(w), self.input(ids, np.int64), self.address(out, out.size), out.shape[1])
 
     def rms_norm(self, x, weight, eps, out):
@@ -311,8 +312,7 @@ class StepProgram:
         self.inputs = r.inputs
         self.keep = list(r.keep.values())  # the memory the program names by address
         self.output = output
-        embeds = [self.mats[row[1]]["rows"] for row in self.code if row[0] == EMBED]
-        self.id_limit = min(embeds) if embeds else None
+        self.id_limit = min(r.embedding_rows) if r.embedding_rows else None
 
     def replay(self, batch) -> np.ndarray:
         arrays = []

@@ -180,10 +180,13 @@ def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None, 
         if device == "cpu":
             importlib.import_module("kernels_cpu.backend")  # (Numba: the bulk of the imports, timed as such)
         times.mark("imports")
+        say_compiling = lambda: click.echo(f"{compile_message}; cached for later runs)...", err=True)  # noqa: E731
+        if compile_message and device == "cpu":  # (its loading compiles too: it interleaves matrices' rows)
+            say_compiling()
         lm = load_model(path, device=device, threads=threads, kv_type=kv_type, n_ctx=n_ctx, precise=precise)
         times.mark("file mapping and model")
-        if compile_message:
-            click.echo(f"{compile_message}; cached for later runs)...", err=True)
+        if compile_message and device != "cpu":
+            say_compiling()
         _warm_up(lm, compiling=compile_message is not None)
     if compile_message and device == "cpu":
         from kernels_cpu.compile_cache import mark_compiled

@@ -29,7 +29,10 @@ class WeightLoader:
     def matrix(self, name: str, n_in: int, n_out: int):
         """A weight matrix mapping n_in features to n_out (GGML shape [n_in, n_out])."""
         t = self._info(name, (n_in, n_out))
-        return self.backend.load_matrix(t.type, self.f.tensor_bytes(name), n_in)
+        m = self.backend.load_matrix(t.type, self.f.tensor_bytes(name), n_in)
+        if not getattr(m, "reads_file", True):  # the backend keeps a copy: the mapped pages can go
+            self.f.release(name)
+        return m
 
     def vector(self, name: str, n: int):
         """A small vector (norm weight, bias, rope factors), decoded to float32 whatever its type."""

@@ -25,6 +25,8 @@ from gguf.quants import dequantize, quantize
 
 from kernels_cpu.activations import quantize_q8_0, quantize_q8_k
 from kernels_cpu.cpu_features import int8_isa, target_features
+from kernels_cpu.interleaved import LAYOUTS as INTERLEAVED
+from kernels_cpu.interleaved import interleaves
 from kernels_cpu.matmul import load_matrix
 
 from .test_kernels import _random_k_blocks, _weights
@@ -34,6 +36,7 @@ libgguf = pytest.importorskip("libgguf")
 LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
 ROUNDING = 0.5625  # of a block's scale, the most an activation moves (module doc)
+LAYOUTS = ["rows", "interleaved"]
 
 
 def _activations(rng, tokens, k, kind):
@@ -111,26 +114,53 @@ def _check_products(m, ref, x):
     assert np.all(np.abs(got - x.astype(np.float64) @ ref.T) <= bound)
 
 
+def _matrix(qtype, raw, k, layout):
+    """The matrix in a layout: the file's rows, or interleaved groups (interleaved.py)."""
+    if layout == "interleaved" and not interleaves(qtype, raw.shape[0]):
+        pytest.skip(f"{qtype.name} rows of this count are not interleaved")
+    m = load_matrix(qtype, raw, k, interleaved=layout == "interleaved")
+    assert (m.groups is not None) == (layout == "interleaved")
+    return m
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
 @pytest.mark.parametrize("kind", ["normal", "extreme", "positive"])
-@pytest.mark.parametrize("n,k", [(1, 32), (37, 256), (130, 576)])
-def test_legacy_products_are_exact_on_rounded_activations(qtype, kind, n, k):
+@pytest.mark.parametrize("n,k", [(1, 32), (37, 256), (40, 512), (130, 576)])
+def test_legacy_products_are_exact_on_rounded_activations(qtype, kind, n, k, layout):
     rng = np.random.default_rng(n * k + len(kind))
     raw = quantize(_weights(rng, n, k, kind), qtype).view(np.uint8).reshape(n, -1)
     ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
     for tokens, x_kind in ((1, "normal"), (5, "hard")):
-        _check_products(load_matrix(qtype, raw, k), ref, _activations(rng, tokens, k, x_kind))
+        _check_products(_matrix(qtype, raw, k, layout), ref, _activations(rng, tokens, k, x_kind))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
 @pytest.mark.parametrize("case", ["random", "zero", "extreme"])
-@pytest.mark.parametrize("n,k", [(1, 256), (29, 768)])
-def test_k_quant_products_are_exact_on_rounded_activations(qtype, case, n, k):
+@pytest.mark.parametrize("n,k", [(1, 256), (29, 768), (32, 512)])
+def test_k_quant_products_are_exact_on_rounded_activations(qtype, case, n, k, layout):
     rng = np.random.default_rng(k + n)
     raw = _random_k_blocks(rng, qtype, n, k, case)
     ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
     for tokens, x_kind in ((1, "normal"), (5, "hard")):
-        _check_products(load_matrix(qtype, raw, k), ref, _activations(rng, tokens, k, x_kind))
+        _check_products(_matrix(qtype, raw, k, layout), ref, _activations(rng, tokens, k, x_kind))
+
+
+@pytest.mark.parametrize("qtype", sorted(INTERLEAVED), ids=lambda t: t.name)
+def test_interleaved_rows_read_back_as_the_file_holds_them(qtype):
+    """Embeddings and prefill read rows out of the groups: bytes and floats as the file's rows."""
+    rng = np.random.default_rng(int(qtype))
+    n, k = 48, 512
+    raw = (_random_k_blocks(rng, qtype, n, k, "random") if GGML_QUANT_SIZES[qtype][0] == 256 else
+           quantize(_weights(rng, n, k, "normal"), qtype).view(np.uint8).reshape(n, -1))
+    m = load_matrix(qtype, raw, k, interleaved=True)
+    assert np.array_equal(m.row_blocks(0, n), raw) and np.array_equal(m.row_blocks(13, 30), raw[13:30])
+    ids = np.array([0, 7, 8, 47, 23, 23])
+    ref = dequantize(raw.reshape(-1), qtype).reshape(n, k)
+    assert np.array_equal(m.rows(ids), ref[ids])
+    x = rng.standard_normal((40, k)).astype(np.float32)  # many tokens: prefill's tiles
+    assert np.allclose(m.matmul(x), x @ ref.T, rtol=1e-4, atol=1e-3 * np.abs(x @ ref.T).max())
 
 
 # Each instruction path, by the target Numba compiles for (cpu_features.target_features). The
