@@ -8,11 +8,13 @@ turn a division into a multiplication by a reciprocal and move a scale by one un
 place; the max-abs loops use LLVM's maxnum, which is exact and still vectorizes.
 """
 import numpy as np
+from gguf import GGML_QUANT_SIZES
 from numba import njit, types
 from numba.extending import overload
 
 from .intrinsics import f16_rounded, max_f32, min_f32, round_f32
 from .rowdot import DX_BLOCK
+from .type_sets import tagged_types
 
 Q8_BLOCK, Q8_K_BLOCK, Q8_K_SUM = 32, 256, 16
 
@@ -138,18 +140,23 @@ def quantize_q8_k(x):
     return q, d, sums
 
 
-# quantize_int8's `formats`: which of the two 8-bit formats a product's matrices pair with
+# quantize_activations' `formats`: which of the two 8-bit formats a product's matrices pair with
 Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS = 1, 2
 
 
-@njit(cache=True, error_model="numpy")
-def quantize_int8(x, formats):
-    """x (T, K) in the 8-bit formats `formats` asks for, as one tuple: quantize_q8_0's arrays,
-    then quantize_q8_k's (those of a format not asked for hold no tokens; x[:0] keeps the types)."""
-    n_tokens = x.shape[0]
-    q32, d32, sum32, ssum32 = quantize_q8_0(x[:n_tokens if formats & Q8_0_ACTIVATIONS else 0])
-    q256, d256, sum16 = quantize_q8_k(x[:n_tokens if formats & Q8_K_ACTIVATIONS else 0])
-    return q32, d32, sum32, ssum32, q256, d256, sum16
+@njit(cache=True, error_model="numpy", inline="always")
+def _none_q8_0(x):
+    """quantize_q8_0's arrays for no tokens (a product with no 32-weight types)."""
+    n_blocks = x.shape[1] // Q8_BLOCK
+    return (np.empty((0, x.shape[1]), np.int8), np.empty((0, n_blocks), np.float32), np.empty((0, n_blocks), np.int32),
+            np.empty((0, n_blocks), np.float32))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _none_q8_k(x):
+    """quantize_q8_k's arrays for no tokens (a product with no K-quants)."""
+    return (np.empty((0, x.shape[1]), np.int8), np.empty((0, x.shape[1] // Q8_K_BLOCK), np.float32),
+            np.empty((0, x.shape[1] // Q8_K_SUM), np.int16))
 
 
 def rounding_kind(precise: bool) -> np.ndarray:
@@ -158,12 +165,26 @@ def rounding_kind(precise: bool) -> np.ndarray:
     return np.empty(0, dtype=np.int16 if precise else np.int8)
 
 
-def quantize_activations(rounding, x, formats):
-    """x rounded as `rounding` (rounding_kind) says: quantize_int16's tuple or quantize_int8's."""
+def quantize_activations(rounding, x, formats, kinds):
+    """x rounded as `rounding` (rounding_kind) says: quantize_int16's tuple, or the 8-bit formats
+    `formats` asks for as one tuple: quantize_q8_0's arrays, then quantize_q8_k's (those of a
+    format not asked for hold no tokens). Only the formats of the types that kinds' dtype names
+    (type_sets) compile."""
 
 
 @overload(quantize_activations)
-def _quantize_activations(rounding, x, formats):
+def _quantize_activations(rounding, x, formats, kinds):
     if rounding.dtype == types.int16:
-        return lambda rounding, x, formats: quantize_int16(x)
-    return lambda rounding, x, formats: quantize_int8(x, formats)
+        return lambda rounding, x, formats, kinds: quantize_int16(x)
+    qtypes = tagged_types(kinds)
+    blocks32 = any(GGML_QUANT_SIZES[t][0] == Q8_BLOCK for t in qtypes)
+    k_quants = any(GGML_QUANT_SIZES[t][0] == Q8_K_BLOCK for t in qtypes)
+    q8_0 = quantize_q8_0 if blocks32 else _none_q8_0
+    q8_k = quantize_q8_k if k_quants else _none_q8_k
+
+    def int8(rounding, x, formats, kinds):
+        n_tokens = x.shape[0]
+        q32, d32, sum32, ssum32 = q8_0(x[:n_tokens if formats & Q8_0_ACTIVATIONS else 0])
+        q256, d256, sum16 = q8_k(x[:n_tokens if formats & Q8_K_ACTIVATIONS else 0])
+        return q32, d32, sum32, ssum32, q256, d256, sum16
+    return int8

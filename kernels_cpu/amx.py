@@ -204,7 +204,7 @@ def _pack_activations(x, first_group, last_group, a_hi, a_lo):
 
 
 @njit(cache=True, nogil=True)
-def _rows_product(qtype, raw, first, a_hi, a_lo, b_hi, b_lo, out):
+def _rows_product(kinds, qtype, raw, first, a_hi, a_lo, b_hi, b_lo, out):
     """out = x @ W[first:first + n].T for the raw rows W of a quantized matrix, x packed by
     _pack_activations, b_hi and b_lo (n padded / 16, K / 2, 32) room for the packed rows, out
     (rows of x padded, n padded) float32. Callers check the bounds."""
@@ -214,7 +214,7 @@ def _rows_product(qtype, raw, first, a_hi, a_lo, b_hi, b_lo, out):
     hi, lo = np.empty((16, k), np.uint16), np.empty((16, k), np.uint16)  # rows of pairs
     for g in range(b_hi.shape[0]):
         for lane in range(min(16, max(0, n_rows - 16 * g))):  # (rows past the last: as they were)
-            row_dequantize(qtype, raw, first + 16 * g + lane, group, lane)
+            row_dequantize(kinds, qtype, raw, first + 16 * g + lane, group, lane)
             _split_row(group[lane], hi[lane], lo[lane], 0, 32)
         _transpose_pairs(hi, b_hi[g].reshape(-1))
         _transpose_pairs(lo, b_lo[g].reshape(-1))
@@ -246,14 +246,15 @@ def activation_tiles(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return a_hi, a_lo
 
 
-def rows_product(qtype: int, raw: np.ndarray, first: int, last: int, tiles: tuple) -> np.ndarray:
+def rows_product(kinds, qtype: int, raw: np.ndarray, first: int, last: int, tiles: tuple) -> np.ndarray:
     """x @ W[first:last].T, (T padded, last - first) float32, for the raw rows W of a quantized
-    matrix and x packed by activation_tiles (rows within the matrix: callers check); valid until
-    this thread's next call."""
+    matrix of qtype (one of those kinds' dtype names: type_sets) and x packed by
+    activation_tiles (rows within the matrix: callers check); valid until this thread's next
+    call."""
     a_hi, a_lo = tiles
     b_shape = (_padded(last - first) // 16, a_hi.shape[1] * 16, 32)
     out = _buffer("out", (a_hi.shape[0] * 16, b_shape[0] * 16), np.float32)
-    _rows_product(qtype, raw, first, a_hi, a_lo, _buffer("b_hi", b_shape, np.uint16),
+    _rows_product(kinds, qtype, raw, first, a_hi, a_lo, _buffer("b_hi", b_shape, np.uint16),
                   _buffer("b_lo", b_shape, np.uint16), out)
     return out[:, :last - first]
 

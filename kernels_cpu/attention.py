@@ -9,7 +9,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .intrinsics import cache_product, exp_f32, max_f32
+from .intrinsics import cache_product, exp_f32, max_f32, rows_tag
 from .kv_layout import KEY_TILE, as_kernel_array, head_dims, key_columns, value_rows
 from .threads import in_parallel
 
@@ -65,8 +65,8 @@ def softmax_visible(scores, q_pos, k_pos, window, softcap):
             scores[t] *= np.float32(1.0) / total
 
 
-@njit(cache=True, nogil=True, fastmath=True)
-def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, maxima, sums, partial):
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
+def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, maxima, sums, partial, group_tag):
     """Job (token, kv head, chunk of slots) of attention_few: the chunk's softmax max and sum and
     its weighted values, from register-blocked cache_product calls."""
     _, n_head, key_dim = q.shape
@@ -95,54 +95,37 @@ def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, m
         for i in range(key_dim):
             queries[g, i] = q[t, kv * group + g, i] * scale
     scores = np.empty((group, n), dtype=np.float32)
-    cache_product(keys, kv, 0, first, queries, scores)
+    cache_product(keys, kv, 0, first, queries, scores, group_tag)
     for g in range(group):
         maxima[job, g], sums[job, g] = _exp_scores(scores[g], qp, k_pos[first:first + n], window, softcap)
-    cache_product(values, kv, first, 0, scores, partial[job])
+    cache_product(values, kv, first, 0, scores, partial[job], group_tag)
 
 
-def _attention_jobs(parallel):
-    """attention_few's driver: its jobs in a parallel loop, or in the calling thread (for a short
-    context, waking the other threads costs more than the jobs)."""
-    loop = prange if parallel else range
-
-    @njit(cache=True, parallel=parallel, fastmath=True)
-    def run(q, keys, values, q_pos, k_pos, scale, window, softcap, out):
-        n_kv = keys.shape[0]
-        n_chunks = (k_pos.shape[0] + SLOT_CHUNK - 1) // SLOT_CHUNK
-        n_jobs = q.shape[0] * n_kv * n_chunks
-        group = q.shape[1] // n_kv
-        maxima = np.empty((n_jobs, group), dtype=np.float32)
-        sums = np.empty((n_jobs, group), dtype=np.float32)
-        partial = np.empty((n_jobs, group, out.shape[2]), dtype=np.float32)
-        # (no array expressions outside the loop: in a parallel function each becomes a parallel
-        # region of its own, a few microseconds apiece)
-        for job in loop(n_jobs):
-            _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, maxima, sums, partial)
-        _combine_chunks(maxima, sums, partial, n_kv, n_chunks, out)
-    return run
-
-
-_attention_parallel = _attention_jobs(parallel=True)
-_attention_serial = _attention_jobs(parallel=False)
-# Below this many (query, slot) pairs per KV head, attention_few runs in the calling thread.
-PARALLEL_FROM = 256
-
-
-@njit(cache=True)
-def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, out):
+@njit(cache=True, parallel=True, fastmath=True)
+def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, out, group_tag):
     """Grouped-query attention of a few queries q (T, heads, dim) over the first len(k_pos) slots
-    of the cache, keys and values as new_cache lays them out.
+    of the cache, keys and values as new_cache lays them out; group_tag is
+    intrinsics.rows_tag(heads per KV head).
 
-    Jobs are (token, kv head, chunk of slots); each chunk keeps its own softmax max and sum,
-    rescaled when the chunks are added up."""
-    if q.shape[0] * k_pos.shape[0] >= PARALLEL_FROM:
-        _attention_parallel(q, keys, values, q_pos, k_pos, scale, window, softcap, out)
-    else:
-        _attention_serial(q, keys, values, q_pos, k_pos, scale, window, softcap, out)
+    Jobs are (token, kv head, chunk of slots), run on all threads (one parallel region costs
+    about a microsecond: a short context's jobs in the calling thread saved nothing measurable,
+    and a second, serial driver doubled this kernel's share of the first run's compile time); each
+    chunk keeps its own softmax max and sum, rescaled when the chunks are added up."""
+    n_kv = keys.shape[0]
+    n_chunks = (k_pos.shape[0] + SLOT_CHUNK - 1) // SLOT_CHUNK
+    n_jobs = q.shape[0] * n_kv * n_chunks
+    group = q.shape[1] // n_kv
+    maxima = np.empty((n_jobs, group), dtype=np.float32)
+    sums = np.empty((n_jobs, group), dtype=np.float32)
+    partial = np.empty((n_jobs, group, out.shape[2]), dtype=np.float32)
+    # (no array expressions outside the loop: in a parallel function each becomes a parallel
+    # region of its own, a few microseconds apiece)
+    for job in prange(n_jobs):
+        _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, maxima, sums, partial, group_tag)
+    _combine_chunks(maxima, sums, partial, n_kv, n_chunks, out)
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, inline="always")
 def _combine_chunks(maxima, sums, partial, n_kv, n_chunks, out):
     """out[t, h] from the per-chunk softmax maxima, sums and weighted values of attention_few."""
     n_tokens, n_head, value_dim = out.shape
@@ -175,7 +158,8 @@ def attention(q, keys, values, q_pos, k_pos, scale, window, softcap):
     out = np.empty((n_tokens, n_head, head_dims(keys, values)[1]), dtype=np.float32)
     args = (np.float32(scale), int(window), np.float32(softcap))
     if n_tokens <= FEW_QUERIES:
-        attention_few(q, as_kernel_array(keys), as_kernel_array(values), q_pos, k_pos, *args, out)
+        attention_few(q, as_kernel_array(keys), as_kernel_array(values), q_pos, k_pos, *args, out,
+                      rows_tag(n_head // keys.shape[0]))
         return out
     group = n_head // keys.shape[0]
     n = len(k_pos)

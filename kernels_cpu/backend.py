@@ -14,12 +14,14 @@ from .bandwidth import read_bandwidth
 from .blocks import SUPPORTED_TYPES
 from .cpu_features import int8_isa
 from .kv_layout import ELEMENTS, as_kernel_array, cached_rows, new_cache, store_kv
-from .matmul import decode_stack, load_matrix, matmuls
+from .matmul import FEW_TOKENS, decode_stack, load_matrix, matmuls
 from .step_program import GELU_MUL, SILU_MUL, run_step
+from .type_sets import QuantTypes
 
 
 class CpuBackend:
     name = "cpu"
+    few_tokens = FEW_TOKENS
     supported_types = SUPPORTED_TYPES
     kv_types = tuple(ELEMENTS)
 
@@ -34,6 +36,7 @@ class CpuBackend:
         self._rope_tables: dict = {}
         self.constants = weakref.WeakValueDictionary()  # id -> weight vector (a step program reads them)
         self.recorder = None  # a step_program.Recorder while a decode step is being recorded
+        self.quant_types = QuantTypes()  # of the model's matrices: the kernels compile for these alone
 
     @property
     def label(self):
@@ -71,7 +74,7 @@ class CpuBackend:
     def load_matrix(self, qtype, raw, k):
         # decode's 8-bit products take interleaved groups (copies of the rows), its precise
         # 16-bit ones the file's rows
-        return load_matrix(qtype, raw, k, interleaved=not self.precise)
+        return load_matrix(qtype, raw, k, interleaved=not self.precise, types=self.quant_types)
 
     def load_vector(self, values):
         vector = np.ascontiguousarray(values, dtype=np.float32)

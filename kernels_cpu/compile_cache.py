@@ -55,14 +55,15 @@ def drop_stale_cache() -> None:
         pass  # a read-only install: Numba then caches elsewhere or not at all
 
 
-def kernels_compiled(kv_type: str) -> bool:
-    """True once mark_compiled(kv_type) has run since the sources last changed: the kernels that
-    touch the KV cache are compiled once per element type, so each type has its first run."""
-    return (_CACHE / f"ggrun-compiled-{kv_type}").exists()
+def kernels_compiled(kernels: str) -> bool:
+    """True once mark_compiled(kernels) has run since the sources last changed. The CLI names
+    what a run compiles: the kernels that touch the KV cache compile once per element type, and
+    prefill's apart from decode's, so each has its first run."""
+    return (_CACHE / f"ggrun-compiled-{kernels}").exists()
 
 
-def mark_compiled(kv_type: str) -> None:
+def mark_compiled(kernels: str) -> None:
     try:
-        (_CACHE / f"ggrun-compiled-{kv_type}").touch()
+        (_CACHE / f"ggrun-compiled-{kernels}").touch()
     except OSError:
         pass  # (a read-only install: see drop_stale_cache)

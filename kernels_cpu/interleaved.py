@@ -21,12 +21,14 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from .cpu_features import int8_isa
 from .rowdot import switch_on_type
+from .threads import in_parallel
+from .type_sets import tagged_types
 from .ir import (F32, FAST, I8, I16, I32, I64, array_row, array_shape, byte_quad_sums, const_vector, load_bytes,
                  load_vector, mul_add, offset, signed_byte_quad_sums, splat, vector)
 
@@ -70,11 +72,11 @@ def byte_places(qtype) -> np.ndarray:
     return places
 
 
-@njit(cache=True, parallel=True)
-def _interleave(raw, places, out):
+@njit(cache=True, nogil=True)
+def _interleave(raw, places, out, first_group, last_group):
     block_bytes = places.shape[1]
     n_blocks = raw.shape[1] // block_bytes
-    for g in prange(out.shape[0]):
+    for g in range(first_group, last_group):
         for lane in range(GROUP):
             row = raw[GROUP * g + lane]
             for i in range(n_blocks):
@@ -96,9 +98,11 @@ def row_blocks(groups, places, row, out):
 
 def interleave(qtype, raw: np.ndarray) -> np.ndarray:
     """The rows of raw (rows, bytes per row) in interleaved groups: (rows / GROUP, bytes per row *
-    GROUP), on all threads."""
+    GROUP), on all threads (threads.py's: a kernel of Numba's parallel loops took ~1 s of the first
+    run to compile)."""
     out = np.empty((raw.shape[0] // GROUP, raw.shape[1] * GROUP), dtype=np.uint8)
-    _interleave(raw, byte_places(qtype), out)
+    places = byte_places(qtype)
+    in_parallel(lambda first, last: _interleave(raw, places, out, first, last), out.shape[0], max_tile=4096)
     return out
 
 
@@ -269,17 +273,18 @@ ACTIVATIONS = ("q32", "d32", "sum32", "ssum32", "q256", "d256", "sum16")
 
 
 @intrinsic
-def groups_dot_int8(typingctx, qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col):
+def groups_dot_int8(typingctx, kinds, qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col):
     """out[t, col + r - first] = row r dotted with x[t], for rows first <= r < last (multiples of
     GROUP) and every token t < len(out), of a matrix of qtype in interleaved groups (w: (rows /
     GROUP, bytes)), x in the 8-bit format the type pairs with (activations.py). Callers guarantee
     last <= GROUP * len(w), x as long as a row for every token, col + last - first <=
-    out.shape[1], and a qtype of LAYOUTS."""
+    out.shape[1], and a qtype of LAYOUTS of those the array kinds' dtype names (type_sets)."""
     isa = int8_isa()
+    qtypes = [t for t in tagged_types(kinds) if t in LAYOUTS]
 
     def codegen(context, b, signature, args):
-        qtype_v, wv, first_v, last_v, *act_values, outv, colv = args
-        w_type, out_type = signature.args[1], signature.args[11]
+        _, qtype_v, wv, first_v, last_v, *act_values, outv, colv = args
+        w_type, out_type = signature.args[2], signature.args[12]
         n_tokens = array_shape(context, b, out_type, outv)[0]
         group_rows = ir.Constant(I64, GROUP)
         first_group = b.udiv(first_v, group_rows)
@@ -291,12 +296,12 @@ def groups_dot_int8(typingctx, qtype, w, first, last, q32, d32, sum32, ssum32, q
                 with cgutils.for_range(b, n_tokens) as tokens:
                     t = tokens.index
                     act = {name: array_row(context, b, ty, v, t)
-                           for name, ty, v in zip(ACTIVATIONS, signature.args[4:11], act_values)}
+                           for name, ty, v in zip(ACTIVATIONS, signature.args[5:12], act_values)}
                     out_row = b.bitcast(array_row(context, b, out_type, outv, t), F32.as_pointer())
                     at = b.gep(out_row, [b.add(colv, b.mul(groups.index, group_rows))])
                     b.store(_emit_group(b, isa, qt, group_ptr, n_blocks, act),
                             b.bitcast(at, vector(F32, GROUP).as_pointer()), align=4)
-        switch_on_type(b, qtype_v, emit, LAYOUTS)
+        switch_on_type(b, qtype_v, emit, qtypes)
         return context.get_dummy_value()
-    return types.none(qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col), codegen
+    return types.none(kinds, qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col), codegen
 

@@ -4,6 +4,7 @@ exp (Numba calls libm's, one element at a time) and float16 conversions: Numba h
 type, so a float16 KV cache (llama.cpp's default) is held as uint16 bits.
 """
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -109,15 +110,28 @@ QBLOCK, QBLOCK_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0]
 QUERIES_TOGETHER = 4
 
 
+def rows_tag(n: int) -> np.ndarray:
+    """An empty array whose type says n: cache_product's count of a's rows, fixed when it
+    compiles (a model's queries per KV head)."""
+    return np.empty(0, dtype=np.dtype([(f"rows{n}", np.uint8)]))
+
+
+def _tagged_rows(tag_type) -> int:
+    (name,) = tag_type.dtype.fields
+    return int(name[len("rows"):])
+
+
 @intrinsic
-def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
+def cache_product(typingctx, cache, kv, row_first, col_first, a, out, rows_of_a):
     """out[g, c] = sum_r a[g, r] * C[kv, row_first + r, col_first + c] for g < len(a),
     r < a.shape[1], c < out.shape[1]: a small matrix product against a block of a KV cache C of
     float32, float16 bits (uint16) or q8_0 (int8 and float16 scales as kv_layout.py lays them out,
     applied here); a and out are C-contiguous float32. C is either the array itself (kv heads,
     rows, columns), contiguous along columns, or, for a 4-d array, tiled by columns: (kv heads,
     columns / LANES, rows, LANES), where col_first must be a multiple of LANES (and, for q8_0,
-    the rows whole blocks). Callers guarantee the bounds. Attention uses it twice: scores are queries times keys (tiled:
+    the rows whole blocks). len(a) is the count rows_tag gave rows_of_a: each count compiles apart
+    (variants for every count up to QUERIES_TOGETHER took half of a first run's compile time).
+    Callers guarantee the bounds. Attention uses it twice: scores are queries times keys (tiled:
     kv heads, dim, slots), outputs are weights times values (kv heads, slots, dim).
 
     Register-blocked: 64 columns of QUERIES_TOGETHER rows of a in 16-lane accumulators run down all
@@ -128,10 +142,11 @@ def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
     if element is None or a.dtype != types.float32 or cache.ndim not in (3, 4):
         return None
     tiled = cache.ndim == 4
+    n_group = _tagged_rows(rows_of_a)
 
     def codegen(context, b, signature, args):
-        cache_type, _, _, _, a_type, out_type = signature.args
-        cache_v, kv, row_first, col_first, a_v, out_v = args
+        cache_type, _, _, _, a_type, out_type, _ = signature.args
+        cache_v, kv, row_first, col_first, a_v, out_v, _ = args
         strides = array_strides(context, b, cache_type, cache_v)
         if tiled:  # a vector of LANES columns starting at a multiple of LANES is one tile's row
             kv_stride, tile_stride, row_stride, _ = strides
@@ -141,7 +156,7 @@ def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
             first_at = b.mul(col_first, col_stride)
         base = offset(b, array_data(context, b, cache_type, cache_v),
                       b.add(b.add(b.mul(kv, kv_stride), b.mul(row_first, row_stride)), first_at))
-        n_group, n_rows = array_shape(context, b, a_type, a_v)
+        n_rows = array_shape(context, b, a_type, a_v)[1]
         n_cols = array_shape(context, b, out_type, out_v)[1]
         a_ptr = b.bitcast(array_data(context, b, a_type, a_v), F32.as_pointer())
         out_ptr = b.bitcast(array_data(context, b, out_type, out_v), F32.as_pointer())
@@ -234,15 +249,13 @@ def cache_product(typingctx, cache, kv, row_first, col_first, a, out):
             with b.if_then(b.icmp_unsigned(">", rest, ir.Constant(I64, 0))):
                 columns(gs, done, 1, lanes_below(b, rest))
 
-        # whole chunks of QUERIES_TOGETHER rows of a, then the 1 to QUERIES_TOGETHER - 1 left
-        together = ir.Constant(I64, QUERIES_TOGETHER)
-        n_together = b.udiv(n_group, together)
-        first_left = b.mul(n_together, together)
-        with cgutils.for_range(b, n_together) as chunk:
-            all_columns([b.add(b.mul(chunk.index, together), ir.Constant(I64, j)) for j in range(QUERIES_TOGETHER)])
-        left = b.urem(n_group, together)
-        for n_left in range(1, QUERIES_TOGETHER):
-            with b.if_then(b.icmp_unsigned("==", left, ir.Constant(I64, n_left))):
-                all_columns([b.add(first_left, ir.Constant(I64, j)) for j in range(n_left)])
+        # whole chunks of QUERIES_TOGETHER rows of a, then the rest
+        together = QUERIES_TOGETHER
+        if n_group >= together:
+            with cgutils.for_range(b, ir.Constant(I64, n_group // together)) as chunk:
+                all_columns([b.add(b.mul(chunk.index, ir.Constant(I64, together)), ir.Constant(I64, j))
+                             for j in range(together)])
+        if n_group % together:
+            all_columns([ir.Constant(I64, n_group // together * together + j) for j in range(n_group % together)])
         return context.get_dummy_value()
-    return types.none(cache, kv, row_first, col_first, a, out), codegen
+    return types.none(cache, kv, row_first, col_first, a, out, rows_of_a), codegen

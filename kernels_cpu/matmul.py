@@ -23,6 +23,7 @@ from .activations import (Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS, Q8_K_BLOCK, quanti
 from .intrinsics import pointer_at
 from .cpu_features import memory_streams
 from .interleaved import GROUP, byte_places, groups_dot_int8, interleave, interleaves, row_blocks
+from .type_sets import QuantTypes
 from .rowdot import row_dequantize, rows_dot
 from .rowdot_int8 import rows_dot_int8
 from .threads import in_parallel
@@ -40,6 +41,7 @@ TASK_ROWS = 16
 # interleaved.byte_places) and (Q4_1, Q5_1) mins lie in memory.
 # Addresses rather than arrays, so that one table serves any mix of matrices (a tuple of arrays
 # would make every stack length a new compiled signature, and typing it cost microseconds per call).
+# Its dtype also names the quantized types the table may hold (type_sets: each set compiles apart).
 MATRIX = np.dtype([("qtype", np.int64), ("raw", np.int64), ("rows", np.int64), ("row_bytes", np.int64),
                    ("mins", np.int64), ("min_cols", np.int64), ("interleaved", np.int64), ("places", np.int64),
                    ("places_cols", np.int64)])
@@ -54,32 +56,26 @@ def matrix_arrays(mats, m):
             carray(pointer_at(d.mins, np.uint16), (d.rows, d.min_cols)))
 
 
-def rows_product(qtype, w, mins, first, last, acts, out, col):
-    """out[t, col + r - first] = row r of matrix w dotted with x[t], for rows first..last-1 and
-    every token, from x's activations `acts` as quantize_activations made them: rowdot.py's
-    kernel for the 16-bit ones, rowdot_int8.py's for the 8-bit ones."""
+def rows_product(mats, m, w, mins, first, last, acts, out, col):
+    """out[t, col + r - first] = row r of matrix m of the table mats (its rows w, mins) dotted
+    with x[t], for rows first..last-1 and every token, from x's activations `acts` as
+    quantize_activations made them: rowdot.py's kernel for the 16-bit ones, rowdot_int8.py's for
+    the 8-bit ones, or interleaved.py's where the matrix is interleaved (only 8-bit activations:
+    _Stack.products checks)."""
 
 
 @overload(rows_product)
-def _rows_product(qtype, w, mins, first, last, acts, out, col):
+def _rows_product(mats, m, w, mins, first, last, acts, out, col):
     if len(acts) == 3:
-        return lambda qtype, w, mins, first, last, acts, out, col: rows_dot(
-            qtype, w, mins, first, last, acts[0], acts[1], acts[2], out, col)
-    return lambda qtype, w, mins, first, last, acts, out, col: rows_dot_int8(
-        qtype, w, first, last, acts[0], acts[1], acts[2], acts[3], acts[4], acts[5], acts[6], out, col)
+        return lambda mats, m, w, mins, first, last, acts, out, col: rows_dot(
+            mats, mats[m].qtype, w, mins, first, last, acts[0], acts[1], acts[2], out, col)
 
-
-def groups_product(qtype, w, first, last, acts, out, col):
-    """rows_product for a matrix of interleaved rows (interleaved.py), from 8-bit activations
-    (the tables of the precise path never mark a matrix interleaved)."""
-
-
-@overload(groups_product)
-def _groups_product(qtype, w, first, last, acts, out, col):
-    if len(acts) == 3:
-        return lambda qtype, w, first, last, acts, out, col: None
-    return lambda qtype, w, first, last, acts, out, col: groups_dot_int8(
-        qtype, w, first, last, acts[0], acts[1], acts[2], acts[3], acts[4], acts[5], acts[6], out, col)
+    def int8(mats, m, w, mins, first, last, acts, out, col):
+        if mats[m].interleaved:
+            groups_dot_int8(mats, mats[m].qtype, w, first, last, *acts, out, col)
+        else:
+            rows_dot_int8(mats, mats[m].qtype, w, first, last, *acts, out, col)
+    return int8
 
 
 @njit(cache=True, parallel=True)
@@ -93,7 +89,7 @@ def products(mats, tasks, x, out, formats, rounding, streams):
     out[:, col...]; each row is read once, while in L1, for every token. The tasks are split into
     `streams` runs that each thread visits round-robin (cpu_features.memory_streams).
     """
-    acts = quantize_activations(rounding, x, formats)
+    acts = quantize_activations(rounding, x, formats, mats)
     n_tasks = tasks.shape[0]
     stride = (n_tasks + streams - 1) // streams
     for c in prange(stride):
@@ -103,18 +99,16 @@ def products(mats, tasks, x, out, formats, rounding, streams):
                 break
             m = tasks[j, 0]
             raw, mins = matrix_arrays(mats, m)
-            if mats[m].interleaved:
-                groups_product(mats[m].qtype, raw, tasks[j, 1], tasks[j, 2], acts, out, tasks[j, 3])
-            else:
-                rows_product(mats[m].qtype, raw, mins, tasks[j, 1], tasks[j, 2], acts, out, tasks[j, 3])
+            rows_product(mats, m, raw, mins, tasks[j, 1], tasks[j, 2], acts, out, tasks[j, 3])
 
 
 @njit(cache=True, nogil=True)
-def dequantize_rows(qtype, raw, rows, out):
-    """out[i] = row rows[i] of the matrix as float32 (without the GIL: prefill runs it from
-    several Python threads at once)."""
+def dequantize_rows(kinds, qtype, raw, rows, out):
+    """out[i] = row rows[i] of the raw rows of a matrix of qtype as float32, for a qtype that
+    kinds' dtype names (type_sets); without the GIL: prefill runs it from several Python threads
+    at once."""
     for i in range(rows.shape[0]):
-        row_dequantize(qtype, raw, rows[i], out, i)
+        row_dequantize(kinds, qtype, raw, rows[i], out, i)
 
 
 @njit(cache=True, nogil=True)
@@ -122,13 +116,13 @@ def dequantize_matrix_rows(mats, m, rows, out):
     """dequantize_rows for matrix m of a products table, in either layout."""
     raw, _ = matrix_arrays(mats, m)
     if not mats[m].interleaved:
-        dequantize_rows(mats[m].qtype, raw, rows, out)
+        dequantize_rows(mats, mats[m].qtype, raw, rows, out)
         return
     places = carray(pointer_at(mats[m].places, np.int64), (2, mats[m].places_cols))
     row = np.empty((1, raw.shape[1] // GROUP), dtype=np.uint8)
     for i in range(rows.shape[0]):
         row_blocks(raw, places, rows[i], row[0])
-        row_dequantize(mats[m].qtype, row, 0, out, i)
+        row_dequantize(mats, mats[m].qtype, row, 0, out, i)
 
 
 class QuantMatrix:
@@ -136,8 +130,11 @@ class QuantMatrix:
     or (interleaved) a copy of them in interleaved groups (interleaved.py) for decode's 8-bit
     products, where the type has them."""
 
-    def __init__(self, qtype: GGMLQuantizationType, raw: np.ndarray, k: int, interleaved: bool = False):
-        self.qtype, self.shape = qtype, (raw.shape[0], k)
+    def __init__(self, qtype: GGMLQuantizationType, raw: np.ndarray, k: int, interleaved: bool = False,
+                 types: QuantTypes | None = None):
+        # types: the model's quantized types, which its kernels compile for (this one's alone by default)
+        self.qtype, self.shape, self.types = qtype, (raw.shape[0], k), types or QuantTypes()
+        self.types.add(qtype)
         if interleaved and interleaves(qtype, raw.shape[0]):
             self.raw, self.groups, self.places = None, interleave(qtype, raw), byte_places(qtype)
         else:  # (rows of a file's tensor are contiguous already: no copy)
@@ -148,6 +145,12 @@ class QuantMatrix:
     def reads_file(self) -> bool:
         """Whether the matrix reads the file's rows (else it holds a copy of its own)."""
         return self.groups is None
+
+    @cached_property
+    def as_rows(self) -> QuantMatrix:
+        """This matrix with its rows as the file lays them out (self, or a copy read back out)."""
+        return self if self.groups is None else QuantMatrix(self.qtype, self.row_blocks(0, self.shape[0]), self.shape[1],
+                                                            types=self.types)
 
     def row_blocks(self, first: int, last: int) -> np.ndarray:
         """Rows first..last-1 as the file lays them out (a view, or read out of the groups)."""
@@ -172,10 +175,12 @@ class QuantMatrix:
 
     @cached_property
     def descriptor(self) -> np.ndarray:
-        """This matrix as a products table of one row (see MATRIX); valid while self lives."""
+        """This matrix as a products table of one row (see MATRIX) naming its model's types;
+        valid while self lives."""
         weights, mins = (self.raw, self.mins) if self.groups is None else (self.groups, self.mins)
-        return np.array([(int(self.qtype), weights.ctypes.data, *weights.shape, mins.ctypes.data, mins.shape[1],
-                          self.groups is not None, self.places.ctypes.data, self.places.shape[1])], dtype=MATRIX)
+        fields = (int(self.qtype), weights.ctypes.data, *weights.shape, mins.ctypes.data, mins.shape[1],
+                  self.groups is not None, self.places.ctypes.data, self.places.shape[1], 0)
+        return np.array([fields], dtype=self.types.dtype(MATRIX))
 
     def matmul(self, x: np.ndarray, precise: bool = False) -> np.ndarray:
         """x (T, K) float32 -> x @ W.T, (T, N); precise: decode's 16-bit activations."""
@@ -192,11 +197,12 @@ class QuantMatrix:
 
         def amx_tile(first, last):
             rows = self.row_blocks(first, last)
-            out[:, first:last] = amx.rows_product(int(self.qtype), rows, 0, last - first, x.tiles)[:n_tokens]
+            out[:, first:last] = amx.rows_product(self.descriptor, int(self.qtype), rows, 0, last - first,
+                                                  x.tiles)[:n_tokens]
 
         def blas_tile(first, last):
             w = np.empty((last - first, k), dtype=np.float32)
-            dequantize_rows(int(self.qtype), self.row_blocks(first, last), np.arange(last - first), w)
+            dequantize_rows(self.descriptor, int(self.qtype), self.row_blocks(first, last), np.arange(last - first), w)
             np.matmul(x.values, w.T, out=out[:, first:last])
         in_parallel(blas_tile if x.tiles is None else amx_tile, n)
         return out
@@ -243,21 +249,31 @@ class _Stack:
             raise ValueError("matrices of one product must take inputs of the same size")
         ends = np.cumsum([m.shape[0] for m in matrices]).tolist()
         self.n, self.spans = ends[-1], list(zip([0] + ends[:-1], ends))
-        self.mats = np.concatenate([m.descriptor for m in matrices])  # (self.matrices keeps them valid)
+        self.mats = _table(matrices)
         self.tasks = _tasks(matrices, [0] + ends[:-1])
         k_quants = [GGML_QUANT_SIZES[m.qtype][0] == Q8_K_BLOCK for m in matrices]
         # the 8-bit activation formats these matrices pair with
         self.formats = (Q8_K_ACTIVATIONS if any(k_quants) else 0) | (0 if all(k_quants) else Q8_0_ACTIVATIONS)
 
     def products(self, x: np.ndarray, precise: bool = False) -> np.ndarray:
-        """x @ [W_0; W_1; ...].T for a few tokens x (T, K); precise: 16-bit activations, which
-        interleaved matrices do not take."""
+        """x @ [W_0; W_1; ...].T for a few tokens x (T, K); precise: 16-bit activations (from
+        the rows of interleaved matrices read back out: a backend that runs them loads the
+        matrices as rows)."""
         x = _checked(x, self.k)
         if precise and any(m.groups is not None for m in self.matrices):
-            raise ValueError("16-bit (precise) products read the file's rows, not interleaved groups")
+            return stacked([m.as_rows for m in self.matrices]).products(x, precise)
         out = np.empty((x.shape[0], self.n), dtype=np.float32)
         products(self.mats, self.tasks, x, out, self.formats, rounding_kind(precise), memory_streams())
         return out
+
+
+def _table(matrices) -> np.ndarray:
+    """The matrices' products table, naming all their types (the matrices keep it valid)."""
+    rows = [m.descriptor for m in matrices]
+    if len({row.dtype for row in rows}) > 1:  # matrices of different models (tests): name every type
+        dtype = QuantTypes(m.qtype for m in matrices).dtype(MATRIX)
+        rows = [row.astype(dtype) for row in rows]
+    return np.concatenate(rows)
 
 
 def _tasks(matrices, first_columns):
@@ -321,10 +337,11 @@ class FloatMatrix:
         return self.w[ids].astype(np.float32)
 
 
-def load_matrix(qtype: GGMLQuantizationType, raw: np.ndarray, k: int, interleaved: bool = False):
+def load_matrix(qtype: GGMLQuantizationType, raw: np.ndarray, k: int, interleaved: bool = False,
+                types: QuantTypes | None = None):
     """The matrix object for raw rows (N, bytes per row) of a tensor whose rows hold k weights;
-    interleaved: in interleaved groups where the type has them (see QuantMatrix)."""
+    interleaved: in interleaved groups where the type has them, types: the model's (see QuantMatrix)."""
     block, block_bytes = GGML_QUANT_SIZES[qtype]
     if raw.ndim != 2 or k % block or raw.shape[1] != k // block * block_bytes:
         raise ValueError(f"{qtype.name} rows of {raw.shape[1]} bytes cannot hold {k} weights")
-    return FloatMatrix(qtype, raw, k) if qtype in FLOAT_TYPES else QuantMatrix(qtype, raw, k, interleaved)
+    return FloatMatrix(qtype, raw, k) if qtype in FLOAT_TYPES else QuantMatrix(qtype, raw, k, interleaved, types)

@@ -14,6 +14,7 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from .block_ir import DECODERS, MIN_OFFSET
+from .type_sets import tagged_types
 from .ir import (F32, FAST, I16, I32, I64, LANES, array_row, array_shape, concat, const_vector, horizontal_sum,
                  lanes_below, load_vector, masked_load, mul_add, offset, pair_products, splat, splat_float, to_float,
                  vector, widen)
@@ -184,10 +185,10 @@ def _widen_lanes(b, v):
     return b.shuffle_vector(v, ir.Constant(v.type, [0.0] * n), const_vector(I32, [min(i, n) for i in range(LANES)]))
 
 
-def switch_on_type(b, qtype_value, emit, qtypes=DECODERS):
-    """One IR branch per quantized type of qtypes, each built by emit(type); the type is
-    dispatched once per call, outside the row and block loops. Another type falls through
-    (callers validate types)."""
+def switch_on_type(b, qtype_value, emit, qtypes):
+    """One IR branch per quantized type of qtypes (type_sets: the model's), each built by
+    emit(type); the type is dispatched once per call, outside the row and block loops. Another
+    type falls through (callers validate types)."""
     done = b.append_basic_block("qtype.done")
     switch = b.switch(b.sext(qtype_value, I64) if qtype_value.type != I64 else qtype_value, done)
     for qt in qtypes:
@@ -200,17 +201,20 @@ def switch_on_type(b, qtype_value, emit, qtypes=DECODERS):
 
 
 @intrinsic
-def rows_dot(typingctx, qtype, w, mins, first, last, xq, dx, xsum, out, col):
+def rows_dot(typingctx, kinds, qtype, w, mins, first, last, xq, dx, xsum, out, col):
     """out[t, col + r - first] = row r of the raw blocks w (rows, bytes per row) of type qtype
     dotted with x[t], for rows first <= r < last and every token t < len(out); for types in
     MIN_OFFSET, mins holds each row's float16 block mins as uint16 (rows, blocks per row), else
     it is not read. x is given as x[t, j] ~ dx[t, j // DX_BLOCK] * xq[t, j] (see
     activations.quantize_int16), and xsum[t] holds the sums of x[t]'s consecutive 16-weight runs.
     Callers guarantee last <= len(w), mins as described, x as long as a row for every token of
-    out, col + last - first <= out.shape[1] and a qtype in DECODERS."""
+    out, col + last - first <= out.shape[1] and a qtype of those the array kinds' dtype names
+    (type_sets)."""
+    qtypes = [t for t in tagged_types(kinds) if t in DECODERS]
+
     def codegen(context, b, signature, args):
-        _, w_type, mins_type, _, _, xq_type, dx_type, xsum_type, out_type, _ = signature.args
-        qtype_v, wv, minsv, first_v, last_v, xqv, dxv, xsumv, outv, colv = args
+        _, _, w_type, mins_type, _, _, xq_type, dx_type, xsum_type, out_type, _ = signature.args
+        _, qtype_v, wv, minsv, first_v, last_v, xqv, dxv, xsumv, outv, colv = args
         row_bytes = array_shape(context, b, w_type, wv)[1]
 
         def emit(qt):
@@ -219,9 +223,9 @@ def rows_dot(typingctx, qtype, w, mins, first, last, xq, dx, xsum, out, col):
                                  row_bytes, array_row(context, b, xq_type, xqv, t), array_row(context, b, dx_type, dxv, t),
                                  array_row(context, b, xsum_type, xsumv, t))
             emit_rows(context, b, first_v, last_v, (out_type, outv), colv, row_dot)
-        switch_on_type(b, qtype_v, emit)
+        switch_on_type(b, qtype_v, emit, qtypes)
         return context.get_dummy_value()
-    return types.none(qtype, w, mins, first, last, xq, dx, xsum, out, col), codegen
+    return types.none(kinds, qtype, w, mins, first, last, xq, dx, xsum, out, col), codegen
 
 
 def emit_rows(context, b, first, last, out, col, emit_row):
@@ -258,13 +262,16 @@ def _emit_dequantize(b, qtype, row_ptr, row_bytes, out_ptr):
 
 
 @intrinsic
-def row_dequantize(typingctx, qtype, w, row, out, out_row):
-    """out[out_row] = row `row` of the raw blocks w as float32; callers guarantee the bounds."""
+def row_dequantize(typingctx, kinds, qtype, w, row, out, out_row):
+    """out[out_row] = row `row` of the raw blocks w as float32, for a qtype of those the array
+    kinds' dtype names (type_sets); callers guarantee the bounds."""
+    qtypes = [t for t in tagged_types(kinds) if t in DECODERS]
+
     def codegen(context, b, signature, args):
-        _, w_type, _, out_type, _ = signature.args
-        qtype_v, wv, rowv, outv, out_rowv = args
+        _, _, w_type, _, out_type, _ = signature.args
+        _, qtype_v, wv, rowv, outv, out_rowv = args
         row_ptr, out_ptr = array_row(context, b, w_type, wv, rowv), array_row(context, b, out_type, outv, out_rowv)
         row_bytes = array_shape(context, b, w_type, wv)[1]
-        switch_on_type(b, qtype_v, lambda qt: _emit_dequantize(b, qt, row_ptr, row_bytes, out_ptr))
+        switch_on_type(b, qtype_v, lambda qt: _emit_dequantize(b, qt, row_ptr, row_bytes, out_ptr), qtypes)
         return context.get_dummy_value()
-    return types.none(qtype, w, row, out, out_row), codegen
+    return types.none(kinds, qtype, w, row, out, out_row), codegen

@@ -25,7 +25,8 @@ from .ir import (F32, FAST, I8, I16, I32, I64, array_row, array_shape, byte_pair
                  const_vector, horizontal_sum, load_vector, mul_add, offset, pair_products, pair_products_into,
                  signed_byte_quad_sums,
                  splat, splat_float, vector, word_picks)
-from .rowdot import switch_on_type, _units, emit_rows
+from .rowdot import _units, emit_rows, switch_on_type
+from .type_sets import tagged_types
 
 LANES8 = 8  # int32 / float32 lanes of a 256-bit register, the width of the 8-bit products
 # 32-weight blocks per loop step, each adding into its own accumulator, so that consecutive
@@ -144,27 +145,30 @@ ACTIVATIONS = ("q32", "d32", "sum32", "ssum32", "q256", "d256", "sum16")
 
 
 @intrinsic
-def rows_dot_int8(typingctx, qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col):
+def rows_dot_int8(typingctx, kinds, qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col):
     """out[t, col + r - first] = row r of the raw blocks w (rows, bytes per row) of type qtype
     dotted with x[t], for rows first <= r < last and every token t < len(out), x given in the
     format of activations.py that the type pairs with: quantize_q8_0's (q32, d32, sum32, ssum32)
     for 32-weight types, quantize_q8_k's (q256, d256, sum16) for K-quants (the other format is
     not read). Callers guarantee last <= len(w), x as long as a row for every token of out,
-    col + last - first <= out.shape[1] and a qtype in DECODERS."""
+    col + last - first <= out.shape[1] and a qtype of those the array kinds' dtype names
+    (type_sets)."""
     isa = int8_isa()
+    qtypes = [t for t in tagged_types(kinds) if t in DECODERS]
 
     def codegen(context, b, signature, args):
-        qtype_v, wv, first_v, last_v, *act_values, outv, colv = args
-        row_bytes = array_shape(context, b, signature.args[1], wv)[1]
-        act_arrays = list(zip(signature.args[4:11], act_values))
+        _, qtype_v, wv, first_v, last_v, *act_values, outv, colv = args
+        w_type = signature.args[2]
+        row_bytes = array_shape(context, b, w_type, wv)[1]
+        act_arrays = list(zip(signature.args[5:12], act_values))
 
         def emit(qt):
             emit_row = _emit_super_blocks if GGML_QUANT_SIZES[qt][0] == 256 else _emit_blocks32
 
             def row_dot(row, t):
                 act = {name: array_row(context, b, ty, v, t) for name, (ty, v) in zip(ACTIVATIONS, act_arrays)}
-                return emit_row(b, isa, qt, array_row(context, b, signature.args[1], wv, row), row_bytes, act)
-            emit_rows(context, b, first_v, last_v, (signature.args[11], outv), colv, row_dot)
-        switch_on_type(b, qtype_v, emit)
+                return emit_row(b, isa, qt, array_row(context, b, w_type, wv, row), row_bytes, act)
+            emit_rows(context, b, first_v, last_v, (signature.args[12], outv), colv, row_dot)
+        switch_on_type(b, qtype_v, emit, qtypes)
         return context.get_dummy_value()
-    return types.none(qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col), codegen
+    return types.none(kinds, qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col), codegen

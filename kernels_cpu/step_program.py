@@ -21,10 +21,12 @@ from numba import carray, njit
 
 from . import ops
 from .attention import attention_few
+from .intrinsics import rows_tag
 from .intrinsics import pointer_at
 from .kv_layout import as_kernel_array, head_dims, store_kv
 from .activations import rounding_kind
 from .cpu_features import memory_streams
+from .type_sets import tagged_dtype
 from .matmul import MATRIX, QuantMatrix, check_row_ids, dequantize_matrix_rows, products
 
 # Operation codes; each row of a program is (code, arguments...) as the comments list them.
@@ -61,10 +63,11 @@ def _input(inputs, i, dtype):
 
 
 @njit(cache=True)
-def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, streams):
+def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, streams, group_tag):
     """One replay of a recorded step; kv_like (empty) has the cache's element type, rounding
     (activations.rounding_kind) says how the products round activations, streams how they read
-    the weights (cpu_features.memory_streams)."""
+    the weights (cpu_features.memory_streams), group_tag the queries per KV head of attention
+    (intrinsics.rows_tag)."""
     for i in range(code.shape[0]):
         op, a, f = code[i, 0], code[i, 1:], params[i]
         if op == EMBED:
@@ -100,7 +103,7 @@ def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, st
             keys, values = _cache(caches, a[3], kv_like)
             attention_few(_f32(a[0], (a[1], a[2], a[8])), keys, values, _input(inputs, a[4], np.int32),
                           _input(inputs, a[5], np.int32), np.float32(f[0]), a[7], np.float32(f[1]),
-                          _f32(a[6], (a[1], a[2], a[9])))
+                          _f32(a[6], (a[1], a[2], a[9])), group_tag)
         elif op == SILU_MUL:
             ops.silu_mul(_f32(a[0], (a[2], a[3])), _f32(a[1], (a[2], a[3])))
         elif op == GELU_MUL:
@@ -155,6 +158,7 @@ class Recorder:
         self._cache_ids: dict = {}
         self.rope_tables: dict = {}
         self.kv_dtype = None
+        self.group = None           # queries per KV head, the same in every layer
 
     # --- operands
     def fail(self, why: str):
@@ -192,6 +196,8 @@ class Recorder:
 
     def matrix(self, m) -> int:
         if id(m) not in self._mat_ids:
+            if self.mats and m.descriptor.dtype != self.mats[0].dtype:
+                self.fail("matrices that name different sets of types (of different models)")
             self._mat_ids[id(m)] = len(self.mats)
             self.mats.append(m.descriptor)
             self.keep[id(m)] = m
@@ -255,6 +261,10 @@ class Recorder:
                  self.address(v, v.size), k.shape[0], *head_dims(keys, values))
 
     def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap, out):
+        group = q.shape[1] // keys.shape[0]
+        if self.group not in (None, group):
+            self.fail("layers with different numbers of queries per KV head")
+        self.group = group
         self.add(ATTENTION, self.address(q, q.size), q.shape[0], q.shape[1], self.cache(keys, values),
                  self.input(q_pos, np.int32), self.input(k_pos, np.int32), self.address(out, out.size), window,
                  *head_dims(keys, values), params=[scale, softcap])
@@ -304,11 +314,12 @@ class StepProgram:
         r = recorder
         self.code = np.array([row for row, _ in r.rows], dtype=np.int64).reshape(-1, ARGS + 1)
         self.params = np.array([p for _, p in r.rows], dtype=np.float64).reshape(-1, 2)
-        self.mats = np.concatenate(r.mats) if r.mats else np.zeros(0, dtype=MATRIX)
+        self.mats = np.concatenate(r.mats) if r.mats else np.zeros(0, dtype=tagged_dtype(MATRIX, ()))
         self.tasks = np.concatenate(r.tasks)
         self.caches = np.array(r.caches, dtype=np.int64).reshape(-1, CACHE_COLUMNS)
         self.kv_like = np.zeros(0, dtype=r.kv_dtype or np.float32)
         self.rounding = rounding_kind(r.precise)
+        self.group_tag = rows_tag(r.group or 1)
         self.inputs = r.inputs
         self.keep = list(r.keep.values())  # the memory the program names by address
         self.output = output
@@ -325,7 +336,7 @@ class StepProgram:
             check_row_ids(batch.ids, self.id_limit)
         inputs = np.array([(a.ctypes.data, a.shape[0]) for a in arrays], dtype=np.int64)
         run_program(self.code, self.params, self.mats, self.tasks, self.caches, inputs, self.kv_like, self.rounding,
-                    memory_streams())
+                    memory_streams(), self.group_tag)
         return self.output.copy()
 
 

@@ -19,6 +19,7 @@ from .step_graph import replay_step
 
 
 class TorchBackend:
+    few_tokens = 1  # (one-token steps run the compiled products; more tokens dequantize tiles)
     supported_types = frozenset(DEQUANTIZE)
     kv_types = tuple(kv_layout.ELEMENTS)
 

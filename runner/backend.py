@@ -19,6 +19,7 @@ class Backend(Protocol):
     label: str  # name, and the units prefill's products run on where they vary (bench reports it)
     decode_products: str  # how decode's products round the activations, and on which instructions
     threads: int
+    few_tokens: int             # the most tokens a forward pass runs through decode's kernels (more: prefill's)
     supported_types: frozenset  # GGML tensor types load_matrix takes
     kv_types: tuple             # KV cache element types new_kv makes ("f32", "f16", "q8_0")
 

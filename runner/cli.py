@@ -160,11 +160,12 @@ def main():
     """Run GGUF language models locally."""
 
 
-def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None, precise=False):
-    """The model, with its kernels loaded from Numba's cache (or compiled, the first time) by one
-    throw-away decode step, so that the prompt does not pay for that; the replayed step's kernel
-    loads at the second generated token (~0.06 s). On CUDA that step compiles the fused products
-    (torch.compile keeps them in its own cache)."""
+def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None, precise=False, prefill=True):
+    """The model, with its kernels loaded from Numba's cache (or compiled, the first time) by
+    throw-away forward passes (warm_up), so that the prompt does not pay for that; prefill: also
+    those of prompts longer than decode's kernels take (run passes False and warms them itself
+    when its prompt needs them). On CUDA that step compiles the fused products (torch.compile
+    keeps them in its own cache)."""
     from .backend import resolve_device
     from .load import load_model
     from .registry import resolve
@@ -172,48 +173,77 @@ def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None, 
     times = times or StartupTimes()
     path = resolve(model)
     device = resolve_device(device)
-    compile_message = _compile_message(device, kv_type)
+    paths = ("decode", "prefill") if prefill else ("decode",)
+    compiling = _compiling(device, kv_type, paths)
     # A warm start makes ~10^5 objects that live as long as the process (Numba's registries and
     # kernels, the vocabulary) and little garbage, and the collector's passes over them cost it
     # ~0.1 s; a compile makes garbage, so the collector runs then.
-    with paused_gc(compile_message is None):
+    with paused_gc(not compiling):
         if device == "cpu":
             importlib.import_module("kernels_cpu.backend")  # (Numba: the bulk of the imports, timed as such)
         times.mark("imports")
-        say_compiling = lambda: click.echo(f"{compile_message}; cached for later runs)...", err=True)  # noqa: E731
-        if compile_message and device == "cpu":  # (its loading compiles too: it interleaves matrices' rows)
-            say_compiling()
+        if compiling and device == "cpu":  # (its loading compiles too: it interleaves matrices' rows)
+            _say_compiling(device)
         lm = load_model(path, device=device, threads=threads, kv_type=kv_type, n_ctx=n_ctx, precise=precise)
         times.mark("file mapping and model")
-        if compile_message and device != "cpu":
-            say_compiling()
-        _warm_up(lm, compiling=compile_message is not None)
-    if compile_message and device == "cpu":
-        from kernels_cpu.compile_cache import mark_compiled
-        mark_compiled(kv_type)
+        if compiling and device != "cpu":
+            _say_compiling(device)
+        warm_up(lm, paths, compiling)
     times.mark("kernel cache load")
     return lm
 
 
-def _compile_message(device, kv_type):
-    """What to say while a first run compiles; None when the kernels are compiled already."""
+def _compiling(device, kv_type, paths) -> list:
+    """The paths of `paths` whose kernels this run compiles (the first one on the CPU, each
+    marked once done; every run on CUDA, where torch.compile's cache decides)."""
     if device == "cpu":
         from kernels_cpu.compile_cache import kernels_compiled  # (imports no Numba)
-        return None if kernels_compiled(kv_type) else "compiling the Numba kernels (first run only, under a minute"
-    return "compiling the GPU kernels (the first run takes a few minutes" if device == "cuda" else None
+        return [p for p in paths if not kernels_compiled(f"{kv_type}-{p}")]
+    return list(paths) if device == "cuda" else []
 
 
-def _warm_up(lm, compiling):
-    """One throw-away decode step; when compiling, also what the first prompt and tokens run: many
-    tokens (in tiles), a few, and a replayed step (the second one over a cache), so that nothing
-    compiles after the message (the replayed step's kernel stalled the second token)."""
+_said_compiling = []  # (the message is said once per process)
+
+
+def _say_compiling(device):
+    if _said_compiling:
+        return
+    _said_compiling.append(device)
+    if device == "cpu":
+        click.echo("compiling the Numba kernels (first run only, under a minute; cached for later runs)...", err=True)
+    else:
+        click.echo("compiling the GPU kernels (the first run takes a few minutes; cached for later runs)...", err=True)
+
+
+def warm_up(lm, paths, compiling=()):
+    """Throw-away forward passes through what the first prompt and tokens run, for each path
+    of `paths`: "decode", a few tokens and one-token steps, the second of which replays the
+    first (whose kernel stalled the second token when it compiled then); "prefill", a prompt
+    longer than decode's kernels take. Paths in `compiling` run them all (so that nothing
+    compiles after the message), and are marked compiled; the others run one decode step, which
+    loads what the cache holds."""
     token = max(lm.tokenizer.vocab.bos_id, 0)
-    if compiling:
-        for n in (9, 2):
-            lm.model.forward([token] * n, lm.model.new_cache(16))
+    if "prefill" in compiling:
+        lm.model.forward([token] * (lm.backend.few_tokens + 1), lm.model.new_cache(16))
+    if "decode" in compiling and lm.backend.few_tokens > 1:
+        lm.model.forward([token] * 2, lm.model.new_cache(16))
     cache = lm.model.new_cache(16)
-    for _ in range(2 if compiling else 1):
+    for _ in range(2 if "decode" in compiling else 1):
         lm.model.forward([token], cache)
+    if lm.backend.name == "cpu":
+        from kernels_cpu.compile_cache import mark_compiled
+        for path in compiling:
+            mark_compiled(f"{lm.model.kv_type}-{path}")
+
+
+def _warm_prefill(lm, device, kv_type) -> bool:
+    """Prefill's kernels, before a prompt longer than decode's kernels take (run's: it loads
+    without them); whether they compiled."""
+    compiling = _compiling(device, kv_type, ("prefill",))
+    if compiling:
+        _say_compiling(device)
+        warm_up(lm, ("prefill",), compiling)
+    return bool(compiling)
 
 
 @main.command(cls=Command)
@@ -242,15 +272,18 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k,
     from .startup import StartupTimes
     times = StartupTimes()
     times.start("interpreter and CLI")
+    from .backend import resolve_device
     from .generate import GenerationStats, generate, truncate_prompt
     from .sampler import Sampler, SamplingOptions
     from .tokenizer import StreamDecoder
 
     prompt = _prompt_text(prompt, prompt_file)
     system = _system_text(system, system_file)
-    lm = _load(model, threads, kv_type, times, device, ctx_size, precise)
+    lm = _load(model, threads, kv_type, times, device, ctx_size, precise, prefill=False)
     n_ctx = ctx_size or lm.default_context()
     ids = _prompt_ids(lm, prompt, system, special)
+    if len(ids) > lm.backend.few_tokens and _warm_prefill(lm, resolve_device(device), kv_type):
+        times.mark("prefill kernels")
     if not ring and len(ids) + n_predict > n_ctx:
         raise ContextFullError(f"the prompt ({len(ids)} tokens) plus -n {n_predict} exceed the context of "
                                f"{n_ctx}; use a larger -c, a smaller -n, or --ring")

@@ -214,15 +214,17 @@ def test_a_kernel_source_change_drops_every_inlining_cache(tmp_path, monkeypatch
     assert not any(p.exists() for p in files)
 
 
-def test_a_first_run_compiles_everything_under_its_message(tmp_path, smollm_path):
+@pytest.mark.parametrize("prompt", ["The capital of France is", "The capital of France is " * 4])
+def test_a_first_run_compiles_everything_under_its_message(tmp_path, smollm_path, prompt):
     """On a fresh Numba cache, `run` compiles while its message shows and nothing after the first
     token: Numba saves no kernel after the start-up line (the replayed step's kernel compiling
-    at the second token stalled it ~16 s)."""
+    at the second token stalled it ~16 s). A prompt longer than decode's kernels take compiles
+    prefill's too, before its first token."""
     code = ("import pathlib, sys\n"
             "from kernels_cpu import compile_cache\n"
             f"compile_cache._CACHE = pathlib.Path({str(tmp_path / 'marks')!r})  # no kernel marked compiled\n"
             "from runner.cli import entry\n"
-            f"sys.argv = ['ggrun', 'run', {str(smollm_path)!r}, '-p', 'The capital of France is', '-n', '4',"
+            f"sys.argv = ['ggrun', 'run', {str(smollm_path)!r}, '-p', {prompt!r}, '-n', '4',"
             " '--temp', '0', '--timings']\n"
             "entry()\n")
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "NUMBA_DEBUG_CACHE": "1",
@@ -236,6 +238,7 @@ def test_a_first_run_compiles_everything_under_its_message(tmp_path, smollm_path
     saved = [i for i, line in enumerate(lines) if "data saved" in line]
     assert saved and message < min(saved), lines[:5]
     assert max(saved) < started, [lines[i] for i in saved if i > started]
+    assert ("prefill kernels" in lines[started]) == (len(prompt) > 30)  # (only the long prompt compiles them)
 
 
 def test_bench_compares_depths_in_one_line(smollm_path):

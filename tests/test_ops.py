@@ -6,7 +6,7 @@ from gguf import quants as gguf_quants
 from numba import njit
 
 from kernels_cpu.backend import CpuBackend
-from kernels_cpu.intrinsics import cache_product, exp_f32
+from kernels_cpu.intrinsics import cache_product, exp_f32, rows_tag
 
 be = CpuBackend()
 rng = np.random.default_rng(1)
@@ -190,22 +190,24 @@ def test_vectorized_exp_matches_numpy():
 
 
 @njit
-def _cache_product(cache, kv, row_first, col_first, a, out):
-    cache_product(cache, kv, row_first, col_first, a, out)
+def _cache_product(cache, kv, row_first, col_first, a, out, rows):
+    cache_product(cache, kv, row_first, col_first, a, out, rows)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("rows,cols", [(37, 1), (37, 15), (64, 100), (5, 256), (300, 64)])
 @pytest.mark.parametrize("tiled", [False, True])
-def test_cache_product_against_numpy(dtype, rows, cols, tiled):
+@pytest.mark.parametrize("queries", [1, 3, 4, 7])
+def test_cache_product_against_numpy(dtype, rows, cols, tiled, queries):
     """The register-blocked product of attention: 64-, 16- and 1-column tails, both cache
-    precisions, plain and tiled by 16 columns."""
+    precisions, plain and tiled by 16 columns, for query counts below, at and past the four a
+    pass takes."""
     cache = rng.standard_normal((3, 320, 352)).astype(dtype)
-    a = rng.standard_normal((3, rows)).astype(np.float32)
-    out = np.zeros((3, cols), np.float32)
+    a = rng.standard_normal((queries, rows)).astype(np.float32)
+    out = np.zeros((queries, cols), np.float32)
     col_first = 16 if tiled else 11
     # (kv, rows, columns) -> (kv, columns / 16, rows, 16)
     arg = np.ascontiguousarray(cache.reshape(3, 320, 22, 16).transpose(0, 2, 1, 3)) if tiled else cache
-    _cache_product(arg.view(np.uint16) if dtype == np.float16 else arg, 2, 7, col_first, a, out)
+    _cache_product(arg.view(np.uint16) if dtype == np.float16 else arg, 2, 7, col_first, a, out, rows_tag(len(a)))
     want = a.astype(np.float64) @ cache[2, 7:7 + rows, col_first:col_first + cols].astype(np.float64)
     assert np.allclose(out, want, rtol=1e-5, atol=1e-4)
