@@ -188,3 +188,10 @@ def _quantize_activations(rounding, x, formats, kinds):
         q256, d256, sum16 = q8_k(x[:n_tokens if formats & Q8_K_ACTIVATIONS else 0])
         return q32, d32, sum32, ssum32, q256, d256, sum16
     return int8
+
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def quantize_int8(x, formats, kinds):
+    """quantize_activations' 8-bit tuple for x, called from Python (prefill's products, from
+    several threads at once: without the GIL)."""
+    return quantize_activations(np.empty(0, dtype=np.int8), x, formats, kinds)

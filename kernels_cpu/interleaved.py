@@ -1,6 +1,6 @@
 """Eight rows of a matrix interleaved so that one vector holds the same weights of all of them:
-decode's 8-bit products then keep one row per vector lane, as llama.cpp's repacked types do
-(ggml_gemv_q4_K_8x8_q8_K and its kin, b11434).
+the 8-bit products then keep one row per vector lane, as llama.cpp's repacked types do
+(ggml_gemv_q4_K_8x8_q8_K and its kin, b11434). Every quantized type has its layout.
 
 A one-row product spends most of its instructions applying each unit's scale: a 32-weight unit's
 products land in 16 lanes that all need that one scale (a Q4_K super-block took ~78 vector
@@ -14,8 +14,12 @@ four bytes of quants, ...; LAYOUTS), and each piece becomes that piece of the ei
 side by side. So an interleaved block takes what the eight rows' blocks take in the file, and the
 bit operations that decode one row's bytes decode eight rows' in the same instructions. The
 rows are rearranged once, when the model loads, into a copy that replaces the mapped file's rows
-(as llama.cpp's repacking does): prefill and embeddings read rows back out of the groups
-(row_blocks). The precise path (16-bit activations) keeps the file's rows.
+(as llama.cpp's repacking does): embeddings read rows back out of the groups (row_blocks). The
+precise path (16-bit activations) keeps the file's rows.
+
+Decode passes over a group once per token (groups_dot_int8); prefill (groups_gemm_int8) takes
+TOKENS_PER_PASS tokens per pass, so that each unit's weights are decoded once for all of them:
+a matrix product of 8-bit integers, which outruns BLAS on dequantized float32 tiles.
 """
 import numpy as np
 from gguf import GGML_QUANT_SIZES
@@ -25,12 +29,12 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .cpu_features import int8_isa
+from .cpu_features import int8_isa, target_features
 from .rowdot import switch_on_type
 from .threads import in_parallel
 from .type_sets import tagged_types
 from .ir import (F32, FAST, I8, I16, I32, I64, array_row, array_shape, byte_quad_sums, const_vector, load_bytes,
-                 load_vector, mul_add, offset, signed_byte_quad_sums, splat, vector)
+                 offset, pair_products_into, signed_byte_quad_sums, splat, vector)
 
 GROUP = 8  # rows per group: a 256-bit register of int32 or float32
 
@@ -46,8 +50,14 @@ def _words(at, size, width):
 # three sub-streams of each block at first, and ran at a third of the speed from memory).
 LAYOUTS = {
     T.Q4_0: [(0, 2)] + _words(2, 16, 4),                                     # d, qs
+    T.Q4_1: [(0, 2), (2, 2)] + _words(4, 16, 4),                             # d, m, qs
+    T.Q5_0: [(0, 2), (2, 4)] + _words(6, 16, 4),                             # d, qh, qs
+    T.Q5_1: [(0, 2), (2, 2), (4, 4)] + _words(8, 16, 4),                     # d, m, qh, qs
     T.Q8_0: [(0, 2)] + _words(2, 32, 4),                                     # d, qs
+    T.Q2_K: [(80, 2), (82, 2)] + _words(0, 16, 1) + _words(16, 64, 4),     # d, dmin, scales, qs
+    T.Q3_K: [(108, 2)] + _words(96, 12, 1) + _words(0, 32, 4) + _words(32, 64, 4),  # d, scales, hmask, qs
     T.Q4_K: [(0, 2), (2, 2)] + _words(4, 12, 1) + _words(16, 128, 4),       # d, dmin, scales, qs
+    T.Q5_K: [(0, 2), (2, 2)] + _words(4, 12, 1) + _words(16, 32, 4) + _words(48, 128, 4),  # ..., qh, qs
     T.Q6_K: [(208, 2)] + _words(192, 16, 1) + [                             # d, scales, then per word:
         piece for h in range(2) for w in range(8)                           # ql (two), qh
         for piece in ((64 * h + 4 * w, 4), (64 * h + 32 + 4 * w, 4), (128 + 32 * h + 4 * w, 4))],
@@ -116,10 +126,12 @@ class _Block:
             self.starts[first] = at
             at += GROUP * size
 
-    def bytes(self, first, n):
+    def bytes(self, first, n, ahead=None):
         """n bytes of the interleaved block from the piece at byte `first` of a file block:
-        <n x i8> (that piece of rows 0-7, and what follows)."""
-        return load_bytes(self.b, self.ptr, self.starts[first], n)
+        <n x i8> (that piece of rows 0-7, and what follows); `ahead` (an i64 value) bytes
+        further on where given."""
+        ptr = self.ptr if ahead is None else offset(self.b, self.ptr, ahead)
+        return load_bytes(self.b, ptr, self.starts[first], n)
 
     def halves(self, first):
         """A float16 of every row (the piece at byte `first`) as <8 x float>."""
@@ -169,139 +181,430 @@ def _zero_i32():
     return ir.Constant(vector(I32, GROUP), [0] * GROUP)
 
 
-# Each type's block i: ((integer sums of the eight rows, float scale to multiply them by), the
-# same for what its mins subtract, or None). Their multiply-adds run in chains of at most four
-# (each waits ~5 cycles for the one before): in chains of eight, Q4_K read 17-22 GB/s from
-# memory where it reads 25-30 with two chains per unit (2 threads, AMD EPYC).
+class _Unit:
+    """Weights of a block that share an integer scale: `words`, (<32 x i8> values: four
+    weights of each of the eight rows, position of their first weight in the block: an int or
+    an i64 value), split over `chains` accumulators; `scale` (<8 x i32>, the rows' scales, or
+    None for 1) multiplies their sum."""
 
-def _q4_0(b, isa, blk, i, act):  # d, qs: byte j holds weight j (low nibble) and j + 16, offset 8
-    first = b.mul(i, ir.Constant(I64, 32))
+    def __init__(self, words, chains, scale=None):
+        self.words, self.chains, self.scale = words, chains, scale
+
+
+def _group_sums(b, isa, factors, act, i):
+    """<8 x i32>: the sum over the 16 groups g of 16 weights of K-quant super-block i of
+    factors[g] (<8 x i16>, one per row) times the activations' sum over the group (sum16): two
+    groups per vpmaddwd (vpdpwssd), with one broadcast load of their two sums."""
     chains = [_zero_i32()] * 2
-    for w in range(4):
-        q = blk.bytes(2 + 4 * w, 32)
-        for chain, values, at in ((0, _and(b, q, 15), 4 * w), (1, _shr(b, q, 4), 16 + 4 * w)):
-            x = _four(b, act["q32"], b.add(first, ir.Constant(I64, at)))
-            chains[chain] = byte_quad_sums(b, isa, chains[chain], values, x)
-    acc = b.add(*chains)
-    offset_sum = b.mul(_scalar(b, act["sum32"], i, I32), ir.Constant(I32, 8))
-    acc = b.sub(acc, splat(b, offset_sum, GROUP))
-    return (acc, b.fmul(blk.halves(0), splat(b, _scalar(b, act["d32"], i, F32), GROUP), flags=FAST)), None
+    for p in range(8):
+        pair = b.shuffle_vector(factors[2 * p], factors[2 * p + 1],
+                                const_vector(I32, [j for r in range(GROUP) for j in (r, GROUP + r)]))
+        sums = b.bitcast(_four(b, act["sum16"], b.add(b.mul(i, ir.Constant(I64, 32)), ir.Constant(I64, 4 * p))),
+                         vector(I16, 2 * GROUP))
+        chains[p % 2] = pair_products_into(b, isa, chains[p % 2], pair, sums)
+    return b.add(*chains)
 
 
-def _q8_0(b, isa, blk, i, act):  # d, qs: signed
-    first = b.mul(i, ir.Constant(I64, 32))
-    chains = [_zero_i32()] * 2
-    for w in range(8):
-        x = _four(b, act["q32"], b.add(first, ir.Constant(I64, 4 * w)))
-        chains[w % 2] = signed_byte_quad_sums(b, isa, chains[w % 2], blk.bytes(2 + 4 * w, 32), x)
-    acc = b.add(*chains)
-    return (acc, b.fmul(blk.halves(0), splat(b, _scalar(b, act["d32"], i, F32), GROUP), flags=FAST)), None
+# Each type (a _Kind): units(b, blk, step, scale) yields the units of one of the block's `steps`
+# (an i64 value: the steps are a loop, so that LLVM keeps each step's decoding to itself; a block
+# unrolled whole had its decoding for all units hoisted to the top and spilled, ~300 stack
+# accesses per Q4_K super-block and four tokens), decoded when the products reach them (tokens
+# share them); scale(j) loads integer scale j of the block's scale_table(b, blk) (or None);
+# scales(b, blk, i, act) gives the float scale of the block's integer total for a
+# token, correction(b, isa, blk, i, act) the integers to subtract from that total first (for
+# weights stored with an offset), and mins(b, isa, blk, i, act) what the blocks' mins add to the
+# products (<8 x float>), or None. A unit's multiply-adds run in chains of at most four (each waits ~5
+# cycles for the one before): in chains of eight, Q4_K read 17-22 GB/s from memory where it
+# reads 25-30 with two chains per unit (2 threads, AMD EPYC).
+
+def _scale_times_dx(name, dx):
+    def scales(b, blk, i, act):
+        return b.fmul(blk.halves(name), splat(b, _scalar(b, act[dx], i, F32), GROUP), flags=FAST)
+    return scales
 
 
-def _q4_k(b, isa, blk, i, act):
+class _Kind:
+    activations = "q256"  # the activations' format: "q32" (Q8_0) or "q256" (Q8_K)
+    signed = False  # whether the weights' integers are signed bytes
+    steps = 1
+
+    @staticmethod
+    def scale_table(b, blk):
+        return None
+
+    @staticmethod
+    def correction(b, isa, blk, i, act):
+        return None
+
+    @staticmethod
+    def mins(b, isa, blk, i, act):
+        return None
+
+
+def _nibbles(b, blk, at, fifth_bits=None):
+    """A 32-weight block's values as two-word units' words: qs at `at` (byte j: weight j in the
+    low nibble, j + 16 in the high one), with fifth bits from the qh piece at fifth_bits (bit j:
+    weight j's) for Q5_0/Q5_1."""
+    q = [blk.bytes(at + 4 * w, 32) for w in range(4)]
+    words = [(_and(b, q[w], 15), 4 * w) for w in range(4)] + [(_shr(b, q[w], 4), 16 + 4 * w) for w in range(4)]
+    if fifth_bits is None:
+        return words
+    qh = blk.bytes(fifth_bits, 32)
+    return [(_with_fifth_bits(b, values, qh, first), first) for values, first in words]
+
+
+def _with_fifth_bits(b, values, qh, first):
+    """values (four weights first.. of each row) plus 16 where the row's qh has their bit: the
+    byte of qh that holds the four bits spread over the row's four bytes, tested bit by bit (one
+    vptestmb and a masked or with AVX-512)."""
+    spread = b.shuffle_vector(qh, qh, const_vector(I32, [4 * (j // 4) + first // 8 for j in range(32)]))
+    bits = b.and_(spread, const_vector(I8, [1 << (first % 8 + j % 4) for j in range(32)]))
+    mask = b.icmp_unsigned("!=", bits, ir.Constant(vector(I8, 32), [0] * 32))
+    return b.select(mask, b.or_(values, const_vector(I8, [16] * 32)), values)
+
+
+def _offset_times_sums(offset):
+    """correction for 32-weight blocks stored with an offset: it times the activations' sum."""
+    def correction(b, isa, blk, i, act):
+        return splat(b, b.mul(_scalar(b, act["sum32"], i, I32), ir.Constant(I32, offset)), GROUP)
+    return staticmethod(correction)
+
+
+def _min_times_sums(b, isa, blk, i, act):
+    """mins for 32-weight blocks with a float16 min m at byte 2: m times the activations' sum."""
+    return b.fmul(blk.halves(2), splat(b, _scalar(b, act["ssum32"], i, F32), GROUP), flags=FAST)
+
+
+class _Q4_0(_Kind):  # d, qs; offset 8
+    activations = "q32"
+    scales = staticmethod(_scale_times_dx(0, "d32"))
+    correction = _offset_times_sums(8)
+
+    @staticmethod
+    def units(b, blk, step, scale):
+        yield _Unit(_nibbles(b, blk, 2), 2)
+
+
+class _Q4_1(_Kind):  # d, m, qs
+    activations = "q32"
+    scales = staticmethod(_scale_times_dx(0, "d32"))
+    mins = staticmethod(_min_times_sums)
+
+    @staticmethod
+    def units(b, blk, step, scale):
+        yield _Unit(_nibbles(b, blk, 4), 2)
+
+
+class _Q5_0(_Kind):  # d, qh, qs; offset 16
+    activations = "q32"
+    scales = staticmethod(_scale_times_dx(0, "d32"))
+    correction = _offset_times_sums(16)
+
+    @staticmethod
+    def units(b, blk, step, scale):
+        yield _Unit(_nibbles(b, blk, 6, fifth_bits=2), 2)
+
+
+class _Q5_1(_Kind):  # d, m, qh, qs
+    activations = "q32"
+    scales = staticmethod(_scale_times_dx(0, "d32"))
+    mins = staticmethod(_min_times_sums)
+
+    @staticmethod
+    def units(b, blk, step, scale):
+        yield _Unit(_nibbles(b, blk, 8, fifth_bits=4), 2)
+
+
+class _Q8_0(_Kind):  # d, qs: signed
+    activations = "q32"
+    signed = True
+    scales = staticmethod(_scale_times_dx(0, "d32"))
+
+    @staticmethod
+    def units(b, blk, step, scale):
+        yield _Unit([(blk.bytes(2 + 4 * w, 32), 4 * w) for w in range(8)], 2)
+
+
+class _Q2_K(_Kind):
+    """scales (byte g: group g's scale in the low nibble, its min in the high one), qs, d, dmin.
+    Byte l of chunk c's 32 holds weights 128c + 32j + l in bits 2j, 2j + 1; group g is weights
+    16g ... 16g + 15."""
+    steps = 2  # chunks
+    scales = staticmethod(_scale_times_dx(80, "d256"))
+    qs = 16  # where the 2-bit quants start
+
+    @staticmethod
+    def _planes(b, blk):
+        planes = blk.bytes(0, GROUP * 16)
+        return [_plane(b, planes, g) for g in range(16)]
+
+    @classmethod
+    def scale_table(cls, b, blk):
+        return [_i32s(b, _and(b, plane, 15)) for plane in cls._planes(b, blk)]
+
+    @classmethod
+    def units(cls, b, blk, step, scale):
+        """Step c: eight words of its 32 bytes, each four units' (one per bit pair j)."""
+        qs = [blk.bytes(cls.qs + 4 * w, 32, ahead=b.mul(step, ir.Constant(I64, GROUP * 32))) for w in range(8)]
+        first = b.mul(step, ir.Constant(I64, 128))
+        for j in range(4):
+            for half in range(2):
+                words = [(cls._high_bits(b, blk, step, j, w, _and(b, _shr(b, qs[w], 2 * j), 3)),
+                          b.add(first, ir.Constant(I64, 32 * j + 4 * w))) for w in range(4 * half, 4 * half + 4)]
+                yield _Unit(words, 1, scale=scale(b.add(b.mul(step, ir.Constant(I64, 8)), ir.Constant(I64, 2 * j + half))))
+
+    @staticmethod
+    def _high_bits(b, blk, chunk, j, w, values):
+        return values
+
+    @classmethod
+    def mins(cls, b, isa, blk, i, act):
+        """The groups' mins times the activations' sums over them."""
+        mins = [b.zext(_shr(b, plane, 4), vector(I16, GROUP)) for plane in cls._planes(b, blk)]
+        sums = b.sitofp(_group_sums(b, isa, mins, act, i), vector(F32, GROUP))
+        dx = splat(b, _scalar(b, act["d256"], i, F32), GROUP)
+        return b.fmul(sums, b.fneg(b.fmul(blk.halves(82), dx, flags=FAST)), flags=FAST)
+
+
+class _Q3_K(_Q2_K):
+    """hmask, qs (as Q2_K's: the low two bits), 12 bytes packing sixteen 6-bit scales offset by
+    32, d. Bit 4c + j of hmask byte l is the third bit of weight 128c + 32j + l; the values are
+    offset by 4. Scale j = 4k + m: the low four bits are nibble k // 2 of byte 4 (k % 2) + m, the
+    top two bits 2k, 2k + 1 of byte 8 + m."""
+    scales = staticmethod(_scale_times_dx(108, "d256"))
+    qs = 32
+
+    @staticmethod
+    def _scales(b, blk):
+        """The sixteen groups' scales as <8 x i8> (of the eight rows), offset removed."""
+        planes = blk.bytes(96, GROUP * 12)
+        scales = []
+        for j in range(16):
+            k, m = divmod(j, 4)
+            low = _and(b, _shr(b, _plane(b, planes, 4 * (k % 2) + m), 4 * (k // 2)), 15)
+            top = _shl(b, _and(b, _shr(b, _plane(b, planes, 8 + m), 2 * k), 3), 4)
+            scales.append(b.sub(b.or_(low, top), const_vector(I8, [32] * GROUP)))
+        return scales
+
+    @classmethod
+    def scale_table(cls, b, blk):
+        return [_i32s(b, scale, signed=True) for scale in cls._scales(b, blk)]
+
+    @staticmethod
+    def _high_bits(b, blk, chunk, j, w, values):
+        bit = b.trunc(b.shl(ir.Constant(I64, 1), b.add(b.mul(chunk, ir.Constant(I64, 4)), ir.Constant(I64, j))), I8)
+        is_set = b.icmp_unsigned("!=", b.and_(blk.bytes(4 * w, 32), splat(b, bit, 32)),
+                                 ir.Constant(vector(I8, 32), [0] * 32))
+        return b.select(is_set, b.or_(values, const_vector(I8, [4] * 32)), values)
+
+    @staticmethod
+    def mins(b, isa, blk, i, act):
+        return None
+
+    @classmethod
+    def correction(cls, b, isa, blk, i, act):
+        """The offset, 4, times each group's scale and activations' sum."""
+        sums = _group_sums(b, isa, [b.sext(s, vector(I16, GROUP)) for s in cls._scales(b, blk)], act, i)
+        return b.shl(sums, const_vector(I32, [2] * GROUP))
+
+
+class _Q4_K(_Kind):
     """d, dmin, 12 bytes packing eight 6-bit scales and mins, qs: 32 bytes hold 64 weights, low
     nibbles first. Scale u < 4 is byte u & 63, min u < 4 byte u + 4 & 63; for u >= 4 the low four
     bits come from byte u + 4 (scale: low nibble, min: high) and the top two from bits 6-7 of byte
     u - 4 (scale) or u (min)."""
-    p0, p4, p8 = (blk.bytes(4 + plane, 32) for plane in (0, 4, 8))  # planes 0-3, 4-7, 8-11
-    scales_low, mins_low = _and(b, p0, 63), _and(b, p4, 63)
-    scales_high = b.or_(_and(b, p8, 15), _and(b, _shr(b, p0, 2), 0x30))
-    mins_high = b.or_(_shr(b, p8, 4), _and(b, _shr(b, p4, 2), 0x30))
-    first = b.mul(i, ir.Constant(I64, 256))
-    chains = [_zero_i32()] * 16  # two per unit (see CHAINS)
-    for word in range(32):  # word w of chunk c: weights 64c + 4w ... (low nibbles), 64c + 32 + 4w ... (high)
-        chunk, w = divmod(word, 8)
-        q = blk.bytes(16 + 4 * word, 32)
-        for unit, values in ((2 * chunk, _and(b, q, 15)), (2 * chunk + 1, _shr(b, q, 4))):
-            x = _four(b, act["q256"], b.add(first, ir.Constant(I64, 32 * unit + 4 * w)))
-            chains[2 * unit + w % 2] = byte_quad_sums(b, isa, chains[2 * unit + w % 2], values, x)
-    units = [b.add(chains[2 * u], chains[2 * u + 1]) for u in range(8)]
-    scales = [_i32s(b, _plane(b, scales_low if u < 4 else scales_high, u % 4)) for u in range(8)]
-    total = _sum(b, [b.mul(units[u], scales[u]) for u in range(8)])
-    # the mins times the activations' sums over each unit's 32 weights
-    sums16 = load_vector(b, act["sum16"], b.mul(i, ir.Constant(I64, 16)), I16, 16)
-    pairs = [b.sext(b.shuffle_vector(sums16, sums16, const_vector(I32, range(k, 16, 2))), vector(I32, 8))
-             for k in (0, 1)]
-    sums32 = b.add(*pairs)
-    mins = [_i32s(b, _plane(b, mins_low if u < 4 else mins_high, u % 4)) for u in range(8)]
-    min_total = _sum(b, [b.mul(mins[u], b.shuffle_vector(sums32, sums32, const_vector(I32, [u] * GROUP)))
-                         for u in range(8)])
-    dx = splat(b, _scalar(b, act["d256"], i, F32), GROUP)
-    return (total, b.fmul(blk.halves(0), dx, flags=FAST)), (min_total, b.fmul(blk.halves(2), dx, flags=FAST))
+    scales = staticmethod(_scale_times_dx(0, "d256"))
+
+    steps = 4  # the 32 bytes of each word hold two units: low nibbles, high ones
+
+    @staticmethod
+    def _planes(b, blk, which):
+        """The eight units' scales (which = 0) or mins (1), as <8 x i8> of the eight rows."""
+        p0, p4, p8 = (blk.bytes(4 + plane, 32) for plane in (0, 4, 8))  # planes 0-3, 4-7, 8-11
+        if which == 0:
+            planes = (_and(b, p0, 63), b.or_(_and(b, p8, 15), _and(b, _shr(b, p0, 2), 0x30)))
+        else:
+            planes = (_and(b, p4, 63), b.or_(_shr(b, p8, 4), _and(b, _shr(b, p4, 2), 0x30)))
+        return [_plane(b, planes[u // 4], u % 4) for u in range(8)]
+
+    @classmethod
+    def scale_table(cls, b, blk):
+        return [_i32s(b, scale) for scale in cls._planes(b, blk, 0)]
+
+    qs = 16  # where the quants start
+
+    @classmethod
+    def units(cls, b, blk, step, scale):
+        """Word w of chunk c (the step) holds weights 64c + 4w ... (low nibbles) and 64c + 32 +
+        4w ... (high) of each row."""
+        qs = [blk.bytes(cls.qs + 4 * w, 32, ahead=b.mul(step, ir.Constant(I64, GROUP * 32))) for w in range(8)]
+        first = b.mul(step, ir.Constant(I64, 64))
+        for high in (0, 1):
+            values = [cls._fifth_bits(b, blk, step, high, w, _shr(b, q, 4) if high else _and(b, q, 15))
+                      for w, q in enumerate(qs)]
+            words = [(v, b.add(first, ir.Constant(I64, 32 * high + 4 * w))) for w, v in enumerate(values)]
+            yield _Unit(words, 2, scale=scale(b.add(b.mul(step, ir.Constant(I64, 2)), ir.Constant(I64, high))))
+
+    @staticmethod
+    def _fifth_bits(b, blk, chunk, high, w, values):
+        return values
+
+    @classmethod
+    def mins(cls, b, isa, blk, i, act):
+        """The mins times the activations' sums over each unit's 32 weights (two groups of 16)."""
+        mins = [b.zext(m, vector(I16, GROUP)) for m in cls._planes(b, blk, 1)]
+        sums = b.sitofp(_group_sums(b, isa, [mins[g // 2] for g in range(16)], act, i), vector(F32, GROUP))
+        dx = splat(b, _scalar(b, act["d256"], i, F32), GROUP)
+        return b.fmul(sums, b.fneg(b.fmul(blk.halves(2), dx, flags=FAST)), flags=FAST)
 
 
-def _q6_k(b, isa, blk, i, act):
+class _Q5_K(_Q4_K):
+    """Q4_K's layout with qh (32 bytes) before qs: bit 2c of qh byte l is the fifth bit of
+    weight 64c + l, bit 2c + 1 that of weight 64c + 32 + l."""
+    qs = 48
+
+    @staticmethod
+    def _fifth_bits(b, blk, chunk, high, w, values):
+        bit = b.trunc(b.shl(ir.Constant(I64, 1), b.add(b.mul(chunk, ir.Constant(I64, 2)), ir.Constant(I64, high))), I8)
+        is_set = b.icmp_unsigned("!=", b.and_(blk.bytes(16 + 4 * w, 32), splat(b, bit, 32)),
+                                 ir.Constant(vector(I8, 32), [0] * 32))
+        return b.select(is_set, b.or_(values, const_vector(I8, [16] * 32)), values)
+
+
+class _Q6_K(_Kind):
     """ql, qh, 16 signed 8-bit scales, d; 6-bit values offset by 32. Per 128-weight half h, ql
     byte l < 32 holds weights l (low nibble) and l + 64, byte l + 32 weights l + 32 and l + 96, and
     qh byte l their top two bits (bits 0-1, 2-3, 4-5, 6-7 for l, l + 32, l + 64, l + 96)."""
-    first = b.mul(i, ir.Constant(I64, 256))
-    groups = [_zero_i32()] * 16
-    for h in range(2):
-        for w in range(8):
-            a, c, high = (blk.bytes(at, 32) for at in (64 * h + 4 * w, 64 * h + 32 + 4 * w, 128 + 32 * h + 4 * w))
-            for quarter, low in enumerate((_and(b, a, 15), _and(b, c, 15), _shr(b, a, 4), _shr(b, c, 4))):
-                values = b.or_(low, _shl(b, _and(b, _shr(b, high, 2 * quarter), 3), 4))
-                at = 128 * h + 32 * quarter + 4 * w
-                x = _four(b, act["q256"], b.add(first, ir.Constant(I64, at)))
-                groups[at // 16] = byte_quad_sums(b, isa, groups[at // 16], values, x)
-    sums16 = load_vector(b, act["sum16"], b.mul(i, ir.Constant(I64, 16)), I16, 16)
-    offsets = b.mul(b.sext(sums16, vector(I32, 16)), const_vector(I32, [32] * 16))  # the offset times the sums
-    scale_planes = blk.bytes(192, GROUP * 16)
-    total = _sum(b, [b.mul(b.sub(groups[g], b.shuffle_vector(offsets, offsets, const_vector(I32, [g] * GROUP))),
-                           _i32s(b, _plane(b, scale_planes, g), signed=True)) for g in range(16)])
-    return (total, b.fmul(blk.halves(208), splat(b, _scalar(b, act["d256"], i, F32), GROUP), flags=FAST)), None
+    scales = staticmethod(_scale_times_dx(208, "d256"))
+
+    steps = 4  # (h, half): four words of each of ql's halves and qh, which hold four groups
+
+    @staticmethod
+    def _scales(b, blk):
+        planes = blk.bytes(192, GROUP * 16)
+        return [_plane(b, planes, g) for g in range(16)]
+
+    @classmethod
+    def scale_table(cls, b, blk):
+        return [_i32s(b, scale, signed=True) for scale in cls._scales(b, blk)]
+
+    @staticmethod
+    def units(b, blk, step, scale):
+        """Step 2h + half: words w = 4 half ... 4 half + 3 of 128-weight half h, whose pieces of
+        ql and qh follow those of step 0 by 4 * 3 pieces a step; group g = 8h + 2 quarter + half
+        holds weights 128h + 32 quarter + 4w."""
+        h, half = b.lshr(step, ir.Constant(I64, 1)), b.and_(step, ir.Constant(I64, 1))
+        ahead = b.mul(step, ir.Constant(I64, 4 * 3 * GROUP * 4))
+        pieces = [[blk.bytes(at, 32, ahead) for at in (4 * w, 32 + 4 * w, 128 + 4 * w)] for w in range(4)]
+        first = b.add(b.mul(h, ir.Constant(I64, 128)), b.mul(half, ir.Constant(I64, 16)))
+        group = b.add(b.mul(h, ir.Constant(I64, 8)), half)
+        for quarter in range(4):
+            words = []
+            for w, (a, c, high) in enumerate(pieces):
+                low = _and(b, (a, c)[quarter % 2], 15) if quarter < 2 else _shr(b, (a, c)[quarter % 2], 4)
+                words.append((b.or_(low, _shl(b, _and(b, _shr(b, high, 2 * quarter), 3), 4)),
+                              b.add(first, ir.Constant(I64, 32 * quarter + 4 * w))))
+            yield _Unit(words, 1, scale=scale(b.add(group, ir.Constant(I64, 2 * quarter))))
+
+    @classmethod
+    def correction(cls, b, isa, blk, i, act):
+        """The offset, 32, times each group's scale and activations' sum."""
+        sums = _group_sums(b, isa, [b.sext(s, vector(I16, GROUP)) for s in cls._scales(b, blk)], act, i)
+        return b.shl(sums, const_vector(I32, [5] * GROUP))
 
 
-EMITTERS = {T.Q4_0: _q4_0, T.Q8_0: _q8_0, T.Q4_K: _q4_k, T.Q6_K: _q6_k}
+KINDS = {T.Q4_0: _Q4_0, T.Q4_1: _Q4_1, T.Q5_0: _Q5_0, T.Q5_1: _Q5_1, T.Q8_0: _Q8_0, T.Q2_K: _Q2_K,
+         T.Q3_K: _Q3_K, T.Q4_K: _Q4_K, T.Q5_K: _Q5_K, T.Q6_K: _Q6_K}
 
 
-def _emit_group(b, isa, qtype, group_ptr, n_blocks, act):
-    """<8 x float>: rows 0-7 of a group dotted with one token's activations."""
+def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts):
+    """[<8 x float>]: rows 0-7 of a group dotted with each token's activations (acts: one dict
+    per token). Each unit's weights are decoded once for all the tokens."""
+    kind = KINDS[qtype]
     block_bytes = GROUP * GGML_QUANT_SIZES[qtype][1]
     zero = ir.Constant(vector(F32, GROUP), [0.0] * GROUP)
-    acc, min_acc = cgutils.alloca_once_value(b, zero), cgutils.alloca_once_value(b, zero)
+    accs = [cgutils.alloca_once_value(b, zero) for _ in acts]
+    totals = [cgutils.alloca_once(b, vector(I32, GROUP)) for _ in acts]  # a block's integer sums
+    scales = cgutils.alloca_once(b, vector(I32, GROUP), size=16)  # its scale_table
+    dot = signed_byte_quad_sums if kind.signed else byte_quad_sums
     with cgutils.for_range(b, n_blocks) as loop:
-        blk = _Block(b, qtype, offset(b, group_ptr, b.mul(loop.index, ir.Constant(I64, block_bytes))))
-        for part, target in zip(EMITTERS[qtype](b, isa, blk, loop.index, act), (acc, min_acc)):
-            if part is not None:
-                ints, scale = part
-                b.store(mul_add(b, b.sitofp(ints, vector(F32, GROUP)), scale, b.load(target)), target)
-    return b.fsub(b.load(acc), b.load(min_acc), flags=FAST)
+        i = loop.index
+        blk = _Block(b, qtype, offset(b, group_ptr, b.mul(i, ir.Constant(I64, block_bytes))))
+        first = b.mul(i, ir.Constant(I64, GGML_QUANT_SIZES[qtype][0]))
+        table = kind.scale_table(b, blk)
+        if table is not None:
+            for j, scale in enumerate(table):
+                b.store(scale, b.gep(scales, [ir.Constant(I64, j)]))
+        for total in totals:
+            b.store(_zero_i32(), total)
+        with cgutils.for_range(b, ir.Constant(I64, kind.steps)) as step:
+            for unit in kind.units(b, blk, step.index, lambda j: b.load(b.gep(scales, [j]))):
+                for act, total in zip(acts, totals):
+                    chains = [_zero_i32()] * unit.chains
+                    for j, (values, at) in enumerate(unit.words):
+                        at = ir.Constant(I64, at) if isinstance(at, int) else at
+                        x = _four(b, act[kind.activations], b.add(first, at))
+                        chains[j % unit.chains] = dot(b, isa, chains[j % unit.chains], values, x)
+                    ints = _sum(b, chains)
+                    if unit.scale is not None:
+                        ints = b.mul(ints, unit.scale)
+                    b.store(b.add(b.load(total), ints), total)
+        for act, acc, total in zip(acts, accs, totals):
+            correction = kind.correction(b, isa, blk, i, act)
+            ints = b.load(total) if correction is None else b.sub(b.load(total), correction)
+            value = b.fmul(b.sitofp(ints, vector(F32, GROUP)), kind.scales(b, blk, i, act), flags=FAST)
+            mins = kind.mins(b, isa, blk, i, act)
+            if mins is not None:
+                value = b.fadd(value, mins, flags=FAST)
+            b.store(b.fadd(b.load(acc), value, flags=FAST), acc)
+    return [b.load(acc) for acc in accs]
 
 
 ACTIVATIONS = ("q32", "d32", "sum32", "ssum32", "q256", "d256", "sum16")
 
 
-@intrinsic
-def groups_dot_int8(typingctx, kinds, qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col):
-    """out[t, col + r - first] = row r dotted with x[t], for rows first <= r < last (multiples of
+def _groups_kernel(tokens_per_pass):
+    """groups_dot_int8 for `tokens_per_pass` tokens at a time (see there)."""
+
+    @intrinsic
+    def kernel(typingctx, kinds, qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col):
+        isa = int8_isa()
+        qtypes = [t for t in tagged_types(kinds) if t in LAYOUTS]
+
+        def codegen(context, b, signature, args):
+            _, qtype_v, wv, first_v, last_v, *act_values, outv, colv = args
+            w_type, out_type = signature.args[2], signature.args[12]
+            passes = b.udiv(array_shape(context, b, out_type, outv)[0], ir.Constant(I64, tokens_per_pass))
+            group_rows = ir.Constant(I64, GROUP)
+            first_group = b.udiv(first_v, group_rows)
+
+            def emit(qt):
+                n_blocks = b.udiv(array_shape(context, b, w_type, wv)[1], ir.Constant(I64, GROUP * GGML_QUANT_SIZES[qt][1]))
+                with cgutils.for_range(b, b.sub(b.udiv(last_v, group_rows), first_group)) as groups:
+                    group_ptr = array_row(context, b, w_type, wv, b.add(first_group, groups.index))
+                    with cgutils.for_range(b, passes) as pass_loop:
+                        tokens = [b.add(b.mul(pass_loop.index, ir.Constant(I64, tokens_per_pass)), ir.Constant(I64, j))
+                                  for j in range(tokens_per_pass)]
+                        acts = [{name: array_row(context, b, ty, v, t)
+                                 for name, ty, v in zip(ACTIVATIONS, signature.args[5:12], act_values)} for t in tokens]
+                        sums = _emit_groups(b, isa, qt, group_ptr, n_blocks, acts)
+                        for t, value in zip(tokens, sums):
+                            out_row = b.bitcast(array_row(context, b, out_type, outv, t), F32.as_pointer())
+                            at = b.gep(out_row, [b.add(colv, b.mul(groups.index, group_rows))])
+                            b.store(value, b.bitcast(at, vector(F32, GROUP).as_pointer()), align=4)
+            switch_on_type(b, qtype_v, emit, qtypes)
+            return context.get_dummy_value()
+        return types.none(kinds, qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col), codegen
+    return kernel
+
+
+groups_dot_int8 = _groups_kernel(1)
+groups_dot_int8.__doc__ = """out[t, col + r - first] = row r dotted with x[t], for rows first <= r < last (multiples of
     GROUP) and every token t < len(out), of a matrix of qtype in interleaved groups (w: (rows /
     GROUP, bytes)), x in the 8-bit format the type pairs with (activations.py). Callers guarantee
     last <= GROUP * len(w), x as long as a row for every token, col + last - first <=
     out.shape[1], and a qtype of LAYOUTS of those the array kinds' dtype names (type_sets)."""
-    isa = int8_isa()
-    qtypes = [t for t in tagged_types(kinds) if t in LAYOUTS]
-
-    def codegen(context, b, signature, args):
-        _, qtype_v, wv, first_v, last_v, *act_values, outv, colv = args
-        w_type, out_type = signature.args[2], signature.args[12]
-        n_tokens = array_shape(context, b, out_type, outv)[0]
-        group_rows = ir.Constant(I64, GROUP)
-        first_group = b.udiv(first_v, group_rows)
-
-        def emit(qt):
-            n_blocks = b.udiv(array_shape(context, b, w_type, wv)[1], ir.Constant(I64, GROUP * GGML_QUANT_SIZES[qt][1]))
-            with cgutils.for_range(b, b.sub(b.udiv(last_v, group_rows), first_group)) as groups:
-                group_ptr = array_row(context, b, w_type, wv, b.add(first_group, groups.index))
-                with cgutils.for_range(b, n_tokens) as tokens:
-                    t = tokens.index
-                    act = {name: array_row(context, b, ty, v, t)
-                           for name, ty, v in zip(ACTIVATIONS, signature.args[5:12], act_values)}
-                    out_row = b.bitcast(array_row(context, b, out_type, outv, t), F32.as_pointer())
-                    at = b.gep(out_row, [b.add(colv, b.mul(groups.index, group_rows))])
-                    b.store(_emit_group(b, isa, qt, group_ptr, n_blocks, act),
-                            b.bitcast(at, vector(F32, GROUP).as_pointer()), align=4)
-        switch_on_type(b, qtype_v, emit, qtypes)
-        return context.get_dummy_value()
-    return types.none(kinds, qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col), codegen
-
+# Prefill's: several tokens per pass over a group, each unit's weights decoded once for all of
+# them (their accumulators fit AVX-512's 32 registers; AVX2 has 16). len(out) must be a multiple.
+TOKENS_PER_PASS = 4 if "avx512vl" in target_features() else 2
+groups_gemm_int8 = _groups_kernel(TOKENS_PER_PASS)

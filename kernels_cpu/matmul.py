@@ -1,10 +1,12 @@
 """Weight matrices kept as the file's raw blocks, and their products with activations.
 
-A quantized matrix is a view of its rows in the memory-mapped file: nothing is unpacked or
-copied at load. A few tokens (decode) go through rowdot.py, which reads every row once for all
-of them. Many tokens (prefill) go tile by tile of rows through AMX's tile units (amx.py) where the
-CPU has them, else dequantize tiles to float32 for BLAS, which beats any hand loop once a tile is
-reused across tokens.
+A matrix is a view of its rows in the memory-mapped file (quantized blocks, or F32/F16/BF16
+values): nothing is unpacked or widened at load. A few tokens (decode) go through the row
+kernels (rowdot*.py, interleaved.py), which read every row once for all of them. Many tokens
+(prefill) go tile by tile of rows through AMX's tile units (amx.py) where the CPU has them; else
+through the 8-bit products of interleaved groups, a few tokens per pass over each group
+(interleaved.py), where the matrix has them; else they dequantize tiles to float32 for BLAS,
+which beats a hand loop of 16-bit products once a tile is reused across tokens.
 """
 from __future__ import annotations
 
@@ -17,14 +19,15 @@ from numba.extending import overload
 
 from . import amx
 from .block_ir import MIN_OFFSET
-from .blocks import FLOAT_TYPES, float_rows
-from .activations import (Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS, Q8_K_BLOCK, quantize_activations,
+from .activations import (Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS, Q8_K_BLOCK, quantize_activations, quantize_int8,
                           rounding_kind)
 from .intrinsics import pointer_at
 from .cpu_features import memory_streams
-from .interleaved import GROUP, byte_places, groups_dot_int8, interleave, interleaves, row_blocks
+from .interleaved import (GROUP, TOKENS_PER_PASS, byte_places, groups_dot_int8, groups_gemm_int8, interleave,
+                          interleaves, row_blocks)
 from .type_sets import QuantTypes
 from .rowdot import row_dequantize, rows_dot
+from .rowdot_float import FLOAT_BYTES, row_float32, rows_dot_float
 from .rowdot_int8 import rows_dot_int8
 from .threads import in_parallel
 
@@ -35,6 +38,9 @@ FEW_TOKENS = 8
 # weights as one sequential stream (see cpu_features.memory_streams), which the hardware
 # prefetchers follow.
 TASK_ROWS = 16
+# Prefill's 8-bit products: tasks of this many rows (their blocks stay in L2 while the tokens
+# pass), tokens in blocks of this many (their activations stay in L2 while the rows pass).
+PREFILL_TASK_ROWS, PREFILL_TOKEN_BLOCK = 64, 64
 
 
 # A products table: one row per matrix, where its raw rows (or interleaved groups, with their
@@ -56,22 +62,37 @@ def matrix_arrays(mats, m):
             carray(pointer_at(d.mins, np.uint16), (d.rows, d.min_cols)))
 
 
-def rows_product(mats, m, w, mins, first, last, acts, out, col):
+F32, F16, BF16 = (int(t) for t in FLOAT_BYTES)
+
+
+@njit(cache=True, inline="always")
+def is_float(qtype):
+    return qtype == F32 or qtype == F16 or qtype == BF16
+
+
+def rows_product(mats, m, w, mins, first, last, x, acts, out, col):
     """out[t, col + r - first] = row r of matrix m of the table mats (its rows w, mins) dotted
-    with x[t], for rows first..last-1 and every token, from x's activations `acts` as
-    quantize_activations made them: rowdot.py's kernel for the 16-bit ones, rowdot_int8.py's for
-    the 8-bit ones, or interleaved.py's where the matrix is interleaved (only 8-bit activations:
-    _Stack.products checks)."""
+    with x[t], for rows first..last-1 and every token: float types' rows with x itself
+    (rowdot_float.py), quantized ones with x's activations `acts` as quantize_activations made
+    them: rowdot.py's kernel for the 16-bit ones, rowdot_int8.py's for the 8-bit ones, or
+    interleaved.py's where the matrix is interleaved (only 8-bit activations: _Stack.products
+    checks)."""
 
 
 @overload(rows_product)
-def _rows_product(mats, m, w, mins, first, last, acts, out, col):
+def _rows_product(mats, m, w, mins, first, last, x, acts, out, col):
     if len(acts) == 3:
-        return lambda mats, m, w, mins, first, last, acts, out, col: rows_dot(
-            mats, mats[m].qtype, w, mins, first, last, acts[0], acts[1], acts[2], out, col)
+        def precise(mats, m, w, mins, first, last, x, acts, out, col):
+            if is_float(mats[m].qtype):
+                rows_dot_float(mats, mats[m].qtype, w, first, last, x, out, col)
+            else:
+                rows_dot(mats, mats[m].qtype, w, mins, first, last, acts[0], acts[1], acts[2], out, col)
+        return precise
 
-    def int8(mats, m, w, mins, first, last, acts, out, col):
-        if mats[m].interleaved:
+    def int8(mats, m, w, mins, first, last, x, acts, out, col):
+        if is_float(mats[m].qtype):
+            rows_dot_float(mats, mats[m].qtype, w, first, last, x, out, col)
+        elif mats[m].interleaved:
             groups_dot_int8(mats, mats[m].qtype, w, first, last, *acts, out, col)
         else:
             rows_dot_int8(mats, mats[m].qtype, w, first, last, *acts, out, col)
@@ -99,7 +120,22 @@ def products(mats, tasks, x, out, formats, rounding, streams):
                 break
             m = tasks[j, 0]
             raw, mins = matrix_arrays(mats, m)
-            rows_product(mats, m, raw, mins, tasks[j, 1], tasks[j, 2], acts, out, tasks[j, 3])
+            rows_product(mats, m, raw, mins, tasks[j, 1], tasks[j, 2], x, acts, out, tasks[j, 3])
+
+
+@njit(cache=True, parallel=True)
+def many_products(mats, tasks, acts, out):
+    """out = x @ W.T for many tokens and a matrix of interleaved groups (its products table
+    mats), x in 8-bit activations acts (quantize_activations) of a multiple of TOKENS_PER_PASS
+    tokens; tasks (m, first, last, col) as products' (of PREFILL_TASK_ROWS rows)."""
+    q32, d32, sum32, ssum32, q256, d256, sum16 = acts
+    for j in prange(tasks.shape[0]):
+        m = tasks[j, 0]
+        raw, _ = matrix_arrays(mats, m)
+        for t in range(0, out.shape[0], PREFILL_TOKEN_BLOCK):
+            u = t + PREFILL_TOKEN_BLOCK
+            groups_gemm_int8(mats, mats[m].qtype, raw, tasks[j, 1], tasks[j, 2], q32[t:u], d32[t:u], sum32[t:u],
+                             ssum32[t:u], q256[t:u], d256[t:u], sum16[t:u], out[t:u], tasks[j, 3])
 
 
 @njit(cache=True, nogil=True)
@@ -108,7 +144,10 @@ def dequantize_rows(kinds, qtype, raw, rows, out):
     kinds' dtype names (type_sets); without the GIL: prefill runs it from several Python threads
     at once."""
     for i in range(rows.shape[0]):
-        row_dequantize(kinds, qtype, raw, rows[i], out, i)
+        if is_float(qtype):
+            row_float32(kinds, qtype, raw, rows[i], out, i)
+        else:
+            row_dequantize(kinds, qtype, raw, rows[i], out, i)
 
 
 @njit(cache=True, nogil=True)
@@ -125,14 +164,14 @@ def dequantize_matrix_rows(mats, m, rows, out):
         row_dequantize(mats, mats[m].qtype, row, 0, out, i)
 
 
-class QuantMatrix:
-    """An (N, K) quantized weight matrix: its raw GGUF rows (N, bytes per row), used in place,
-    or (interleaved) a copy of them in interleaved groups (interleaved.py) for decode's 8-bit
-    products, where the type has them."""
+class WeightMatrix:
+    """An (N, K) weight matrix of any type the kernels take: its raw GGUF rows (N, bytes per
+    row), used in place, or (interleaved) a copy of them in interleaved groups (interleaved.py)
+    for 8-bit products, where the type has them."""
 
     def __init__(self, qtype: GGMLQuantizationType, raw: np.ndarray, k: int, interleaved: bool = False,
                  types: QuantTypes | None = None):
-        # types: the model's quantized types, which its kernels compile for (this one's alone by default)
+        # types: the model's weight types, which its kernels compile for (this one's alone by default)
         self.qtype, self.shape, self.types = qtype, (raw.shape[0], k), types or QuantTypes()
         self.types.add(qtype)
         if interleaved and interleaves(qtype, raw.shape[0]):
@@ -147,10 +186,10 @@ class QuantMatrix:
         return self.groups is None
 
     @cached_property
-    def as_rows(self) -> QuantMatrix:
+    def as_rows(self) -> WeightMatrix:
         """This matrix with its rows as the file lays them out (self, or a copy read back out)."""
-        return self if self.groups is None else QuantMatrix(self.qtype, self.row_blocks(0, self.shape[0]), self.shape[1],
-                                                            types=self.types)
+        return self if self.groups is None else WeightMatrix(self.qtype, self.row_blocks(0, self.shape[0]),
+                                                             self.shape[1], types=self.types)
 
     def row_blocks(self, first: int, last: int) -> np.ndarray:
         """Rows first..last-1 as the file lays them out (a view, or read out of the groups)."""
@@ -190,9 +229,15 @@ class QuantMatrix:
 
     def tiled_product(self, x: _ManyTokens) -> np.ndarray:
         """x @ W.T for many tokens, tile by tile of rows on all threads: products on AMX where
-        the CPU has it, else tiles of W dequantized to float32 for BLAS."""
+        the CPU has it, else 8-bit products of interleaved groups, else tiles of W dequantized
+        to float32 for BLAS."""
         n, k = self.shape
         n_tokens = x.values.shape[0]
+        if self.groups is not None and x.tiles is None:
+            acts = x.int8(self.descriptor, _formats([self]))
+            out = np.empty((max(acts[0].shape[0], acts[4].shape[0]), n), dtype=np.float32)
+            many_products(self.descriptor, self.prefill_tasks, acts, out)
+            return out[:n_tokens]
         out = np.empty((n_tokens, n), dtype=np.float32)
 
         def amx_tile(first, last):
@@ -204,8 +249,12 @@ class QuantMatrix:
             w = np.empty((last - first, k), dtype=np.float32)
             dequantize_rows(self.descriptor, int(self.qtype), self.row_blocks(first, last), np.arange(last - first), w)
             np.matmul(x.values, w.T, out=out[:, first:last])
-        in_parallel(blas_tile if x.tiles is None else amx_tile, n)
+        in_parallel(blas_tile if x.tiles is None or self.qtype in FLOAT_BYTES else amx_tile, n)
         return out
+
+    @cached_property
+    def prefill_tasks(self) -> np.ndarray:
+        return _tasks([self], [0], PREFILL_TASK_ROWS)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
@@ -220,11 +269,30 @@ class _ManyTokens:
 
     def __init__(self, x: np.ndarray, k: int):
         self.values = _checked(x, k)
+        self._int8 = {}  # 8-bit activations by format (see int8)
 
     @cached_property
     def tiles(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The activations packed for AMX (None without it), made at the first product."""
         return amx.activation_tiles(self.values) if amx.usable() else None
+
+    def int8(self, kinds: np.ndarray, formats: int) -> tuple:
+        """The activations rounded to the 8-bit `formats` (quantize_activations's tuple), for a
+        multiple of TOKENS_PER_PASS tokens (padded with zeros), on all threads; made once for all
+        the matrices that pair with the same formats."""
+        found = self._int8.get(formats)
+        if found is None:
+            n, k = self.values.shape
+            padded = np.zeros((-(-n // TOKENS_PER_PASS) * TOKENS_PER_PASS, k), dtype=np.float32)
+            padded[:n] = self.values
+            parts = {}
+
+            def rounded(first, last):
+                parts[first] = quantize_int8(padded[first:last], formats, kinds)
+            in_parallel(rounded, len(padded))
+            found = self._int8[formats] = tuple(np.concatenate([parts[first][j] for first in sorted(parts)])
+                                                for j in range(len(parts[0])))
+        return found
 
 
 def check_row_ids(ids: np.ndarray, n_rows: int) -> None:
@@ -250,10 +318,8 @@ class _Stack:
         ends = np.cumsum([m.shape[0] for m in matrices]).tolist()
         self.n, self.spans = ends[-1], list(zip([0] + ends[:-1], ends))
         self.mats = _table(matrices)
-        self.tasks = _tasks(matrices, [0] + ends[:-1])
-        k_quants = [GGML_QUANT_SIZES[m.qtype][0] == Q8_K_BLOCK for m in matrices]
-        # the 8-bit activation formats these matrices pair with
-        self.formats = (Q8_K_ACTIVATIONS if any(k_quants) else 0) | (0 if all(k_quants) else Q8_0_ACTIVATIONS)
+        self.tasks = _tasks(matrices, [0] + ends[:-1], TASK_ROWS)
+        self.formats = _formats(matrices)
 
     def products(self, x: np.ndarray, precise: bool = False) -> np.ndarray:
         """x @ [W_0; W_1; ...].T for a few tokens x (T, K); precise: 16-bit activations (from
@@ -276,15 +342,22 @@ def _table(matrices) -> np.ndarray:
     return np.concatenate(rows)
 
 
-def _tasks(matrices, first_columns):
-    """products' tasks: (matrix, first row, last row + 1, first output column) of up to
-    TASK_ROWS rows each. (numpy, not a Python loop per task: a vocabulary's output matrix alone
+def _formats(matrices) -> int:
+    """The 8-bit activation formats these matrices pair with (quantize_activations): Q8_K for
+    the K-quants, Q8_0 for the other quantized types, none for float types."""
+    blocks = {GGML_QUANT_SIZES[m.qtype][0] for m in matrices if m.qtype not in FLOAT_BYTES}
+    return (Q8_K_ACTIVATIONS if Q8_K_BLOCK in blocks else 0) | (Q8_0_ACTIVATIONS if blocks - {Q8_K_BLOCK} else 0)
+
+
+def _tasks(matrices, first_columns, rows):
+    """products' tasks: (matrix, first row, last row + 1, first output column) of up to `rows`
+    rows each. (numpy, not a Python loop per task: a vocabulary's output matrix alone
     has thousands of tasks, and building them in Python cost the first decode step 0.03-0.04 s
     of a run's start-up.)"""
     tasks = []
     for i, (m, col) in enumerate(zip(matrices, first_columns)):
-        first = np.arange(0, m.shape[0], TASK_ROWS)
-        tasks.append(np.stack([np.full_like(first, i), first, np.minimum(first + TASK_ROWS, m.shape[0]), col + first],
+        first = np.arange(0, m.shape[0], rows)
+        tasks.append(np.stack([np.full_like(first, i), first, np.minimum(first + rows, m.shape[0]), col + first],
                               axis=1))
     return np.concatenate(tasks).astype(np.int64)
 
@@ -300,9 +373,9 @@ def stacked(matrices) -> _Stack:
 
 
 def decode_stack(matrices: list, x: np.ndarray) -> _Stack | None:
-    """The stack that runs x @ W.T for all these matrices in one decode-kernel call, if they are
-    quantized and x is a few tokens; else None."""
-    if x.shape[0] > FEW_TOKENS or not all(isinstance(m, QuantMatrix) for m in matrices):
+    """The stack that runs x @ W.T for all these matrices in one decode-kernel call, if x is a
+    few tokens; else None."""
+    if x.shape[0] > FEW_TOKENS:
         return None
     return stacked(matrices)
 
@@ -310,38 +383,23 @@ def decode_stack(matrices: list, x: np.ndarray) -> _Stack | None:
 def matmuls(matrices: list, x: np.ndarray, precise: bool = False) -> list:
     """[x @ W.T for W in matrices], for matrices that take the same input.
 
-    Quantized matrices and a few tokens share one kernel call; anything else goes one by one.
-    precise: a few tokens' products use 16-bit activations instead of 8-bit ones.
+    A few tokens' products share one kernel call; many tokens' go matrix by matrix, sharing
+    their prepared activations. precise: a few tokens' products use 16-bit activations instead
+    of 8-bit ones.
     """
     stack = decode_stack(matrices, x)
     if stack is None:
-        if x.shape[0] <= FEW_TOKENS:
-            return [m.matmul(x, precise) for m in matrices]
         many = _ManyTokens(x, matrices[0].shape[1])
-        return [m.tiled_product(many) if isinstance(m, QuantMatrix) else m.matmul(x) for m in matrices]
+        return [m.tiled_product(many) for m in matrices]
     out = stack.products(x, precise)
     return [out[:, a:b] for a, b in stack.spans]
 
 
-class FloatMatrix:
-    """An (N, K) F32/F16/BF16 weight matrix held as float32 (F32 stays a view of the file)."""
-
-    def __init__(self, qtype: GGMLQuantizationType, raw: np.ndarray, k: int):
-        self.qtype, self.shape = qtype, (raw.shape[0], k)
-        self.w = float_rows(qtype, raw).reshape(self.shape)
-
-    def matmul(self, x: np.ndarray, precise: bool = False) -> np.ndarray:
-        return x @ self.w.T
-
-    def rows(self, ids: np.ndarray) -> np.ndarray:
-        return self.w[ids].astype(np.float32)
-
-
 def load_matrix(qtype: GGMLQuantizationType, raw: np.ndarray, k: int, interleaved: bool = False,
                 types: QuantTypes | None = None):
-    """The matrix object for raw rows (N, bytes per row) of a tensor whose rows hold k weights;
-    interleaved: in interleaved groups where the type has them, types: the model's (see QuantMatrix)."""
+    """The matrix for raw rows (N, bytes per row) of a tensor whose rows hold k weights;
+    interleaved: in interleaved groups where the type has them, types: the model's (see WeightMatrix)."""
     block, block_bytes = GGML_QUANT_SIZES[qtype]
     if raw.ndim != 2 or k % block or raw.shape[1] != k // block * block_bytes:
         raise ValueError(f"{qtype.name} rows of {raw.shape[1]} bytes cannot hold {k} weights")
-    return FloatMatrix(qtype, raw, k) if qtype in FLOAT_TYPES else QuantMatrix(qtype, raw, k, interleaved, types)
+    return WeightMatrix(qtype, raw, k, interleaved, types)

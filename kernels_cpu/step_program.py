@@ -27,7 +27,7 @@ from .kv_layout import as_kernel_array, head_dims, store_kv
 from .activations import rounding_kind
 from .cpu_features import memory_streams
 from .type_sets import tagged_dtype
-from .matmul import MATRIX, QuantMatrix, check_row_ids, dequantize_matrix_rows, products
+from .matmul import MATRIX, check_row_ids, dequantize_matrix_rows, products
 
 # Operation codes; each row of a program is (code, arguments...) as the comments list them.
 EMBED = 1       # matrix, ids input, out, width: out[t] = row ids[t] of the matrix
@@ -221,8 +221,6 @@ class Recorder:
 
     # --- operations, in the backend's words
     def embed(self, w, ids, out):
-        if not isinstance(w, QuantMatrix):
-            return self.fail("an embedding of float weights")
         self.embedding_rows.append(w.shape[0])
         self.add(EMBED, self.matrix(w), self.input(ids, np.int64), self.address(out, out.size), out.shape[1])
 

@@ -40,8 +40,13 @@ def home(smollm_path, tmp_path):
     return tmp_path
 
 
+# Tests that check what the model answers run on exact arithmetic (--precise): on 8-bit
+# activations SmolLM2-135M answers the system prompt's France question "L'Étoile, la
+# Marseillaise, ...", as llama.cpp b11434's llama-simple does on the same file.
+
+
 def test_two_turns_save_load_interrupt_clear_bye(home, tmp_path):
-    child = start_chat("--temp", "0", env_dir=home)
+    child = start_chat("--temp", "0", "--precise", env_dir=home)
     child.sendline("What is the capital of France?")
     child.expect_exact(PROMPT)
     assert "Paris" in child.before and "<|im_end|>" not in child.before
@@ -123,7 +128,7 @@ def test_hostile_template_runs_nothing_and_chat_still_works(smollm_path, home, t
     evil = _with_template(smollm_path, tmp_path / "evil.gguf", HOSTILE)
     template, warning = choose_template(read_vocab(GGUFFile(evil)))
     assert template.name == "chatml" and "unsafe" in warning
-    child = start_chat(evil, "--temp", "0", env_dir=home)
+    child = start_chat(evil, "--temp", "0", "--precise", env_dir=home)
     assert "warning:" in child.before and "built-in chatml" in child.before
     child.sendline("What is the capital of France?")
     child.expect_exact(PROMPT)

@@ -13,6 +13,7 @@ from gguf_io import GGUFFile
 from kernels_cpu import amx
 from kernels_cpu.blocks import SUPPORTED_TYPES
 from kernels_cpu.matmul import load_matrix
+from kernels_cpu.rowdot_float import FLOAT_BYTES
 
 TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]
 
@@ -50,12 +51,26 @@ def test_products_match_reference_dequantization(qtype, kind, n, k, prefill_path
     scale = np.abs(ref).max() + 1e-30
     for tokens in (1, 5, 20):  # one token, the few-token kernel, the BLAS tile path
         x = rng.standard_normal((tokens, k)).astype(np.float32)
-        got = m.matmul(x, precise=True)
         want = x.astype(np.float64) @ ref.T
         tol = 1e-5 * scale * np.abs(x).sum(axis=1, keepdims=True) + 1e-30
-        assert np.all(np.abs(got - want) <= tol), (qtype.name, tokens)
+        # float types multiply float32 activations on the default path too
+        for precise in (True, False) if qtype in FLOAT_BYTES else (True,):
+            assert np.all(np.abs(m.matmul(x, precise=precise) - want) <= tol), (qtype.name, tokens, precise)
     ids = np.array([0, n - 1, n // 2])
     assert np.allclose(m.rows(ids), ref[ids], rtol=1e-6, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("qtype", list(FLOAT_BYTES), ids=lambda t: t.name)
+@pytest.mark.parametrize("k", [13, 40, 75])
+def test_float_rows_of_any_length(qtype, k):
+    """F32/F16/BF16 rows need not fill whole vectors: their last lanes are read masked."""
+    rng = np.random.default_rng(k)
+    raw = quantize(rng.standard_normal((24, k)).astype(np.float32), qtype).view(np.uint8).reshape(24, -1)
+    ref = dequantize(raw.reshape(-1), qtype).reshape(24, k).astype(np.float64)
+    m = load_matrix(qtype, raw, k)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    assert np.allclose(m.matmul(x), x @ ref.T, rtol=1e-5, atol=1e-5 * np.abs(x @ ref.T).max())
+    assert np.array_equal(m.rows(np.array([23, 0, 5])), ref[[23, 0, 5]].astype(np.float32))
 
 
 # Byte offsets of each K-quant block's f16 super-block scale (and min).

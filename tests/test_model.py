@@ -1,4 +1,6 @@
-"""Whole-model logits against transformers running the same GGUF in fp32 (an independent implementation)."""
+"""Whole-model logits against transformers running the same GGUF in fp32 (an independent
+implementation), on the precise path (the default rounds activations to 8 bits, as llama.cpp does:
+its outcomes are judged in test_fast_decode.py)."""
 import dataclasses
 
 import numpy as np
@@ -21,19 +23,19 @@ def hf_logits(smollm_path, smollm):
     return ids, hf_logits_function(smollm_path)(ids)
 
 
-def test_logits_match_transformers(smollm, hf_logits):
+def test_logits_match_transformers(smollm_path, hf_logits):
+    from runner.load import load_model
     ids, want = hf_logits
     assert len(ids) >= 64
-    cache = smollm.model.new_cache(256)
-    got = smollm.model.forward(ids, cache, all_logits=True)
+    model = load_model(smollm_path, precise=True).model
+    got = model.forward(ids, model.new_cache(256), all_logits=True)
     assert got.shape == want.shape
     assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
 
 
 def test_decode_steps_match_prefill(smollm_path, hf_logits):
-    """Token-by-token decoding through the KV cache gives the same logits as one prefill, on the
-    precise path (the default rounds activations to 8 bits: test_fast_decode.py)."""
+    """Token-by-token decoding through the KV cache gives the same logits as one prefill."""
     from runner.load import load_model
     ids, want = hf_logits
     model = load_model(smollm_path, precise=True).model
@@ -53,7 +55,7 @@ def test_reduced_precision_caches_stay_close(smollm_path, hf_logits, kv_type, dt
     near-ties. (A model of its own: the session's is shared, and stays as it is.)"""
     from runner.load import load_model
     ids, want = hf_logits
-    model = load_model(smollm_path, kv_type=kv_type).model
+    model = load_model(smollm_path, kv_type=kv_type, precise=True).model
     cache = model.new_cache(256)
     got = model.forward(ids[:-8], cache, all_logits=True)
     decoded = [model.forward([t], cache) for t in ids[-8:]]

@@ -55,11 +55,11 @@ def test_every_architecture_replays_exactly(random_models, tmp_path, arch):
     _assert_replay_is_exact(load_model(out), [1, 2, 3], 8, n_ctx=32)
 
 
-def test_float_weights_run_eagerly(random_models, tmp_path):
-    """F32 matrices have no decode kernel: the recorder gives up and every step runs eagerly."""
-    out = tmp_path / "llama-f32.gguf"
-    convert_hf(random_models["llama"], out, "F32", progress=False)
-    _assert_replay_is_exact(load_model(out), [1, 2, 3], 4, replayable=False, n_ctx=32)
+@pytest.mark.parametrize("outtype", ["F32", "F16", "BF16"])
+def test_float_weights_replay_exactly(random_models, tmp_path, outtype):
+    out = tmp_path / f"llama-{outtype}.gguf"
+    convert_hf(random_models["llama"], out, outtype, progress=False)
+    _assert_replay_is_exact(load_model(out), [1, 2, 3], 8, n_ctx=32)
 
 
 def test_replay_rejects_token_ids_outside_the_vocabulary(smollm):
