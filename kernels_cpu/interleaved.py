@@ -191,6 +191,13 @@ class _Unit:
         self.words, self.chains, self.scale = words, chains, scale
 
 
+def _sixteen_planes(b, blk, first):
+    """The 16 one-byte pieces from byte `first` of a file block (a K-quant's 16 groups' scales),
+    each as <8 x i8> of the eight rows."""
+    planes = blk.bytes(first, GROUP * 16)
+    return [_plane(b, planes, g) for g in range(16)]
+
+
 def _group_sums(b, isa, factors, act, i):
     """<8 x i32>: the sum over the 16 groups g of 16 weights of K-quant super-block i of
     factors[g] (<8 x i16>, one per row) times the activations' sum over the group (sum16): two
@@ -333,14 +340,9 @@ class _Q2_K(_Kind):
     scales = staticmethod(_scale_times_dx(80, "d256"))
     qs = 16  # where the 2-bit quants start
 
-    @staticmethod
-    def _planes(b, blk):
-        planes = blk.bytes(0, GROUP * 16)
-        return [_plane(b, planes, g) for g in range(16)]
-
     @classmethod
     def scale_table(cls, b, blk):
-        return [_i32s(b, _and(b, plane, 15)) for plane in cls._planes(b, blk)]
+        return [_i32s(b, _and(b, plane, 15)) for plane in _sixteen_planes(b, blk, 0)]
 
     @classmethod
     def units(cls, b, blk, step, scale):
@@ -360,7 +362,7 @@ class _Q2_K(_Kind):
     @classmethod
     def mins(cls, b, isa, blk, i, act):
         """The groups' mins times the activations' sums over them."""
-        mins = [b.zext(_shr(b, plane, 4), vector(I16, GROUP)) for plane in cls._planes(b, blk)]
+        mins = [b.zext(_shr(b, plane, 4), vector(I16, GROUP)) for plane in _sixteen_planes(b, blk, 0)]
         sums = b.sitofp(_group_sums(b, isa, mins, act, i), vector(F32, GROUP))
         dx = splat(b, _scalar(b, act["d256"], i, F32), GROUP)
         return b.fmul(sums, b.fneg(b.fmul(blk.halves(82), dx, flags=FAST)), flags=FAST)
@@ -479,14 +481,9 @@ class _Q6_K(_Kind):
 
     steps = 4  # (h, half): four words of each of ql's halves and qh, which hold four groups
 
-    @staticmethod
-    def _scales(b, blk):
-        planes = blk.bytes(192, GROUP * 16)
-        return [_plane(b, planes, g) for g in range(16)]
-
     @classmethod
     def scale_table(cls, b, blk):
-        return [_i32s(b, scale, signed=True) for scale in cls._scales(b, blk)]
+        return [_i32s(b, scale, signed=True) for scale in _sixteen_planes(b, blk, 192)]
 
     @staticmethod
     def units(b, blk, step, scale):
@@ -509,7 +506,7 @@ class _Q6_K(_Kind):
     @classmethod
     def correction(cls, b, isa, blk, i, act):
         """The offset, 32, times each group's scale and activations' sum."""
-        sums = _group_sums(b, isa, [b.sext(s, vector(I16, GROUP)) for s in cls._scales(b, blk)], act, i)
+        sums = _group_sums(b, isa, [b.sext(s, vector(I16, GROUP)) for s in _sixteen_planes(b, blk, 192)], act, i)
         return b.shl(sums, const_vector(I32, [5] * GROUP))
 
 
