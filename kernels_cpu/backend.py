@@ -16,7 +16,7 @@ from .cpu_features import int8_isa
 from .kv_layout import ELEMENTS, as_kernel_array, cached_rows, new_cache, store_kv
 from .matmul import FEW_TOKENS, decode_stack, load_matrix, matmuls
 from .step_program import GELU_MUL, SILU_MUL, run_step
-from .type_sets import QuantTypes
+from .type_sets import WeightTypes
 
 
 class CpuBackend:
@@ -36,7 +36,7 @@ class CpuBackend:
         self._rope_tables: dict = {}
         self.constants = weakref.WeakValueDictionary()  # id -> weight vector (a step program reads them)
         self.recorder = None  # a step_program.Recorder while a decode step is being recorded
-        self.quant_types = QuantTypes()  # of the model's matrices: the kernels compile for these alone
+        self.quant_types = WeightTypes()  # of the model's matrices: the kernels compile for these alone
 
     @property
     def label(self):

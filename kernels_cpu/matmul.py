@@ -25,7 +25,7 @@ from .intrinsics import pointer_at
 from .cpu_features import memory_streams
 from .interleaved import (GROUP, TOKENS_PER_PASS, byte_places, groups_dot_int8, groups_gemm_int8, interleave,
                           interleaves, row_blocks)
-from .type_sets import QuantTypes
+from .type_sets import WeightTypes
 from .rowdot import row_dequantize, rows_dot
 from .rowdot_float import FLOAT_BYTES, row_float32, rows_dot_float
 from .rowdot_int8 import rows_dot_int8
@@ -47,7 +47,7 @@ PREFILL_TASK_ROWS, PREFILL_TOKEN_BLOCK = 64, 64
 # interleaved.byte_places) and (Q4_1, Q5_1) mins lie in memory.
 # Addresses rather than arrays, so that one table serves any mix of matrices (a tuple of arrays
 # would make every stack length a new compiled signature, and typing it cost microseconds per call).
-# Its dtype also names the quantized types the table may hold (type_sets: each set compiles apart).
+# Its dtype also names the weight types the table may hold (type_sets: each set compiles apart).
 MATRIX = np.dtype([("qtype", np.int64), ("raw", np.int64), ("rows", np.int64), ("row_bytes", np.int64),
                    ("mins", np.int64), ("min_cols", np.int64), ("interleaved", np.int64), ("places", np.int64),
                    ("places_cols", np.int64)])
@@ -170,9 +170,9 @@ class WeightMatrix:
     for 8-bit products, where the type has them."""
 
     def __init__(self, qtype: GGMLQuantizationType, raw: np.ndarray, k: int, interleaved: bool = False,
-                 types: QuantTypes | None = None):
+                 types: WeightTypes | None = None):
         # types: the model's weight types, which its kernels compile for (this one's alone by default)
-        self.qtype, self.shape, self.types = qtype, (raw.shape[0], k), types or QuantTypes()
+        self.qtype, self.shape, self.types = qtype, (raw.shape[0], k), types or WeightTypes()
         self.types.add(qtype)
         if interleaved and interleaves(qtype, raw.shape[0]):
             self.raw, self.groups, self.places = None, interleave(qtype, raw), byte_places(qtype)
@@ -337,7 +337,7 @@ def _table(matrices) -> np.ndarray:
     """The matrices' products table, naming all their types (the matrices keep it valid)."""
     rows = [m.descriptor for m in matrices]
     if len({row.dtype for row in rows}) > 1:  # matrices of different models (tests): name every type
-        dtype = QuantTypes(m.qtype for m in matrices).dtype(MATRIX)
+        dtype = WeightTypes(m.qtype for m in matrices).dtype(MATRIX)
         rows = [row.astype(dtype) for row in rows]
     return np.concatenate(rows)
 
@@ -396,7 +396,7 @@ def matmuls(matrices: list, x: np.ndarray, precise: bool = False) -> list:
 
 
 def load_matrix(qtype: GGMLQuantizationType, raw: np.ndarray, k: int, interleaved: bool = False,
-                types: QuantTypes | None = None):
+                types: WeightTypes | None = None):
     """The matrix for raw rows (N, bytes per row) of a tensor whose rows hold k weights;
     interleaved: in interleaved groups where the type has them, types: the model's (see WeightMatrix)."""
     block, block_bytes = GGML_QUANT_SIZES[qtype]

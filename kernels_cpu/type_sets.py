@@ -1,4 +1,5 @@
-"""Which quantized types a kernel is compiled for: only those of the model it runs.
+"""Which weight types (quantized, or F32/F16/BF16) a kernel is compiled for: only those of the
+model it runs.
 
 A kernel that takes any type branches on the type inside (rowdot.switch_on_type), and each
 branch is a type's whole decoder: compiled for all ten types, the products alone took ~12 s of a
@@ -21,15 +22,15 @@ def tagged_dtype(base: np.dtype, qtypes) -> np.dtype:
 
 
 def tagged_types(array_type) -> tuple:
-    """The quantized types a Numba array type of a tagged_dtype names."""
+    """The weight types a Numba array type of a tagged_dtype names."""
     for name in array_type.dtype.fields:
         if name.startswith(_PREFIX):
             return tuple(GGMLQuantizationType[t] for t in name[len(_PREFIX):].split("__") if t)
-    raise TypeError(f"{array_type} names no quantized types")
+    raise TypeError(f"{array_type} names no weight types")
 
 
-class QuantTypes:
-    """The quantized types of one model's matrices, gathered as they load (all of them before
+class WeightTypes:
+    """The weight types of one model's matrices, gathered as they load (all of them before
     its first product, so that its tables share one dtype)."""
 
     def __init__(self, qtypes=()):
