@@ -6,9 +6,18 @@ blocks.py's Q8_0 quantizer; a change to rowdot.py or blocks.py alone would leave
 cached machine code stale, after an upgrade as after an edit. So when any source of this package
 changes, the caches of every package that inlines it are dropped. (convert's own files inline
 nothing of each other's, so Numba's check of each file covers them.)
+
+Numba also names compiled functions by counters that restart in every process: a function's
+compile number (`v<n>` in the symbol) and, for structured dtypes, the order the process met its
+types. Code cached by two processes can then hold one symbol with two bodies, say `products`
+over one model's weight types and over another's, and once a process has loaded both, calls
+into the weak copies bind to whichever loaded first: wrong numbers, no error (numba issues 7654
+and 10486). So every process numbers its compiles from its own random start.
 """
 import hashlib
+import itertools
 import os
+import secrets
 from pathlib import Path
 
 _PACKAGE = Path(__file__).parent
@@ -34,6 +43,13 @@ def _cache_dirs(package: Path) -> list[Path]:
         subpath = _CacheLocator.get_suitable_cache_subpath(str(package / "__init__.py"))
         dirs.append(Path(os.environ["NUMBA_CACHE_DIR"]) / subpath)
     return dirs
+
+
+def distinct_symbols() -> None:
+    """Number this process's compiles from a random 62-bit start (see module doc): two
+    processes' symbols then never meet, whatever counters they share."""
+    from numba.core.bytecode import FunctionIdentity
+    FunctionIdentity._unique_ids = itertools.count(secrets.randbits(62))
 
 
 def drop_stale_cache() -> None:

@@ -197,7 +197,7 @@ def _compiling(device, kv_type, paths) -> list:
     """The paths of `paths` whose kernels this run compiles (the first one on the CPU, each
     marked once done; every run on CUDA, where torch.compile's cache decides)."""
     if device == "cpu":
-        from kernels_cpu.compile_cache import kernels_compiled  # (imports no Numba)
+        from kernels_cpu.compile_cache import kernels_compiled
         return [p for p in paths if not kernels_compiled(f"{kv_type}-{p}")]
     return list(paths) if device == "cuda" else []
 

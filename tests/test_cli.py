@@ -159,61 +159,6 @@ def test_run_skips_imports_it_does_not_use(smollm_path):
     assert "loaded: []" in r.stderr.splitlines()
 
 
-def test_each_cache_type_gets_its_compile_message(tmp_path, monkeypatch):
-    """The kernels that touch the KV cache compile once per element type: a first run with another
-    --cache-type says so too."""
-    from kernels_cpu import compile_cache
-    monkeypatch.setattr(compile_cache, "_CACHE", tmp_path)
-    assert not compile_cache.kernels_compiled("q8_0")
-    compile_cache.mark_compiled("q8_0")
-    assert compile_cache.kernels_compiled("q8_0") and not compile_cache.kernels_compiled("f16")
-
-
-def test_a_kernel_source_change_drops_every_inlining_cache(tmp_path, monkeypatch):
-    """A change to the kernels package's sources drops the Numba caches of every package that
-    inlines it, in __pycache__ and where NUMBA_CACHE_DIR puts them, as Numba itself names that
-    place; unchanged sources keep them, and so does a change to an inlining package alone (Numba
-    checks its own files)."""
-    from kernels_cpu import compile_cache
-    packages = [tmp_path / "kernels", tmp_path / "tools"]
-    for package in packages:
-        package.mkdir()
-        (package / "__init__.py").write_text("")
-    (packages[1] / "jitted.py").write_text("from numba import njit\n\n\n@njit(cache=True)\ndef one():\n    return 1\n")
-    user_cache = tmp_path / "numba-cache"
-    r = subprocess.run([sys.executable, "-c", "from tools.jitted import one; one()"], cwd=tmp_path, timeout=300,
-                       env={**os.environ, "NUMBA_CACHE_DIR": str(user_cache)}, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    monkeypatch.setenv("NUMBA_CACHE_DIR", str(user_cache))
-    monkeypatch.setattr(compile_cache, "_PACKAGE", packages[0])
-    monkeypatch.setattr(compile_cache, "_INLINING", tuple(packages))
-    monkeypatch.setattr(compile_cache, "_CACHE", packages[0] / "__pycache__")
-    monkeypatch.setattr(compile_cache, "_STAMP", packages[0] / "__pycache__" / "stamp")
-    numba_made = list(compile_cache._cache_dirs(packages[1])[1].glob("jitted.one-*"))
-    assert numba_made, list(user_cache.rglob("*"))
-
-    def cached():
-        files = [p / "__pycache__" / f"{p.name}.f-1.py311.nbi" for p in packages] + numba_made
-        for path in files:
-            path.parent.mkdir(exist_ok=True)
-            path.touch()
-        return files
-
-    files = cached()
-    compile_cache.drop_stale_cache()  # first run: no stamp yet
-    assert not any(p.exists() for p in files)
-    files = cached()
-    compile_cache.drop_stale_cache()
-    assert all(p.exists() for p in files)
-    with open(packages[1] / "jitted.py", "a") as f:
-        f.write("# changed\n")
-    compile_cache.drop_stale_cache()
-    assert all(p.exists() for p in files)
-    (packages[0] / "blocks.py").write_text("# changed\n")
-    compile_cache.drop_stale_cache()
-    assert not any(p.exists() for p in files)
-
-
 @pytest.mark.parametrize("prompt", ["The capital of France is", "The capital of France is " * 4])
 def test_a_first_run_compiles_everything_under_its_message(tmp_path, smollm_path, prompt):
     """On a fresh Numba cache, `run` compiles while its message shows and nothing after the first
