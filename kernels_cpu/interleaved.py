@@ -34,7 +34,8 @@ from .rowdot import switch_on_type
 from .threads import in_parallel
 from .type_sets import tagged_types
 from .ir import (F32, FAST, I8, I16, I32, I64, array_row, array_shape, byte_pair_sums, byte_quad_sums, const_vector,
-                 load_bytes, offset, pair_products, pair_products_into, signed_byte_quad_sums, splat, vector)
+                 load_bytes, offset, pair_products, pair_products_into, prefetch, PREFETCH_BYTES, signed_byte_quad_sums,
+                 splat, vector)
 
 GROUP = 8  # rows per group: a 256-bit register of int32 or float32
 
@@ -569,6 +570,9 @@ def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts):
     with cgutils.for_range(b, n_blocks) as loop:
         i = loop.index
         blk = _Block(b, qtype, offset(b, group_ptr, b.mul(i, ir.Constant(I64, block_bytes))))
+        if len(acts) == 1:  # decode: each group is read once, from memory
+            for line in range(0, block_bytes, 64):
+                prefetch(b, offset(b, blk.ptr, PREFETCH_BYTES + line))
         first = b.mul(i, ir.Constant(I64, GGML_QUANT_SIZES[qtype][0]))
         table = kind.scale_table(b, blk)
         if table is not None:

@@ -11,7 +11,7 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from .ir import (FAST, F32, I8, I16, I32, I64, LANES, array_data, array_shape, array_strides, lanes_below,
-                 masked_load, masked_store, offset, prefetch, splat, vector)
+                 masked_load, masked_store, offset, prefetch, PREFETCH_BYTES, splat, vector)
 
 
 # exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 split in two parts for exactness
@@ -98,11 +98,9 @@ def pointer_at(typingctx, address, dtype):
     return pointer(address, dtype), codegen
 
 
-# cache_product asks for the cache lines this many bytes past each vector it loads: during decode
+# cache_product asks for the cache lines PREFETCH_BYTES past each vector it loads: during decode
 # the weights stream has evicted the cache since the last step. Both layouts are read forwards
-# (tiled keys tile by tile, values row by row). Attention over 2048 slots of SmolLM2 took ~15%
-# less time in a decode step than with no prefetch; 16 KiB ahead measured the same.
-PREFETCH_BYTES = 4096
+# (tiled keys tile by tile, values row by row).
 # Values and bytes per block of a q8_0 KV cache (kv_layout.py), whose scales cache_product applies.
 QBLOCK, QBLOCK_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0]
 # Rows of `a` (queries of one KV head) per pass of cache_product: 4 x 4 accumulators, 4 cache

@@ -142,6 +142,13 @@ def _type_suffix(t):
     return {F32: "f32"}.get(t) or ("f16" if isinstance(t, ir.HalfType) else f"i{t.width}")
 
 
+# Kernels that stream from memory ask for the cache line this many bytes ahead of what they
+# read: the hardware prefetchers alone left decode's products waiting on memory. Attention over
+# 2048 slots of SmolLM2 took ~15% less time in a decode step (16 KiB ahead measured the same);
+# decode's interleaved Q4_K groups read 10-16% faster from 2 threads (AMD EPYC Zen 5).
+PREFETCH_BYTES = 4096
+
+
 def prefetch(b, ptr):
     """A read hint for the cache line at ptr (never faults, so it may point past the data)."""
     fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.VoidType(), [ptr.type, I32, I32, I32]),

@@ -21,8 +21,7 @@ from numba import carray, njit
 
 from . import ops
 from .attention import attention_few
-from .intrinsics import rows_tag
-from .intrinsics import pointer_at
+from .intrinsics import pointer_at, rows_tag
 from .kv_layout import as_kernel_array, head_dims, store_kv
 from .activations import rounding_kind
 from .cpu_features import memory_streams
