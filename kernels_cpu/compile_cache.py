@@ -62,7 +62,7 @@ def drop_stale_cache() -> None:
     for cache in (cache for package in _INLINING for cache in _cache_dirs(package)):
         for path in list(cache.glob("*.nbi")) + list(cache.glob("*.nbc")):
             path.unlink(missing_ok=True)
-    for path in _CACHE.glob("ggrun-compiled-*"):
+    for path in (path for cache in _cache_dirs(_PACKAGE) for path in cache.glob("ggrun-compiled-*")):
         path.unlink(missing_ok=True)
     try:
         _CACHE.mkdir(exist_ok=True)
@@ -71,15 +71,23 @@ def drop_stale_cache() -> None:
         pass  # a read-only install: Numba then caches elsewhere or not at all
 
 
+def _mark(kernels: str) -> Path:
+    """The file that says `kernels` compiled: beside the kernels' Numba cache, wherever
+    NUMBA_CACHE_DIR puts it (a mark in __pycache__ said compiled for an empty cache, and the first
+    run then compiled during decode, without its message)."""
+    return _cache_dirs(_PACKAGE)[-1] / f"ggrun-compiled-{kernels}"
+
+
 def kernels_compiled(kernels: str) -> bool:
     """True once mark_compiled(kernels) has run since the sources last changed. The CLI names
     what a run compiles: the kernels that touch the KV cache compile once per element type, and
     prefill's apart from decode's, so each has its first run."""
-    return (_CACHE / f"ggrun-compiled-{kernels}").exists()
+    return _mark(kernels).exists()
 
 
 def mark_compiled(kernels: str) -> None:
     try:
-        (_CACHE / f"ggrun-compiled-{kernels}").touch()
+        _mark(kernels).parent.mkdir(parents=True, exist_ok=True)
+        _mark(kernels).touch()
     except OSError:
         pass  # (a read-only install: see drop_stale_cache)

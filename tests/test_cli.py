@@ -164,18 +164,13 @@ def test_a_first_run_compiles_everything_under_its_message(tmp_path, smollm_path
     """On a fresh Numba cache, `run` compiles while its message shows and nothing after the first
     token: Numba saves no kernel after the start-up line (the replayed step's kernel compiling
     at the second token stalled it ~16 s). A prompt longer than decode's kernels take compiles
-    prefill's too, before its first token."""
-    code = ("import pathlib, sys\n"
-            "from kernels_cpu import compile_cache\n"
-            f"compile_cache._CACHE = pathlib.Path({str(tmp_path / 'marks')!r})  # no kernel marked compiled\n"
-            "from runner.cli import entry\n"
-            f"sys.argv = ['ggrun', 'run', {str(smollm_path)!r}, '-p', {prompt!r}, '-n', '4',"
-            " '--temp', '0', '--timings']\n"
-            "entry()\n")
+    prefill's too, before its first token. (The marks of what compiled live with the Numba
+    cache, so a fresh NUMBA_CACHE_DIR has none.)"""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "NUMBA_DEBUG_CACHE": "1",
            "PYTHONUNBUFFERED": "1"}
-    r = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=900, env=env)
+    r = subprocess.run([sys.executable, "-m", "runner", "run", smollm_path, "-p", prompt, "-n", "4", "--temp", "0",
+                        "--timings"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
+                       env=env)
     lines = r.stdout.splitlines()
     assert r.returncode == 0, r.stdout[-3000:]
     message = next(i for i, line in enumerate(lines) if line.startswith("compiling the Numba kernels"))

@@ -42,10 +42,26 @@ def test_each_cache_type_gets_its_compile_message(tmp_path, monkeypatch):
     """The kernels that touch the KV cache compile once per element type: a first run with another
     --cache-type says so too."""
     from kernels_cpu import compile_cache
-    monkeypatch.setattr(compile_cache, "_CACHE", tmp_path)
+    monkeypatch.setattr(compile_cache, "_PACKAGE", tmp_path / "kernels")
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
     assert not compile_cache.kernels_compiled("q8_0")
     compile_cache.mark_compiled("q8_0")
     assert compile_cache.kernels_compiled("q8_0") and not compile_cache.kernels_compiled("f16")
+
+
+def test_compile_marks_live_beside_the_numba_cache(tmp_path, monkeypatch):
+    """NUMBA_CACHE_DIR moves the kernels' cache, and the marks with it: a mark beside another
+    cache says nothing about this one."""
+    from kernels_cpu import compile_cache
+    monkeypatch.setattr(compile_cache, "_PACKAGE", tmp_path / "kernels")
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    compile_cache.mark_compiled("f16-decode")
+    assert compile_cache.kernels_compiled("f16-decode")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert not compile_cache.kernels_compiled("f16-decode")
+    compile_cache.mark_compiled("f16-decode")
+    assert compile_cache.kernels_compiled("f16-decode")
+    assert list((tmp_path / "elsewhere").rglob("ggrun-compiled-f16-decode"))
 
 
 def test_a_kernel_source_change_drops_every_inlining_cache(tmp_path, monkeypatch):
