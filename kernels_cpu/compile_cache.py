@@ -60,10 +60,8 @@ def drop_stale_cache() -> None:
     except OSError:
         pass
     for cache in (cache for package in _INLINING for cache in _cache_dirs(package)):
-        for path in list(cache.glob("*.nbi")) + list(cache.glob("*.nbc")):
+        for path in list(cache.glob("*.nbi")) + list(cache.glob("*.nbc")) + list(cache.glob("ggrun-compiled-*")):
             path.unlink(missing_ok=True)
-    for path in (path for cache in _cache_dirs(_PACKAGE) for path in cache.glob("ggrun-compiled-*")):
-        path.unlink(missing_ok=True)
     try:
         _CACHE.mkdir(exist_ok=True)
         _STAMP.write_text(digest)
@@ -86,8 +84,9 @@ def kernels_compiled(kernels: str) -> bool:
 
 
 def mark_compiled(kernels: str) -> None:
+    mark = _mark(kernels)
     try:
-        _mark(kernels).parent.mkdir(parents=True, exist_ok=True)
-        _mark(kernels).touch()
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.touch()
     except OSError:
         pass  # (a read-only install: see drop_stale_cache)
