@@ -13,7 +13,7 @@ from .attention import attention
 from .bandwidth import read_bandwidth
 from .blocks import SUPPORTED_TYPES
 from .cpu_features import int8_isa
-from .kv_layout import ELEMENTS, as_kernel_array, cached_rows, new_cache, store_kv
+from .kv_layout import ELEMENTS, as_kernel_array, cached_rows, export_rows, import_rows, new_cache, store_kv
 from .matmul import FEW_TOKENS, decode_stack, load_matrix, matmuls
 from .step_program import GELU_MUL, SILU_MUL, run_step
 from .type_sets import WeightTypes
@@ -133,6 +133,12 @@ class CpuBackend:
 
     def read_kv(self, keys, values, n):
         return cached_rows(keys, values, n)
+
+    def export_kv(self, keys, values, n):
+        return export_rows(keys, values, n)
+
+    def import_kv(self, keys, values, key_rows, value_rows):
+        import_rows(keys, values, key_rows, value_rows)
 
     def store_kv(self, keys, values, slots, k, v):
         store_kv(as_kernel_array(keys), as_kernel_array(values), slots, np.ascontiguousarray(k),

@@ -84,6 +84,59 @@ def value_rows(values, n):
     return rows.astype(np.float32)
 
 
+def export_rows(keys, values, n):
+    """Slots 0..n-1 exactly as stored, as (kv heads, n, width) copies of each: the layout of
+    snapshots on every backend, where a q8_0 key row is laid out as a value row (int8, then its
+    blocks' scales as byte pairs)."""
+    return _key_rows(keys)[:, :n].copy(), values[:, :n].copy()
+
+
+def import_rows(keys, values, key_rows, value_rows):
+    """export_rows' arrays back into slots 0..n-1."""
+    n = key_rows.shape[1]
+    tiles = -(-n // KEY_TILE)
+    rows = _key_rows(keys[:, :tiles])
+    rows[:, :n] = key_rows
+    keys[:, :tiles] = _key_tiles(rows, keys.shape[2])
+    values[:, :n] = value_rows
+
+
+def _scale_lanes():
+    """Where slot j of a q8_0 key tile keeps its scales' bytes: row offset j // 8 within its
+    block's two rows, bytes 2 (j % 8) and 2 (j % 8) + 1 (see the module docstring)."""
+    j = np.arange(KEY_TILE)
+    return j // 8, 2 * (j % 8)
+
+
+def _key_rows(keys):
+    """Key tiles (kv heads, tiles, width, KEY_TILE) as one row per slot (kv heads, slots, width)."""
+    n_kv, tiles, width, _ = keys.shape
+    rows = keys.transpose(0, 1, 3, 2).reshape(n_kv, tiles * KEY_TILE, width)
+    if keys.dtype == np.int8:
+        dim = _held_dim(keys)
+        half, byte = _scale_lanes()
+        scales = keys[:, :, dim:].reshape(n_kv, tiles, -1, 2, KEY_TILE)  # (.., blocks, row of the pair, byte)
+        pairs = np.stack([scales[:, :, :, half, byte], scales[:, :, :, half, byte + 1]], axis=-1)
+        rows[:, :, dim:] = pairs.transpose(0, 1, 3, 2, 4).reshape(n_kv, tiles * KEY_TILE, -1)
+    return rows
+
+
+def _key_tiles(rows, width):
+    """_key_rows inverted: (kv heads, slots, width) rows, slots a multiple of KEY_TILE, as tiles."""
+    n_kv, slots, _ = rows.shape
+    tiles = np.ascontiguousarray(rows.reshape(n_kv, -1, KEY_TILE, width).transpose(0, 1, 3, 2))
+    if rows.dtype == np.int8:
+        dim = width * QBLOCK // QBLOCK_BYTES
+        half, byte = _scale_lanes()
+        # (kv heads, tiles, blocks, slot, byte of the pair)
+        pairs = rows[:, :, dim:].reshape(n_kv, -1, KEY_TILE, (width - dim) // 2, 2).transpose(0, 1, 3, 2, 4)
+        scales = np.zeros((n_kv, slots // KEY_TILE, (width - dim) // 2, 2, KEY_TILE), np.int8)
+        scales[:, :, :, half, byte] = pairs[..., 0]
+        scales[:, :, :, half, byte + 1] = pairs[..., 1]
+        tiles[:, :, dim:] = scales.reshape(n_kv, slots // KEY_TILE, width - dim, KEY_TILE)
+    return tiles
+
+
 @njit(cache=True)
 def store_kv(keys, values, slots, k, v):
     """Write token t's k[t] (kv heads, dim) into slot slots[t] of the keys and its v[t] into the

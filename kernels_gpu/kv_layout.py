@@ -35,6 +35,23 @@ def store_kv(keys, values, slots, k, v):
     values.index_copy_(1, slots, v.permute(1, 0, 2).to(values.dtype))
 
 
+def export_rows(keys, values, n: int):
+    """Slots 0..n-1 exactly as stored, as host (kv heads, n, width) arrays: the layout of snapshots
+    on every backend (kernels_cpu.kv_layout.export_rows), here the keys transposed."""
+    return tuple(_host(a) for a in (keys[:, :, :n].transpose(1, 2), values[:, :n]))
+
+
+def import_rows(keys, values, key_rows, value_rows):
+    """export_rows' arrays (as tensors on the cache's device) back into slots 0..n-1."""
+    n = key_rows.shape[1]
+    keys[:, :, :n] = key_rows.transpose(1, 2)
+    values[:, :n] = value_rows
+
+
+def _host(t):
+    return t.detach().to("cpu").contiguous().numpy().copy()
+
+
 def keys_f32(keys, n: int):
     """Slots 0..n-1 of the keys as float32 (kv heads, dim, n)."""
     return _dequantize(keys[:, :, :n], 1) if keys.dtype == torch.int8 else keys[:, :, :n].to(torch.float32)

@@ -7,8 +7,12 @@ other step costs. Attention masks by the positions in the slots, so slot order d
 
 RoPE sees each cached key at the position it was written with. To keep every query-key distance
 below the context size however long the stream runs, the pinned keys are re-rotated to sit just
-before the oldest ring token (`shift`); the model does that rotation, the cache keeps the keys
-as first written (`pinned_source`).
+before the oldest ring token (`shift`): `store` does it with the layer's rotation, which the model
+passes, from the keys as first written.
+
+`truncate(n)` forgets every token from position n on (speculative decoding's rejected drafts);
+`snapshot` / `restore` copy the whole state out and back, and `save` / `load` keep it on disk, in
+one layout on every backend (kv_snapshot.py).
 
 A sliding-window layer only ever looks `window` positions back, so it gets window + max_batch
 slots used as a ring (slot = position mod capacity) whether or not the global layers ring.
@@ -18,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
+
+from .kv_state import KVState, check_fits
 
 # Leading tokens pinned when nothing else is (no BOS, no system prompt): attention leans on the
 # first token as a sink, and a window that loses it degrades fast (as StreamingLLM observed;
@@ -59,6 +65,7 @@ class KVCache:
                  value_dim: int, max_batch: int, ring: bool = False, kv_type: str = "f32"):
         self.backend = backend
         self.n_ctx, self.max_batch, self.ring = n_ctx, max_batch, ring
+        self.kv_type, self.n_kv_head, self.key_dim, self.value_dim = kv_type, n_kv_head, key_dim, value_dim
         self.windowed = [w > 0 for w in layer_windows]
         self.capacity = [min(n_ctx, w + max_batch) if w else n_ctx for w in layer_windows]
         # in the backend's layout: the cache only hands them to its store_kv and attention
@@ -73,6 +80,7 @@ class KVCache:
         self.pinned = 0     # leading tokens the ring never overwrites
         self.evicted = 0    # tokens the ring has overwritten in the global layers
         self._pinned: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # layer -> pinned keys, values as written
+        self._rotated_to: dict[int, int] = {}  # layer -> the shift its pinned keys are rotated to now
         self.replays: dict = {}  # a backend's recorded steps over this cache's buffers (CUDA graphs, CPU programs)
 
     def _slots(self, kind, positions: np.ndarray) -> np.ndarray:
@@ -121,12 +129,31 @@ class KVCache:
         return Batch(np.asarray(tokens, dtype=np.int64), positions, tuple(slots), key_positions,
                      tuple(kind[1] for kind in self.kind_list))
 
-    def store(self, layer: int, k, v, batch: Batch) -> tuple:
+    def store(self, layer: int, k, v, batch: Batch, rotate) -> tuple:
         """Write k, v (tokens, kv heads, dim) of the batch into its slots; return the layer's
-        keys and values and the positions their slots hold."""
+        keys and values and the positions their slots hold. rotate(keys, positions) is the layer's
+        RoPE, in place: the ring moves the pinned keys with it (see rotates_pinned)."""
         kind = self.kind_index[layer]
         self.backend.store_kv(self.keys[layer], self.values[layer], batch.slots[kind], k, v)
+        if layer in self._pinned and self._rotated_to[layer] != self.shift:
+            self._rotate_pinned(layer, rotate)
         return self.keys[layer], self.values[layer], batch.key_positions[kind]
+
+    @property
+    def rotates_pinned(self) -> bool:
+        """Whether the next forward pass moves pinned keys (which the host drives: not a step a
+        backend may record and replay)."""
+        return any(at != self.shift for at in self._rotated_to.values())
+
+    def _rotate_pinned(self, layer: int, rotate) -> None:
+        """The pinned keys as first written (rotated at 0..P-1), moved to shift..shift+P-1."""
+        keys, values = self._pinned[layer]
+        keys = self.backend.asarray(keys.copy())
+        if self.shift:
+            rotate(keys, np.full(self.pinned, self.shift, dtype=np.int32))
+        self.backend.store_kv(self.keys[layer], self.values[layer], np.arange(self.pinned, dtype=np.int64), keys,
+                              self.backend.asarray(values))
+        self._rotated_to[layer] = self.shift
 
     def pin(self) -> None:
         """Keep the tokens stored so far for good (call before the ring first wraps)."""
@@ -136,13 +163,51 @@ class KVCache:
         self._pinned = {i: tuple(map(np.ascontiguousarray,
                                      self.backend.read_kv(self.keys[i], self.values[i], self.pinned)))
                         for i, w in enumerate(self.windowed) if not w}
+        self._rotated_to = {i: 0 for i in self._pinned}
 
-    def pinned_source(self, layer: int):
-        """The pinned keys of a global layer as first written: (tokens, kv heads, dim)."""
-        return self.backend.asarray(self._pinned[layer][0].copy())
+    def truncate(self, n: int) -> None:
+        """Forget the tokens from position n on, as if they had never been added; the next token
+        takes position n. Inside a wrapped ring, what they overwrote stays lost: the context then
+        holds fewer tokens until it fills again. Into the pinned prefix, the prefix shrinks."""
+        if not 0 <= n <= self.used:
+            raise ValueError(f"cannot truncate a cache of {self.used} tokens to {n}")
+        if n < self.pinned:
+            for i, (keys, values) in self._pinned.items():  # back as first written, then shortened
+                self.backend.store_kv(self.keys[i], self.values[i], np.arange(self.pinned, dtype=np.int64),
+                                      self.backend.asarray(keys), self.backend.asarray(values))
+            self.pinned = n
+            self._pinned = {i: (k[:n].copy(), v[:n].copy()) for i, (k, v) in self._pinned.items()} if n else {}
+            self._rotated_to = {i: 0 for i in self._pinned}
+        for table in self.positions.values():
+            table[table >= n] = -1
+        self.used = n
 
-    def set_pinned_keys(self, layer: int, keys) -> None:
-        """Overwrite the pinned keys (tokens, kv heads, dim); their values are written back as they were."""
-        slots = np.arange(self.pinned, dtype=np.int64)
-        self.backend.store_kv(self.keys[layer], self.values[layer], slots, keys,
-                              self.backend.asarray(self._pinned[layer][1]))
+    def shape(self) -> dict:
+        """What a saved state must have been made by to fit this cache."""
+        return {"layers": len(self.keys), "n_ctx": self.n_ctx, "ring": self.ring, "kv_type": self.kv_type,
+                "kv_heads": self.n_kv_head, "key_dim": self.key_dim, "value_dim": self.value_dim,
+                "capacities": list(self.capacity), "kinds": [list(kind) for kind in self.kind_list],
+                "max_batch": self.max_batch}
+
+    def snapshot(self, note: dict | None = None) -> KVState:
+        """The whole state, copied out (to restore later, or save to disk). note: the caller's."""
+        rows = [self.backend.export_kv(k, v, min(self.used, cap))
+                for k, v, cap in zip(self.keys, self.values, self.capacity)]
+        return KVState(shape=self.shape(), used=self.used, pinned=self.pinned, evicted=self.evicted,
+                       positions=[self.positions[kind].copy() for kind in self.kind_list],
+                       keys=[k for k, _ in rows], values=[v for _, v in rows],
+                       pinned_keys={i: k.copy() for i, (k, _) in self._pinned.items()},
+                       pinned_values={i: v.copy() for i, (_, v) in self._pinned.items()},
+                       rotated_to=dict(self._rotated_to), note=dict(note or {}))
+
+    def restore(self, state: KVState) -> None:
+        """Back to a snapshot of a cache of the same shape; a state that does not fit raises
+        KVStateError and changes nothing. Recorded steps stay valid: the buffers are the same."""
+        check_fits(state, self)
+        for i, (keys, values) in enumerate(zip(self.keys, self.values)):
+            self.backend.import_kv(keys, values, state.keys[i], state.values[i])
+        for kind, table in zip(self.kind_list, state.positions):
+            self.positions[kind][:] = table
+        self.used, self.pinned, self.evicted = state.used, state.pinned, state.evicted
+        self._pinned = {i: (state.pinned_keys[i].copy(), state.pinned_values[i].copy()) for i in state.pinned_keys}
+        self._rotated_to = dict(state.rotated_to)

@@ -35,7 +35,7 @@ def test_distances_stay_below_the_context_after_many_wraps(smollm):
     cache = smollm.model.new_cache(n_ctx, ring=True)
     smollm.model.forward(ids[:4], cache)
     cache.pin()
-    pinned_as_written = cache.pinned_source(0)
+    pinned_as_written = cache.snapshot().pinned_keys[0]
     be, p = smollm.backend, smollm.params
     for t in ids[4:4 + 10 * (n_ctx - 4) + 7]:  # ten wraps and then some
         smollm.model.forward([t], cache)

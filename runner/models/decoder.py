@@ -96,7 +96,7 @@ class Decoder:
         # A one-token step is the same computation every time, up to the batch's values, so a
         # backend may record it once and replay it; not while the ring moves the pinned keys,
         # which the host drives.
-        replayable = len(tokens) == 1 and not all_logits and not (cache.shift and cache.pinned)
+        replayable = len(tokens) == 1 and not all_logits and not cache.rotates_pinned
         compute = partial(self._compute, cache=cache, all_logits=all_logits)
         return self.backend.to_numpy(self.backend.run(compute, batch, cache.replays if replayable else None))
 
@@ -127,12 +127,9 @@ class Decoder:
             k = be.rms_norm(k.reshape(-1, p.head_dim), a.k_norm, p.rms_eps).reshape(k.shape)
         for t in (q, k):
             be.rope(t, batch.positions, p.rope_dim, a.rope_base, a.rope_scale, self.rope_neox, self.rope_factors)
-        keys, values, key_pos = cache.store(i, k, v, batch)
-        if cache.shift and cache.pinned and not a.window:
-            pinned = cache.pinned_source(i)  # rotated at 0..P-1; move them to shift..shift+P-1
-            be.rope(pinned, np.full(cache.pinned, cache.shift, dtype=np.int32), p.rope_dim, a.rope_base,
-                    a.rope_scale, self.rope_neox, self.rope_factors)
-            cache.set_pinned_keys(i, pinned)
+        keys, values, key_pos = cache.store(i, k, v, batch, partial(
+            be.rope, n_rot=p.rope_dim, base=a.rope_base, pos_scale=a.rope_scale, neox=self.rope_neox,
+            freq_factors=self.rope_factors))
         out = be.attention(q, keys, values, batch.positions, key_pos, 1.0 / math.sqrt(p.head_dim),
                            a.window, p.attn_softcap)
         return be.matmul(a.wo, out.reshape(n, p.n_head * p.value_dim))
