@@ -10,14 +10,16 @@ from pathlib import Path
 from .chat_template import ChatTemplateError, builtin_template, choose_template, render_with_content_spans
 from .generate import GenerationStats, generate
 from .kv_cache import SINK_TOKENS, ContextFullError
+from .kv_state import KVState, KVStateError
 from .sampler import Sampler, SamplingOptions
 from .tokenizer import StreamDecoder, valid_utf8
 
 
 class ChatSession:
     def __init__(self, lm, n_ctx: int, options: SamplingOptions, system: str | None = None,
-                 template_name: str | None = None, max_reply: int = 4096):
+                 template_name: str | None = None, max_reply: int = 4096, save_kv: bool = False):
         self.lm, self.n_ctx, self.options, self.max_reply = lm, n_ctx, options, max_reply
+        self.save_kv = save_kv  # /save keeps the KV cache beside the messages
         self.template, self.warning = choose_template(lm.tokenizer.vocab, template_name)
         self.system = system
         self.last = GenerationStats()
@@ -130,11 +132,18 @@ class ChatSession:
 
     # -- saving and loading --------------------------------------------------------------------
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, with_kv: bool = False) -> None:
+        """The messages as JSON; with_kv: the KV cache beside them (kv_path), which load resumes
+        from without prefilling the conversation again."""
         path.write_text(json.dumps({"format": "ggrun-chat/1", "system": self.system, "messages": self.messages,
                                     "sampling": asdict(self.options)}, indent=1, ensure_ascii=False))
+        if with_kv:
+            note = {"model": self.lm.identity(), "text": self.fed_text, "tokens": self.fed_tokens}
+            self.cache.snapshot(note).save(kv_path(path))
 
-    def load(self, path: Path) -> None:
+    def load(self, path: Path) -> bool:
+        """A conversation from save: from its KV state when one lies beside it and fits this model
+        and context (True; a notice says when one does not), else by prefilling its messages."""
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             messages = data["messages"]
@@ -144,6 +153,8 @@ class ChatSession:
                 raise ValueError
         except (OSError, ValueError, KeyError, TypeError):
             raise ValueError(f"{path} is not a conversation saved by /save") from None
+        if kv_path(path).exists() and self._resume(data.get("system"), messages, kv_path(path)):
+            return True
         self.set_system(data.get("system"))
         self.messages = messages
         rendered, spans = self._render(messages, add_generation_prompt=False)
@@ -152,12 +163,36 @@ class ChatSession:
             self.lm.model.forward(ids, self.cache)
         self.fed_text, self.fed_tokens = rendered, self.fed_tokens + len(ids)
 
+    def _resume(self, system: str | None, messages: list[dict], state_path: Path) -> bool:
+        """The conversation from its saved KV state, when that fits; False (and a notice) when not."""
+        try:
+            state = KVState.load(state_path)
+            note = state.note
+            if note.get("model") != self.lm.identity():
+                raise KVStateError("it was saved with another model file")
+            if not isinstance(note.get("text"), str) or note.get("tokens") != state.used:
+                raise KVStateError("it does not say what text it holds")
+            cache = self.lm.model.new_cache(self.n_ctx, ring=True)
+            cache.restore(state)
+        except KVStateError as e:
+            self.notices.append(f"{state_path.name} not used ({e}); prefilling the conversation instead")
+            return False
+        self.system, self.messages, self.cache = system, messages, cache
+        self.fed_text, self.fed_tokens = note["text"], note["tokens"]
+        return True
+
+
+def kv_path(path: Path) -> Path:
+    """Where save keeps a conversation's KV state: beside it."""
+    return path.with_name(path.name + ".kv.npz")
+
 
 HELP = """commands:
   /help                 this help
   /system TEXT          set the system prompt (starts a new conversation)
   /clear                start a new conversation
-  /save FILE, /load FILE  keep a conversation, resume it later
+  /save FILE, /load FILE  keep a conversation, resume it later (with --save-kv: its KV cache
+                        too, in FILE.kv.npz, so /load does not prefill it again)
   /set NAME VALUE       temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed
   /stats                context use, evictions, last turn's speed
   /bye                  leave (so do Ctrl-D, and Ctrl-C at the prompt)
@@ -197,12 +232,15 @@ def command(session: ChatSession, line: str, echo) -> bool:
         echo(format_stats(session.stats()))
     elif name in ("save", "load") and arg:
         try:
+            path = Path(arg).expanduser()
             if name == "save":
-                session.save(Path(arg).expanduser())
-                echo(f"saved {len(session.messages)} messages to {arg}")
+                session.save(path, with_kv=session.save_kv)
+                echo(f"saved {len(session.messages)} messages to {arg}"
+                     + (f" and the KV cache to {kv_path(path).name}" if session.save_kv else ""))
             else:
-                session.load(Path(arg).expanduser())
-                echo(f"loaded {len(session.messages)} messages from {arg}")
+                resumed = session.load(path)
+                echo(f"loaded {len(session.messages)} messages from {arg}"
+                     + (f" (KV cache from {kv_path(path).name}: nothing prefilled)" if resumed else ""))
         except (OSError, ValueError, ChatTemplateError) as e:
             echo(f"error: {e}")
     elif name == "set" and arg:

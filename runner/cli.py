@@ -614,11 +614,13 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
 @click.option("-c", "--ctx-size", type=click.IntRange(16), help="Context size (default: min(trained, 4096)).")
 @click.option("--chat-template", type=click.Choice(["chatml", "llama3", "gemma"]),
               help="Use a built-in template instead of the file's own.")
+@click.option("--save-kv", is_flag=True,
+              help="/save also keeps the KV cache (FILE.kv.npz), so /load resumes without prefilling.")
 @sampling_options
 @threads_option
 @kv_type_option
 @device_option
-def chat(model, system, system_file, n_predict, ctx_size, chat_template, temp, top_k, top_p, min_p,
+def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv, temp, top_k, top_p, min_p,
          repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, threads, kv_type, device, precise):
     """Talk with MODEL in the terminal; the context never runs out (ring window)."""
     from .chat import ChatSession, repl
@@ -629,7 +631,7 @@ def chat(model, system, system_file, n_predict, ctx_size, chat_template, temp, t
     options = SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
                               presence_penalty, frequency_penalty)
     session = ChatSession(lm, ctx_size or lm.default_context(), options, system, chat_template,
-                          max_reply=sys.maxsize if n_predict < 0 else n_predict)
+                          max_reply=sys.maxsize if n_predict < 0 else n_predict, save_kv=save_kv)
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     repl(session, sys.stdout, cache_dir() / "chat_history", colour=colour)
 

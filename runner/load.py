@@ -1,6 +1,7 @@
 """Opening a GGUF model: file, hyperparameters, vocabulary, tokenizer and architecture on a backend."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -28,6 +29,13 @@ class LoadedModel:
 
     def default_context(self) -> int:
         return min(self.params.context_length, 4096)
+
+    def identity(self) -> str:
+        """What a saved KV state belongs to: the file's size and a digest of its first MiB (the
+        header, the tensor table and the start of the weights)."""
+        with open(self.file.path, "rb") as f:
+            head = f.read(1 << 20)
+        return f"{self.file.path.stat().st_size}:{hashlib.sha256(head).hexdigest()[:32]}"
 
 
 def memory_fit(f: GGUFFile, params: ModelParams, kv_type: str) -> MemoryFit:

@@ -251,3 +251,35 @@ def test_the_chat_command_colours_a_terminal_unless_no_color(home, no_color):
     assert ("\x1b[36m" in child.before) != no_color
     child.sendline("/bye")
     child.expect(pexpect.EOF)
+
+
+def test_save_kv_resumes_the_conversation_without_prefilling(smollm, tmp_path, monkeypatch):
+    from runner.chat import command, kv_path
+    session = _session(smollm, system="You are brief.")
+    session.save_kv = True
+    session.send("Name a colour.")
+    session.send("And another?")
+    saved = tmp_path / "talk.json"
+    said = []
+    command(session, f"/save {saved}", said.append)
+    assert kv_path(saved).exists() and "KV cache" in said[0]
+    saved_tokens = session.cache.used
+    want = session.send("And a third?")
+
+    resumed = _session(smollm)
+    forwards = []
+    real_forward = smollm.model.forward
+    monkeypatch.setattr(smollm.model, "forward",
+                        lambda ids, *a, **k: forwards.append(len(ids)) or real_forward(ids, *a, **k))
+    command(resumed, f"/load {saved}", said.append)
+    assert forwards == [] and "nothing prefilled" in said[1]
+    assert resumed.system == "You are brief." and resumed.cache.used == saved_tokens
+    assert resumed.send("And a third?") == want
+    assert forwards[0] < 20  # the new turn's own tokens only
+
+    # another context size: the state does not fit, the messages are prefilled instead
+    other = _session(smollm, n_ctx=512)
+    assert not other.load(saved) and "not used" in other.notices[-1] and "n_ctx 256 (here 512)" in other.notices[-1]
+    assert [m["role"] for m in other.messages] == ["system"] + ["user", "assistant"] * 2
+    kv_path(saved).write_bytes(b"garbage")
+    assert not _session(smollm).load(saved)
