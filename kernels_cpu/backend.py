@@ -15,7 +15,7 @@ from .blocks import SUPPORTED_TYPES
 from .cpu_features import int8_isa
 from .kv_layout import ELEMENTS, as_kernel_array, cached_rows, export_rows, import_rows, new_cache, store_kv
 from .matmul import FEW_TOKENS, decode_stack, load_matrix, matmuls
-from .step_program import GELU_MUL, SILU_MUL, run_step
+from .step_program import Op, run_step
 from .type_sets import WeightTypes
 
 
@@ -154,11 +154,11 @@ class CpuBackend:
     def silu_mul(self, gate, up):
         ops.silu_mul(gate, up)
         if self.recorder is not None:
-            self.recorder.gated(SILU_MUL, gate, up)
+            self.recorder.gated(Op.SILU_MUL, gate, up)
         return gate
 
     def gelu_mul(self, gate, up):
         ops.gelu_mul(gate, up)
         if self.recorder is not None:
-            self.recorder.gated(GELU_MUL, gate, up)
+            self.recorder.gated(Op.GELU_MUL, gate, up)
         return gate

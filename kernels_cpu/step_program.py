@@ -7,14 +7,17 @@ operation: which kernel, on which memory. Later steps replay that program inside
 function; the host only passes the step's inputs (token id, position, slots, the positions the
 slots hold).
 
-A program is a table of integer rows, one per operation, naming memory by address: the
-activations the recording step allocated (kept alive by the program and rewritten by every
-replay), the model's weights and the cache's arrays. Model code also computes with numpy
-operators (residual sums, biases, scales); during the recording its arrays are `_Traced`, which
-records those too. Whatever the recorder cannot express (an untraced temporary, a float weight
-matrix, an unknown numpy function) marks the step not replayable, and it runs eagerly as before.
+A program is a table of integer rows, one per operation (`Op`), whose operands are named and
+typed by OPERANDS; they name memory by address: the activations the recording step allocated
+(kept alive by the program and rewritten by every replay), the model's weights and the cache's
+arrays. Model code also computes with numpy operators (residual sums, biases, scales); during the
+recording its arrays are `_Traced`, which records those too. Whatever the recorder cannot express
+(an untraced temporary, a float weight matrix, an unknown numpy function, a read of an
+activation's values into Python) marks the step not replayable, and it runs eagerly as before.
 """
 from __future__ import annotations
+
+from enum import IntEnum
 
 import numpy as np
 from numba import carray, njit
@@ -28,21 +31,68 @@ from .cpu_features import memory_streams
 from .type_sets import tagged_dtype
 from .matmul import MATRIX, check_row_ids, dequantize_matrix_rows, products
 
-# Operation codes; each row of a program is (code, arguments...) as the comments list them.
-EMBED = 1       # matrix, ids input, out, width: out[t] = row ids[t] of the matrix
-SCALE = 2       # x, out, n; factor: out = x * factor
-ADD = 3         # a, b, out, n: out = a + b
-RMS_NORM = 4    # x, weight, out, rows, width; eps
-PRODUCTS = 5    # x, out, tokens, k, n, tasks first, last, formats
-ROPE_TABLE = 6  # positions input, frequencies, n, cos, sin; position scale
-ROPE = 7        # x, tokens, heads, dim, cos, sin, n, neox
-STORE_KV = 8    # cache, slots input, k, v, tokens, key dim, value dim
-ATTENTION = 9   # q, tokens, heads, cache, query positions input, key positions input, out, window, key dim,
-                # value dim; scale, softcap
-SILU_MUL = 10   # gate, up, rows, width
-GELU_MUL = 11   # gate, up, rows, width
-SOFTCAP = 12    # x, out, n; cap
-ARGS = 10
+class Op(IntEnum):
+    """What a program's row does: its first column."""
+    EMBED = 1        # out[t] = row ids[t] of the matrix
+    SCALE = 2        # out = x * factor
+    ADD = 3          # out = a + b
+    RMS_NORM = 4
+    PRODUCTS = 5     # out = the products of the stack's tasks with x
+    ROPE_TABLE = 6   # the step's cos/sin tables of one rotation
+    ROPE = 7
+    STORE_KV = 8
+    ATTENTION = 9
+    SILU_MUL = 10    # gate = silu(gate) * up
+    GELU_MUL = 11    # gate = gelu(gate) * up
+    SOFTCAP = 12     # out = cap * tanh(x / cap)
+
+
+# What an operand names, which the recorder checks as it writes a row:
+KINDS = {
+    "f32": "the address of float32 memory the program keeps (an activation, a weight vector, a table)",
+    "f64": "the address of float64 memory the program keeps",
+    "matrix": "a row of the program's products table",
+    "tasks": "an index into the program's task table",
+    "input": "one of the step's inputs (token ids, positions, slots)",
+    "cache": "a row of the program's cache table",
+    "count": "a size",
+    "flag": "0 or 1",
+    "formats": "the rounding formats of a product stack's weight types",
+}
+
+
+def _operation(name: str, params: tuple = (), **kinds):
+    """An operation's integer operands (the columns after the code) and float parameters, by
+    name: IntEnums the replay reads as constants, with the operands' kinds for the recorder."""
+    operands = IntEnum(name, [(n.upper(), i) for i, n in enumerate(kinds)])
+    operands.kinds, operands.params = kinds, params
+    return operands, IntEnum(name + "Params", [(n.upper(), i) for i, n in enumerate(params)]) if params else None
+
+
+Embed, _ = _operation("Embed", matrix="matrix", ids="input", out="f32", width="count")
+Scale, ScaleParams = _operation("Scale", ("factor",), x="f32", out="f32", n="count")
+Add, _ = _operation("Add", a="f32", b="f32", out="f32", n="count")
+RmsNorm, RmsNormParams = _operation("RmsNorm", ("eps",), x="f32", weight="f32", out="f32", rows="count",
+                                    width="count")
+Products, _ = _operation("Products", x="f32", out="f32", tokens="count", k="count", n="count", first="tasks",
+                         last="tasks", formats="formats")
+RopeTable, RopeTableParams = _operation("RopeTable", ("position_scale",), positions="input", frequencies="f64",
+                                        n="count", cos="f32", sin="f32")
+Rope, _ = _operation("Rope", x="f32", tokens="count", heads="count", dim="count", cos="f32", sin="f32",
+                     n="count", neox="flag")
+StoreKv, _ = _operation("StoreKv", cache="cache", slots="input", k="f32", v="f32", tokens="count",
+                        key_dim="count", value_dim="count")
+Attention, AttentionParams = _operation(
+    "Attention", ("scale", "softcap"), q="f32", tokens="count", heads="count", cache="cache",
+    query_positions="input", key_positions="input", out="f32", window="count", key_dim="count",
+    value_dim="count")
+Gated, _ = _operation("Gated", gate="f32", up="f32", rows="count", width="count")
+Softcap, SoftcapParams = _operation("Softcap", ("cap",), x="f32", out="f32", n="count")
+OPERANDS = {Op.EMBED: Embed, Op.SCALE: Scale, Op.ADD: Add, Op.RMS_NORM: RmsNorm, Op.PRODUCTS: Products,
+            Op.ROPE_TABLE: RopeTable, Op.ROPE: Rope, Op.STORE_KV: StoreKv, Op.ATTENTION: Attention,
+            Op.SILU_MUL: Gated, Op.GELU_MUL: Gated, Op.SOFTCAP: Softcap}
+ARGS = max(len(operands) for operands in OPERANDS.values())
+PARAMS = max(len(operands.params) for operands in OPERANDS.values())
 # columns of a program's cache table: keys (kv heads, tiles, dim, tile) and values (kv heads, slots, dim)
 CACHE_COLUMNS = 8
 
@@ -69,46 +119,61 @@ def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, st
     (intrinsics.rows_tag)."""
     for i in range(code.shape[0]):
         op, a, f = code[i, 0], code[i, 1:], params[i]
-        if op == EMBED:
-            ids = _input(inputs, a[1], np.int64)
-            dequantize_matrix_rows(mats, a[0], ids, _f32(a[2], (ids.shape[0], a[3])))
-        elif op == SCALE:
-            x, out, factor = _f32(a[0], (a[2],)), _f32(a[1], (a[2],)), np.float32(f[0])
-            for j in range(a[2]):
+        if op == Op.EMBED:
+            ids = _input(inputs, a[Embed.IDS], np.int64)
+            dequantize_matrix_rows(mats, a[Embed.MATRIX], ids, _f32(a[Embed.OUT], (ids.shape[0], a[Embed.WIDTH])))
+        elif op == Op.SCALE:
+            n, factor = a[Scale.N], np.float32(f[ScaleParams.FACTOR])
+            x, out = _f32(a[Scale.X], (n,)), _f32(a[Scale.OUT], (n,))
+            for j in range(n):
                 out[j] = x[j] * factor
-        elif op == ADD:
-            x, y, out = _f32(a[0], (a[3],)), _f32(a[1], (a[3],)), _f32(a[2], (a[3],))
-            for j in range(a[3]):
+        elif op == Op.ADD:
+            n = a[Add.N]
+            x, y, out = _f32(a[Add.A], (n,)), _f32(a[Add.B], (n,)), _f32(a[Add.OUT], (n,))
+            for j in range(n):
                 out[j] = x[j] + y[j]
-        elif op == RMS_NORM:
-            ops.rms_norm(_f32(a[0], (a[3], a[4])), _f32(a[1], (a[4],)), np.float32(f[0]), _f32(a[2], (a[3], a[4])))
-        elif op == PRODUCTS:
-            products(mats, tasks[a[5]:a[6]], _f32(a[0], (a[2], a[3])), _f32(a[1], (a[2], a[4])), a[7], rounding,
-                     streams)
-        elif op == ROPE_TABLE:
-            positions = _input(inputs, a[0], np.int32)
-            shape = (positions.shape[0], a[2])
-            ops.rope_angles(positions, carray(pointer_at(a[1], np.float64), (a[2],)), f[0], _f32(a[3], shape),
-                            _f32(a[4], shape))
-        elif op == ROPE:
-            shape = (a[1], a[6])
-            ops.rope(_f32(a[0], (a[1], a[2], a[3])), _f32(a[4], shape), _f32(a[5], shape), a[7] != 0)
-        elif op == STORE_KV:
-            keys, values = _cache(caches, a[0], kv_like)
-            n_kv = keys.shape[0]
-            store_kv(keys, values, _input(inputs, a[1], np.int64), _f32(a[2], (a[4], n_kv, a[5])),
-                     _f32(a[3], (a[4], n_kv, a[6])))
-        elif op == ATTENTION:
-            keys, values = _cache(caches, a[3], kv_like)
-            attention_few(_f32(a[0], (a[1], a[2], a[8])), keys, values, _input(inputs, a[4], np.int32),
-                          _input(inputs, a[5], np.int32), np.float32(f[0]), a[7], np.float32(f[1]),
-                          _f32(a[6], (a[1], a[2], a[9])), group_tag)
-        elif op == SILU_MUL:
-            ops.silu_mul(_f32(a[0], (a[2], a[3])), _f32(a[1], (a[2], a[3])))
-        elif op == GELU_MUL:
-            ops.gelu_mul(_f32(a[0], (a[2], a[3])), _f32(a[1], (a[2], a[3])))
-        elif op == SOFTCAP:
-            ops.softcap(_f32(a[0], (a[2],)), np.float32(f[0]), _f32(a[1], (a[2],)))
+        elif op == Op.RMS_NORM:
+            shape = (a[RmsNorm.ROWS], a[RmsNorm.WIDTH])
+            ops.rms_norm(_f32(a[RmsNorm.X], shape), _f32(a[RmsNorm.WEIGHT], (shape[1],)),
+                         np.float32(f[RmsNormParams.EPS]), _f32(a[RmsNorm.OUT], shape))
+        elif op == Op.PRODUCTS:
+            tokens = a[Products.TOKENS]
+            products(mats, tasks[a[Products.FIRST]:a[Products.LAST]], _f32(a[Products.X], (tokens, a[Products.K])),
+                     _f32(a[Products.OUT], (tokens, a[Products.N])), a[Products.FORMATS], rounding, streams)
+        elif op == Op.ROPE_TABLE:
+            positions = _input(inputs, a[RopeTable.POSITIONS], np.int32)
+            shape = (positions.shape[0], a[RopeTable.N])
+            ops.rope_angles(positions, carray(pointer_at(a[RopeTable.FREQUENCIES], np.float64), (shape[1],)),
+                            f[RopeTableParams.POSITION_SCALE], _f32(a[RopeTable.COS], shape),
+                            _f32(a[RopeTable.SIN], shape))
+        elif op == Op.ROPE:
+            shape = (a[Rope.TOKENS], a[Rope.N])
+            ops.rope(_f32(a[Rope.X], (a[Rope.TOKENS], a[Rope.HEADS], a[Rope.DIM])), _f32(a[Rope.COS], shape),
+                     _f32(a[Rope.SIN], shape), a[Rope.NEOX] != 0)
+        elif op == Op.STORE_KV:
+            keys, values = _cache(caches, a[StoreKv.CACHE], kv_like)
+            tokens, n_kv = a[StoreKv.TOKENS], keys.shape[0]
+            store_kv(keys, values, _input(inputs, a[StoreKv.SLOTS], np.int64),
+                     _f32(a[StoreKv.K], (tokens, n_kv, a[StoreKv.KEY_DIM])),
+                     _f32(a[StoreKv.V], (tokens, n_kv, a[StoreKv.VALUE_DIM])))
+        elif op == Op.ATTENTION:
+            keys, values = _cache(caches, a[Attention.CACHE], kv_like)
+            shape = (a[Attention.TOKENS], a[Attention.HEADS])
+            attention_few(_f32(a[Attention.Q], shape + (a[Attention.KEY_DIM],)), keys, values,
+                          _input(inputs, a[Attention.QUERY_POSITIONS], np.int32),
+                          _input(inputs, a[Attention.KEY_POSITIONS], np.int32), np.float32(f[AttentionParams.SCALE]),
+                          a[Attention.WINDOW], np.float32(f[AttentionParams.SOFTCAP]),
+                          _f32(a[Attention.OUT], shape + (a[Attention.VALUE_DIM],)), group_tag)
+        elif op == Op.SILU_MUL or op == Op.GELU_MUL:
+            shape = (a[Gated.ROWS], a[Gated.WIDTH])
+            gate, up = _f32(a[Gated.GATE], shape), _f32(a[Gated.UP], shape)
+            if op == Op.SILU_MUL:
+                ops.silu_mul(gate, up)
+            else:
+                ops.gelu_mul(gate, up)
+        elif op == Op.SOFTCAP:
+            n = a[Softcap.N]
+            ops.softcap(_f32(a[Softcap.X], (n,)), np.float32(f[SoftcapParams.CAP]), _f32(a[Softcap.OUT], (n,)))
 
 
 @njit(cache=True, inline="always")
@@ -119,7 +184,11 @@ def _cache(caches, c, kv_like):
 
 
 class _Traced(np.ndarray):
-    """An activation of the recording step: numpy arithmetic on it is recorded as well."""
+    """An activation of the recording step: numpy arithmetic on it is recorded as well, and any
+    read of its values into Python (float(x), int(x), bool(x), x.item(), indexing by it, numpy
+    functions such as argmax) marks the step not replayable: a value read once would be baked
+    into every replay. (A copy made with np.asarray escapes this; verify_first_replay catches
+    what that changes.)"""
 
     def __array_finalize__(self, obj):
         self.recorder = getattr(obj, "recorder", None)
@@ -131,6 +200,37 @@ class _Traced(np.ndarray):
             return result
         return self.recorder.ufunc(ufunc, method, plain, kwargs, result)
 
+    def __array_function__(self, func, types, args, kwargs):
+        if func not in _SHAPE_ONLY:
+            self._read(f"numpy {func.__name__}")
+        return super().__array_function__(func, types, args, kwargs)
+
+    def _read(self, what: str):
+        if self.recorder is not None:
+            self.recorder.fail(f"{what} reads an activation's values")
+
+    def __getitem__(self, index):
+        result = super().__getitem__(index)
+        if not isinstance(result, np.ndarray):
+            self._read("an element")
+        elif any(isinstance(i, np.ndarray) for i in (index if isinstance(index, tuple) else (index,))):
+            self._read("indexing by an array")
+        return result
+
+
+def _reads(name):
+    def read(self, *args, **kwargs):
+        self._read(f"{name}()")
+        return getattr(np.ndarray, name)(self, *args, **kwargs)
+    return read
+
+
+for _name in ("__float__", "__int__", "__index__", "__bool__", "__complex__", "item", "tolist", "tobytes",
+              "argmax", "argmin", "argsort", "argpartition", "nonzero", "searchsorted", "__repr__", "__str__"):
+    setattr(_Traced, _name, _reads(_name))
+# numpy functions that look at an activation's shape only
+_SHAPE_ONLY = frozenset({np.shape, np.ndim, np.size, np.reshape, np.result_type, np.empty_like})
+
 
 class Recorder:
     """Writes down a step's operations while the backend runs them eagerly (see module doc)."""
@@ -141,6 +241,7 @@ class Recorder:
         self.failed: str | None = None
         self.constants = constants  # id -> the weight vectors the backend loaded
         self.keep: dict = {}        # id -> every array the program reads or writes by address
+        self._memory: set = set()   # the addresses of those arrays
         self.produced: set = set()  # ids of the step's own activations
         self.inputs: list = []      # (batch field, index in the field's tuple or None, dtype)
         self._input_ids: dict = {}
@@ -184,6 +285,7 @@ class Recorder:
         elif array.dtype != np.float32 or not array.flags.c_contiguous or array.size != size:
             self.fail("an operand that is not a contiguous float32 array of the expected size")
         self.keep[id(array)] = array
+        self._memory.add(array.ctypes.data)
         return array.ctypes.data
 
     def input(self, array, dtype) -> int:
@@ -214,28 +316,48 @@ class Recorder:
             self.caches.append([keys.ctypes.data, *keys.shape, values.ctypes.data, *values.shape[1:]])
         return index
 
-    def add(self, code, *args, params=()):
-        row = [code, *[int(a) for a in args]]
-        self.rows.append((row + [0] * (ARGS + 1 - len(row)), list(params) + [0.0] * (2 - len(params))))
+    def add(self, op: Op, **named):
+        """A row of the program: op with its operands and parameters by name (OPERANDS[op]), each
+        operand checked against its kind."""
+        operands = OPERANDS[op]
+        if set(named) != set(operands.kinds) | set(operands.params):
+            raise TypeError(f"{op.name} takes {', '.join([*operands.kinds, *operands.params])}, not {', '.join(named)}")
+        row = [int(op)] + [self._operand(op, name, kind, named[name]) for name, kind in operands.kinds.items()]
+        params = [float(named[name]) for name in operands.params]
+        self.rows.append((row + [0] * (ARGS + 1 - len(row)), params + [0.0] * (PARAMS - len(params))))
+
+    def _operand(self, op: Op, name: str, kind: str, value) -> int:
+        value = int(value)
+        if self.failed is not None:  # not a program any more: the step just runs eagerly
+            return value
+        valid = {"f32": value in self._memory, "f64": value in self._memory, "matrix": 0 <= value < len(self.mats),
+                 "tasks": 0 <= value <= self.n_tasks, "input": 0 <= value < len(self.inputs),
+                 "cache": 0 <= value < len(self.caches), "count": value >= 0, "flag": value in (0, 1),
+                 "formats": value >= 0}[kind]
+        if not valid:
+            raise TypeError(f"{op.name}'s {name} = {value} is not {KINDS[kind]}")
+        return value
 
     # --- operations, in the backend's words
     def embed(self, w, ids, out):
         self.embedding_rows.append(w.shape[0])
-        self.add(EMBED, self.matrix(w), self.input(ids, np.int64), self.address(out, out.size), out.shape[1])
+        self.add(Op.EMBED, matrix=self.matrix(w), ids=self.input(ids, np.int64), out=self.address(out, out.size),
+                 width=out.shape[1])
 
     def rms_norm(self, x, weight, eps, out):
         rows, width = out.shape
-        self.add(RMS_NORM, self.address(x, out.size), self.address(weight, width), self.address(out, out.size),
-                 rows, width, params=[eps])
+        self.add(Op.RMS_NORM, x=self.address(x, out.size), weight=self.address(weight, width),
+                 out=self.address(out, out.size), rows=rows, width=width, eps=eps)
 
     def products(self, stack, x, out):
         relabel = np.array([self.matrix(m) for m in stack.matrices], dtype=np.int64)
         tasks = stack.tasks.copy()
         tasks[:, 0] = relabel[stack.tasks[:, 0]]
         self.tasks.append(tasks)
-        self.add(PRODUCTS, self.address(x, x.size), self.address(out, out.size), x.shape[0], x.shape[1],
-                 out.shape[1], self.n_tasks, self.n_tasks + len(tasks), stack.formats)
         self.n_tasks += len(tasks)
+        self.add(Op.PRODUCTS, x=self.address(x, x.size), out=self.address(out, out.size), tokens=x.shape[0],
+                 k=x.shape[1], n=out.shape[1], first=self.n_tasks - len(tasks), last=self.n_tasks,
+                 formats=stack.formats)
 
     def rope_table(self, positions, n_rot, base, pos_scale, freq_factors):
         """The step's cos/sin tables for one rotation, made once per step and recorded."""
@@ -243,34 +365,42 @@ class Recorder:
         if key not in self.rope_tables:
             frequencies = ops.rope_frequencies(n_rot, base, freq_factors)
             self.keep[id(frequencies)] = frequencies
+            self._memory.add(frequencies.ctypes.data)
             cos, sin = (self.traced(table) for table in ops.rope_table(positions, frequencies, pos_scale))
-            self.add(ROPE_TABLE, self.input(positions, np.int32), frequencies.ctypes.data, cos.shape[1],
-                     self.address(cos, cos.size), self.address(sin, sin.size), params=[pos_scale])
+            self.add(Op.ROPE_TABLE, positions=self.input(positions, np.int32), frequencies=frequencies.ctypes.data,
+                     n=cos.shape[1], cos=self.address(cos, cos.size), sin=self.address(sin, sin.size),
+                     position_scale=pos_scale)
             self.rope_tables[key] = cos, sin
         return self.rope_tables[key]
 
     def rope(self, x, cos, sin, neox):
-        self.add(ROPE, self.address(x, x.size), *x.shape, self.address(cos, cos.size), self.address(sin, sin.size),
-                 cos.shape[1], neox)
+        tokens, heads, dim = x.shape
+        self.add(Op.ROPE, x=self.address(x, x.size), tokens=tokens, heads=heads, dim=dim,
+                 cos=self.address(cos, cos.size), sin=self.address(sin, sin.size), n=cos.shape[1], neox=neox)
 
     def store_kv(self, keys, values, slots, k, v):
-        self.add(STORE_KV, self.cache(keys, values), self.input(slots, np.int64), self.address(k, k.size),
-                 self.address(v, v.size), k.shape[0], *head_dims(keys, values))
+        key_dim, value_dim = head_dims(keys, values)
+        self.add(Op.STORE_KV, cache=self.cache(keys, values), slots=self.input(slots, np.int64),
+                 k=self.address(k, k.size), v=self.address(v, v.size), tokens=k.shape[0], key_dim=key_dim,
+                 value_dim=value_dim)
 
     def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap, out):
         group = q.shape[1] // keys.shape[0]
         if self.group not in (None, group):
             self.fail("layers with different numbers of queries per KV head")
         self.group = group
-        self.add(ATTENTION, self.address(q, q.size), q.shape[0], q.shape[1], self.cache(keys, values),
-                 self.input(q_pos, np.int32), self.input(k_pos, np.int32), self.address(out, out.size), window,
-                 *head_dims(keys, values), params=[scale, softcap])
+        key_dim, value_dim = head_dims(keys, values)
+        self.add(Op.ATTENTION, q=self.address(q, q.size), tokens=q.shape[0], heads=q.shape[1],
+                 cache=self.cache(keys, values), query_positions=self.input(q_pos, np.int32),
+                 key_positions=self.input(k_pos, np.int32), out=self.address(out, out.size), window=window,
+                 key_dim=key_dim, value_dim=value_dim, scale=scale, softcap=softcap)
 
-    def gated(self, code, gate, up):
-        self.add(code, self.address(gate, gate.size), self.address(up, gate.size), *gate.shape)
+    def gated(self, op: Op, gate, up):
+        rows, width = gate.shape
+        self.add(op, gate=self.address(gate, gate.size), up=self.address(up, gate.size), rows=rows, width=width)
 
     def softcap(self, x, cap, out):
-        self.add(SOFTCAP, self.address(x, x.size), self.address(out, out.size), out.size, params=[cap])
+        self.add(Op.SOFTCAP, x=self.address(x, x.size), out=self.address(out, out.size), n=out.size, cap=cap)
 
     def ufunc(self, ufunc, method, inputs, kwargs, result):
         """Residual sums, biases and scale factors: x + y and x * s on activations."""
@@ -280,12 +410,13 @@ class Recorder:
             self.fail(f"numpy {ufunc.__name__}.{method}")
             return result
         out = self.traced(result)
+        n = result.size
         if ufunc is np.add and len(arrays) == 2:
-            self.add(ADD, *(self.address(x, result.size) for x in arrays), self.address(result, result.size),
-                     result.size)
+            self.add(Op.ADD, a=self.address(arrays[0], n), b=self.address(arrays[1], n),
+                     out=self.address(result, n), n=n)
         elif ufunc is np.multiply and len(arrays) == 1 and len(scalars) == 1:
-            self.add(SCALE, self.address(arrays[0], result.size), self.address(result, result.size), result.size,
-                     params=[float(np.float32(scalars[0]))])
+            self.add(Op.SCALE, x=self.address(arrays[0], n), out=self.address(result, n), n=n,
+                     factor=float(np.float32(scalars[0])))
         else:
             self.fail(f"numpy {ufunc.__name__} of {len(arrays)} arrays")
         return out
@@ -338,15 +469,27 @@ class StepProgram:
 
 
 REPLAY_KEY = "cpu step program"
+CHECKED = "checked"  # the program's first replay agreed with an eager step
 
 
 def run_step(backend, compute, batch, replays: dict):
-    """A one-token step: replayed from the cache's program, or run eagerly and recorded."""
+    """A one-token step: replayed from the cache's program, or run eagerly and recorded. The first
+    replay also runs eagerly (a step over the same slots writes the same keys and values, so the
+    two agree bit for bit) and drops the program if they differ: a value that the model read past
+    the tracing would otherwise be replayed as the recording step saw it, silently."""
     program = replays.get(REPLAY_KEY, False)
     if program is None:  # recorded once and found not replayable
         return compute(batch)
     if program is not False:
-        return program.replay(batch)
+        replayed = program.replay(batch)
+        if replays.get(CHECKED):
+            return replayed
+        eager = np.array(compute(batch))
+        if np.array_equal(replayed, eager):
+            replays[CHECKED] = True
+        else:
+            replays[REPLAY_KEY] = None
+        return eager
     recorder = Recorder(batch, backend.constants, backend.precise)
     backend.recorder = recorder
     try:

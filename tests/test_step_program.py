@@ -68,3 +68,70 @@ def test_replay_rejects_token_ids_outside_the_vocabulary(smollm):
     smollm.model.forward([3], cache)  # recorded
     with pytest.raises(IndexError):
         smollm.model.forward([smollm.params.vocab_size], cache)
+
+
+# Layer 0's output scaled by a factor read from the activation's values into Python: the
+# pattern of an expert choice (the factor of the first step would otherwise be replayed forever).
+DATA_DEPENDENT = {
+    "float": lambda y: 1 + 0.5 * np.tanh(float(y[0, 0])),
+    "int": lambda y: 1 + 0.1 * int(y[0, 0] > 0),
+    "bool": lambda y: 1.5 if y[0, 0] > 0 else 0.5,
+    "item": lambda y: 1 + 0.5 * np.tanh(y[0, :1].item()),
+    "argmax": lambda y: 1 + 0.01 * int(np.argmax(y[0])),
+    "argmax method": lambda y: 1 + 0.01 * y[0].argmax(),
+    "index by a value": lambda y: 1 + 0.5 * np.tanh(np.float32(np.arange(8)[(y[:, 0] > 0).astype(np.int64)][0])),
+}
+
+
+@pytest.mark.parametrize("read", list(DATA_DEPENDENT))
+def test_a_step_that_reads_activation_values_is_not_replayed(smollm_path, monkeypatch, read):
+    lm = load_model(smollm_path)
+    block = lm.model.block
+
+    def scaled_block(layer, x, batch, cache, i):
+        y = block(layer, x, batch, cache, i)
+        return y * np.float32(DATA_DEPENDENT[read](y)) if i == 0 else y
+
+    monkeypatch.setattr(lm.model, "block", scaled_block)
+    _assert_replay_is_exact(lm, [1, 504, 3458, 314], 6, replayable=False, n_ctx=32)
+    cache = lm.model.new_cache(32)
+    lm.model.forward([1, 504], cache)
+    lm.model.forward([3458], cache)
+    assert cache.replays[REPLAY_KEY] is None  # refused by the recorder itself, before any replay
+
+
+def test_a_read_the_tracing_cannot_see_is_caught_by_the_first_replay(smollm_path, monkeypatch):
+    """np.asarray hands out a plain copy of an activation: its reads are invisible to the
+    recorder; the first replay, checked against an eager step, drops the program."""
+    lm = load_model(smollm_path)
+    block = lm.model.block
+
+    def scaled_block(layer, x, batch, cache, i):
+        y = block(layer, x, batch, cache, i)
+        return y * np.float32(1 + 0.5 * np.tanh(float(np.asarray(y)[0, 0]))) if i == 0 else y
+
+    monkeypatch.setattr(lm.model, "block", scaled_block)
+    cache = lm.model.new_cache(32)
+    lm.model.forward([1, 504], cache)
+    lm.model.forward([3458], cache)
+    assert cache.replays[REPLAY_KEY] is not None  # recorded: the read was not seen
+    eager, _ = _decode(lm, [1, 504, 3458, 314], 6, replay=False, n_ctx=32)
+    replayed, cache = _decode(lm, [1, 504, 3458, 314], 6, replay=True, n_ctx=32)
+    assert cache.replays[REPLAY_KEY] is None and np.array_equal(replayed, eager)
+
+
+def test_program_rows_take_named_operands_of_their_kind(smollm):
+    from kernels_cpu.step_program import Op, Recorder
+    batch = smollm.model.new_cache(8).reserve([1])
+    recorder = Recorder(batch, smollm.backend.constants, precise=False)
+    x = recorder.traced(np.zeros((1, 4), np.float32))
+    out = recorder.traced(np.zeros((1, 4), np.float32))
+    recorder.add(Op.ADD, a=recorder.address(x, 4), b=recorder.address(x, 4), out=recorder.address(out, 4), n=4)
+    with pytest.raises(TypeError, match="ADD takes a, b, out, n"):
+        recorder.add(Op.ADD, x=recorder.address(x, 4), out=recorder.address(out, 4), n=4)
+    with pytest.raises(TypeError, match="ADD's b = .* is not the address of float32 memory"):
+        recorder.add(Op.ADD, a=recorder.address(x, 4), b=12345, out=recorder.address(out, 4), n=4)
+    with pytest.raises(TypeError, match="EMBED's ids = 7 is not one of the step's inputs"):
+        recorder.add(Op.EMBED, matrix=recorder.matrix(smollm.model.tok_embd), ids=7, out=recorder.address(out, 4),
+                     width=4)
+    assert recorder.failed is None and len(recorder.rows) == 1
