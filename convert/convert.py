@@ -30,7 +30,7 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True) -
         raise ConversionError(f"{folder} is not a folder")
     file_type = _file_type(type_name)
     hf = read_hf_model(folder)
-    tok, special = read_tokenizer(folder, hf.vocab_size, prefer_sentencepiece=hf.spec.gguf_arch == "gemma3")
+    tok, special = read_tokenizer(folder, hf.vocab_size, prefer_sentencepiece=hf.arch.sentencepiece_first)
     from .safetensors_io import Checkpoint
     ckpt = Checkpoint(folder)
 
@@ -47,21 +47,21 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True) -
                for name, hf_name, shape in planned]
 
     metadata = model_metadata(folder.resolve().name, hf, file_type, tok, special)
-    return write_gguf(out, hf.spec.gguf_arch, metadata, tensors, progress)
+    return write_gguf(out, hf.arch.name, metadata, tensors, progress)
 
 
 def model_metadata(name: str, hf: HFModel, file_type: str, tok, special: dict) -> list:
     """The GGUF key/value section of a converted model: general keys, the architecture's
     hyperparameters, the file type and the tokenizer."""
-    arch = hf.spec.gguf_arch
+    arch = hf.arch
     md = [("general.type", "model"), ("general.name", name)]
-    md += [(f"{arch}.{k}", v) for k, v in hf.metadata.items()]
+    md += [(f"{arch.name}.{k}", v) for k, v in hf.metadata.items()]
     md += [("general.file_type", int(FILE_TYPES[file_type][1])),
            ("general.quantization_version", QUANTIZATION_VERSION)]
     return [(k, *typed_value(v)) for k, v in md] + _tokenizer_metadata(tok, special, arch)
 
 
-def _tokenizer_metadata(tok, special: dict, arch: str) -> list:
+def _tokenizer_metadata(tok, special: dict, arch) -> list:
     arr = GGUFValueType.ARRAY
     md = [("tokenizer.ggml.model", tok.model, GGUFValueType.STRING, None)]
     if tok.pre:
@@ -79,7 +79,7 @@ def _tokenizer_metadata(tok, special: dict, arch: str) -> list:
     for name in ("add_bos", "add_eos"):
         if name in special:
             md.append((f"tokenizer.ggml.{name}_token", special[name], GGUFValueType.BOOL, None))
-    space_prefix = False if arch == "gemma3" else tok.add_space_prefix
+    space_prefix = tok.add_space_prefix if arch.space_prefix is None else arch.space_prefix
     if space_prefix is not None:
         md.append(("tokenizer.ggml.add_space_prefix", space_prefix, GGUFValueType.BOOL, None))
     if "chat_template" in special:

@@ -1,59 +1,24 @@
-"""A Hugging Face model folder's config.json, read into GGUF hyperparameters per architecture.
+"""A Hugging Face model folder's config.json, read into GGUF hyperparameters.
 
-Each architecture declares its GGUF name and how its checkpoint differs (rotary permutation of
-Q/K rows, norm weights stored minus one, extra norms); the conversion itself is shared.
+What differs between architectures (the GGUF name, tensor names, the few ways a checkpoint differs
+from what llama.cpp's graph reads) is declared in gguf_io.architectures; the conversion is shared.
 """
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from gguf_io.architectures import HF_MODEL_TYPES, Architecture
+
 from .errors import ConversionError
-
-
-@dataclass(frozen=True)
-class ArchSpec:
-    gguf_arch: str
-    permute_qk: bool = False      # llama.cpp's Llama graph rotates interleaved pairs: permute HF rows
-    norm_plus_one: bool = False   # Gemma stores RMSNorm weights as w - 1
-    layer_tensors: dict = field(default_factory=dict)
-
-
-_COMMON = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-_LLAMA = {**_COMMON, "post_attention_layernorm.weight": "ffn_norm.weight"}
-_QWEN2 = {**_LLAMA, "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
-          "self_attn.v_proj.bias": "attn_v.bias"}
-_QK_NORM = {"self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight"}
-_GEMMA3 = {**_COMMON, **_QK_NORM, "post_attention_layernorm.weight": "post_attention_norm.weight",
-           "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-           "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
-
-ARCHITECTURES = {
-    "llama": ArchSpec("llama", permute_qk=True, layer_tensors=_LLAMA),
-    "mistral": ArchSpec("llama", permute_qk=True, layer_tensors=_LLAMA),
-    "qwen2": ArchSpec("qwen2", layer_tensors=_QWEN2),
-    "qwen3": ArchSpec("qwen3", layer_tensors={**_LLAMA, **_QK_NORM}),
-    "gemma3": ArchSpec("gemma3", norm_plus_one=True, layer_tensors=_GEMMA3),
-    "gemma3_text": ArchSpec("gemma3", norm_plus_one=True, layer_tensors=_GEMMA3),
-}
-_TOP_LEVEL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-              "lm_head.weight": "output.weight"}
-_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 
 @dataclass
 class HFModel:
-    spec: ArchSpec
+    arch: Architecture
     n_layer: int
     n_embd: int
     n_ff: int
@@ -64,22 +29,23 @@ class HFModel:
     tied: bool
     metadata: dict  # GGUF key (without the architecture prefix) -> value
 
+    def __post_init__(self):
+        self._names = self.arch.hf_names(self.n_layer)
+
     def gguf_name(self, hf_name: str) -> str | None:
         """GGUF tensor name for a checkpoint tensor; None for tensors llama.cpp drops."""
         hf_name = hf_name.replace("model.language_model.", "model.").replace("language_model.model.", "model.")
-        if hf_name in _TOP_LEVEL:
-            return None if hf_name == "lm_head.weight" and self.tied else _TOP_LEVEL[hf_name]
-        m = _LAYER.fullmatch(hf_name)
-        if m and m.group(2) in self.spec.layer_tensors and int(m.group(1)) < self.n_layer:
-            return f"blk.{m.group(1)}.{self.spec.layer_tensors[m.group(2)]}"
-        if hf_name.endswith("rotary_emb.inv_freq"):
+        if (hf_name == "lm_head.weight" and self.tied) or hf_name.endswith("rotary_emb.inv_freq"):
             return None
-        raise ConversionError(f"tensor {hf_name!r} is not part of a supported {self.spec.gguf_arch} checkpoint")
+        name = self._names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise ConversionError(f"tensor {hf_name!r} is not part of a supported {self.arch.name} checkpoint")
+        return name
 
     def transform(self, gguf_name: str, w: np.ndarray) -> np.ndarray:
-        if self.spec.norm_plus_one and gguf_name.endswith("norm.weight"):
+        if self.arch.norm_plus_one and gguf_name.endswith("norm.weight"):
             w = w + np.float32(1.0)
-        if self.spec.permute_qk and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+        if self.arch.permute_qk and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = self.n_head if "attn_q" in gguf_name else self.n_head_kv
             w = w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
         return w
@@ -107,10 +73,10 @@ def model_from_config(cfg: dict) -> HFModel:
     """The model a Hugging Face config.json describes: architecture, sizes, GGUF metadata."""
     cfg = {**cfg, **cfg.get("text_config", {})}  # multimodal wrappers keep the decoder's config inside
     model_type = cfg.get("model_type")
-    if model_type not in ARCHITECTURES:
+    if model_type not in HF_MODEL_TYPES:
         raise ConversionError(f"model_type {model_type!r} is not supported "
-                              f"(supported: {', '.join(sorted(ARCHITECTURES))})")
-    spec = ARCHITECTURES[model_type]
+                              f"(supported: {', '.join(sorted(HF_MODEL_TYPES))})")
+    arch = HF_MODEL_TYPES[model_type]
     try:
         n_layer, n_embd = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
         n_head, n_ff = int(cfg["num_attention_heads"]), int(cfg["intermediate_size"])
@@ -129,7 +95,6 @@ def model_from_config(cfg: dict) -> HFModel:
     rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
     if rope_type not in ("default", "linear"):
         raise ConversionError(f"RoPE scaling {rope_type!r} is not supported")
-    default_theta = 1_000_000.0 if spec.gguf_arch == "gemma3" else 10_000.0
     md = {
         "context_length": int(cfg.get("max_position_embeddings", 2048)),
         "embedding_length": n_embd,
@@ -137,33 +102,33 @@ def model_from_config(cfg: dict) -> HFModel:
         "feed_forward_length": n_ff,
         "attention.head_count": n_head,
         "attention.head_count_kv": n_head_kv,
-        "rope.freq_base": float(rope.get("rope_theta", cfg.get("rope_theta", default_theta))),
+        "rope.freq_base": float(rope.get("rope_theta", cfg.get("rope_theta", arch.rope_theta_default))),
         "attention.layer_norm_rms_epsilon": float(cfg.get("rms_norm_eps", 1e-6)),
     }
     if rope_type == "linear":
         md["rope.scaling.type"] = "linear"
         md["rope.scaling.factor"] = float(scaling["factor"])
-    if spec.gguf_arch == "llama":
+    if arch.writes_vocab_and_rope_dims:
         md["vocab_size"] = vocab_size
         md["rope.dimension_count"] = head_dim
-    if spec.gguf_arch in ("qwen3", "gemma3") or head_dim != n_embd // n_head:
+    if arch.writes_head_dims or head_dim != n_embd // n_head:
         md["attention.key_length"] = head_dim
         md["attention.value_length"] = head_dim
-    if spec.gguf_arch == "gemma3":
+    if arch.swa_pattern:
         md["attention.sliding_window"] = int(cfg.get("sliding_window") or 0)
         local_theta = float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0)))
         if local_theta != 10_000.0:
             md["rope.freq_base_swa"] = local_theta
-        pattern = _sliding_window_pattern(cfg, n_layer)
-        if pattern != 6:
+        pattern = _sliding_window_pattern(cfg, n_layer, arch.swa_pattern)
+        if pattern != arch.swa_pattern:
             md["attention.sliding_window_pattern"] = pattern
         if cfg.get("final_logit_softcapping"):
             md["final_logit_softcapping"] = float(cfg["final_logit_softcapping"])
-    tied = bool(cfg.get("tie_word_embeddings", spec.gguf_arch == "gemma3"))
-    return HFModel(spec, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, vocab_size, tied, md)
+    tied = bool(cfg.get("tie_word_embeddings", arch.tied_by_default))
+    return HFModel(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, vocab_size, tied, md)
 
 
-def _sliding_window_pattern(cfg: dict, n_layer: int) -> int:
+def _sliding_window_pattern(cfg: dict, n_layer: int, default: int) -> int:
     types = cfg.get("layer_types")
     if types:  # e.g. five "sliding_attention" then one "full_attention", repeated
         full = [i for i, t in enumerate(types) if t == "full_attention"]
@@ -172,4 +137,4 @@ def _sliding_window_pattern(cfg: dict, n_layer: int) -> int:
         if types != expected:
             raise ConversionError("this layer_types arrangement is not a repeating sliding-window pattern")
         return pattern
-    return int(cfg.get("sliding_window_pattern") or 6)
+    return int(cfg.get("sliding_window_pattern") or default)

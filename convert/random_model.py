@@ -14,6 +14,9 @@ from pathlib import Path
 
 import click
 import numpy as np
+from gguf import MODEL_TENSOR as T
+
+from gguf_io.architectures import ARCHITECTURES
 
 from .convert import model_metadata
 from .gguf_out import PlannedTensor, Summary, write_gguf
@@ -50,15 +53,14 @@ def _vocabulary(n: int) -> TokenizerData:
 
 def _tensor_shapes(s: LlamaShape) -> list[tuple[str, tuple[int, int] | tuple[int]]]:
     """(name, GGML shape: row length first) in llama.cpp's file order."""
+    name = ARCHITECTURES["llama"].tensor_name
     kv = s.n_embd // s.n_head * s.n_head_kv
-    shapes = [("token_embd.weight", (s.n_embd, s.vocab_size))]
-    for i in range(s.n_layer):
-        shapes += [(f"blk.{i}.attn_norm.weight", (s.n_embd,)), (f"blk.{i}.attn_q.weight", (s.n_embd, s.n_embd)),
-                   (f"blk.{i}.attn_k.weight", (s.n_embd, kv)), (f"blk.{i}.attn_v.weight", (s.n_embd, kv)),
-                   (f"blk.{i}.attn_output.weight", (s.n_embd, s.n_embd)), (f"blk.{i}.ffn_norm.weight", (s.n_embd,)),
-                   (f"blk.{i}.ffn_gate.weight", (s.n_embd, s.n_ff)), (f"blk.{i}.ffn_up.weight", (s.n_embd, s.n_ff)),
-                   (f"blk.{i}.ffn_down.weight", (s.n_ff, s.n_embd))]
-    return shapes + [("output_norm.weight", (s.n_embd,)), ("output.weight", (s.n_embd, s.vocab_size))]
+    layer = [(T.ATTN_NORM, (s.n_embd,)), (T.ATTN_Q, (s.n_embd, s.n_embd)), (T.ATTN_K, (s.n_embd, kv)),
+             (T.ATTN_V, (s.n_embd, kv)), (T.ATTN_OUT, (s.n_embd, s.n_embd)), (T.FFN_NORM, (s.n_embd,)),
+             (T.FFN_GATE, (s.n_embd, s.n_ff)), (T.FFN_UP, (s.n_embd, s.n_ff)), (T.FFN_DOWN, (s.n_ff, s.n_embd))]
+    return ([(name(T.TOKEN_EMBD), (s.n_embd, s.vocab_size))]
+            + [(name(t, i), shape) for i in range(s.n_layer) for t, shape in layer]
+            + [(name(T.OUTPUT_NORM), (s.n_embd,)), (name(T.OUTPUT), (s.n_embd, s.vocab_size))])
 
 
 def write_random_llama(path: Path, shape: LlamaShape = SHAPE_7B, type_name: str = "Q4_K_M",

@@ -1,10 +1,13 @@
-"""Model hyperparameters read from `{architecture}.*` metadata keys into one small dataclass."""
+"""Model hyperparameters read from `{architecture}.*` metadata keys into one small dataclass: the
+shared decoder's, with the defaults its architecture declares (architectures.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import Keys
 
+from .architectures import ARCHITECTURES
 from .errors import GGUFError
 from .file import GGUFFile
 
@@ -26,14 +29,22 @@ class ModelParams:
     context_length: int
     vocab_size: int
     sliding_window: int    # 0: no sliding-window layers
-    swa_pattern: int       # every swa_pattern-th layer is global; 0: the architecture's default
-    rope_base_swa: float   # RoPE base of sliding-window layers; 0: the architecture's default
+    swa_pattern: int       # every swa_pattern-th layer is global, the others slide; 0: none
+    rope_base_swa: float   # RoPE base of sliding-window layers
     logit_softcap: float   # 0: none
     attn_softcap: float    # 0: none
 
     @property
     def kv_dim(self) -> int:
         return self.n_head_kv * self.head_dim
+
+    @property
+    def layer_windows(self) -> list[int]:
+        """Each layer's sliding window (0: global attention)."""
+        if self.sliding_window <= 0 or self.swa_pattern <= 0:
+            return [0] * self.n_layer
+        pattern = self.swa_pattern
+        return [self.sliding_window if i % pattern < pattern - 1 else 0 for i in range(self.n_layer)]
 
 
 def _int_array_or_scalar(value, n_layer: int, key: str) -> int:
@@ -46,47 +57,51 @@ def _int_array_or_scalar(value, n_layer: int, key: str) -> int:
 
 
 def read_params(f: GGUFFile) -> ModelParams:
-    arch = f.architecture
+    """The hyperparameters of any architecture's file (info and quantize read those ggrun does not
+    run), with the defaults of the options its declaration sets, where ggrun knows it."""
+    arch_name = f.architecture
+    arch = ARCHITECTURES.get(arch_name)
 
-    def key(name):
-        return f"{arch}.{name}"
+    def get(key, default=None):
+        return f.get(key.format(arch=arch_name), default)
 
-    def need(name):
-        value = f.get(key(name))
+    def need(key):
+        value = get(key)
         if value is None:
-            raise GGUFError(f"{f.path.name}: metadata key {key(name)!r} is missing")
+            raise GGUFError(f"{f.path.name}: metadata key {key.format(arch=arch_name)!r} is missing")
         return value
 
-    n_layer = int(need("block_count"))
-    n_embd = int(need("embedding_length"))
-    n_head = _int_array_or_scalar(need("attention.head_count"), n_layer, "head_count")
-    n_head_kv = _int_array_or_scalar(f.get(key("attention.head_count_kv"), n_head), n_layer, "head_count_kv")
-    n_ff = _int_array_or_scalar(need("feed_forward_length"), n_layer, "feed_forward_length")
+    n_layer = int(need(Keys.LLM.BLOCK_COUNT))
+    n_embd = int(need(Keys.LLM.EMBEDDING_LENGTH))
+    n_head = _int_array_or_scalar(need(Keys.Attention.HEAD_COUNT), n_layer, "head_count")
+    n_head_kv = _int_array_or_scalar(get(Keys.Attention.HEAD_COUNT_KV, n_head), n_layer, "head_count_kv")
+    n_ff = _int_array_or_scalar(need(Keys.LLM.FEED_FORWARD_LENGTH), n_layer, "feed_forward_length")
     if min(n_layer, n_embd, n_head, n_head_kv, n_ff) <= 0 or n_head % n_head_kv:
         raise GGUFError(f"{f.path.name}: inconsistent hyperparameters (layers {n_layer}, width {n_embd}, "
                         f"heads {n_head}/{n_head_kv}, ffn {n_ff})")
-    head_dim = int(f.get(key("attention.key_length"), n_embd // n_head))
-    scaling = f.get(key("rope.scaling.type"), "none")
+    head_dim = int(get(Keys.Attention.KEY_LENGTH, n_embd // n_head))
+    scaling = get(Keys.Rope.SCALING_TYPE, "none")
     if scaling not in ("none", "linear"):
         raise GGUFError(f"{f.path.name}: RoPE scaling {scaling!r} is not supported")
-    rope_scale = float(f.get(key("rope.scaling.factor"), 1.0)) if scaling == "linear" else 1.0
-    vocab = f.get(key("vocab_size"))
+    rope_scale = float(get(Keys.Rope.SCALING_FACTOR, 1.0)) if scaling == "linear" else 1.0
+    rope_base = float(get(Keys.Rope.FREQ_BASE, 10000.0))
+    vocab = get(Keys.LLM.VOCAB_SIZE)
     if vocab is None:
-        tokens = f.get("tokenizer.ggml.tokens")
+        tokens = f.get(Keys.Tokenizer.LIST)
         vocab = len(tokens) if tokens is not None else 0
     return ModelParams(
-        arch=arch, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
+        arch=arch_name, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
         head_dim=head_dim,
-        value_dim=int(f.get(key("attention.value_length"), head_dim)),
-        rope_dim=int(f.get(key("rope.dimension_count"), head_dim)),
-        rope_base=float(f.get(key("rope.freq_base"), 10000.0)),
+        value_dim=int(get(Keys.Attention.VALUE_LENGTH, head_dim)),
+        rope_dim=int(get(Keys.Rope.DIMENSION_COUNT, head_dim)),
+        rope_base=rope_base,
         rope_scale=rope_scale or 1.0,
-        rms_eps=float(f.get(key("attention.layer_norm_rms_epsilon"), 1e-5)),
-        context_length=int(f.get(key("context_length"), 2048)),
+        rms_eps=float(get(Keys.Attention.LAYERNORM_RMS_EPS, 1e-5)),
+        context_length=int(get(Keys.LLM.CONTEXT_LENGTH, 2048)),
         vocab_size=int(vocab),
-        sliding_window=int(f.get(key("attention.sliding_window"), 0)),
-        swa_pattern=int(f.get(key("attention.sliding_window_pattern"), 0)),
-        rope_base_swa=float(f.get(key("rope.freq_base_swa"), 0.0)),
-        logit_softcap=float(f.get(key("final_logit_softcapping"), 0.0)),
-        attn_softcap=float(f.get(key("attn_logit_softcapping"), 0.0)),
+        sliding_window=int(get(Keys.Attention.SLIDING_WINDOW, 0)),
+        swa_pattern=int(get(Keys.Attention.SLIDING_WINDOW_PATTERN, arch.swa_pattern if arch else 0)),
+        rope_base_swa=float(get(Keys.Rope.FREQ_BASE_SWA, arch and arch.rope_base_swa or rope_base)),
+        logit_softcap=float(get(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, 0.0)),
+        attn_softcap=float(get(Keys.LLM.ATTN_LOGIT_SOFTCAPPING, 0.0)),
     )

@@ -8,11 +8,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .chat_template import ChatTemplateError, builtin_template, choose_template, render_with_content_spans
-from .generate import GenerationStats, generate
-from .kv_cache import SINK_TOKENS, ContextFullError
+from .engine import Session
+from .generate import GenerationStats
+from .kv_cache import ContextFullError
 from .kv_state import KVState, KVStateError
 from .sampler import Sampler, SamplingOptions
-from .tokenizer import StreamDecoder, valid_utf8
+from .tokenizer import valid_utf8
 
 
 class ChatSession:
@@ -99,19 +100,15 @@ class ChatSession:
         self.messages.append({"role": "user", "content": user_text})
         rendered, spans = self._render(self.messages, add_generation_prompt=True)
         prompt = self._catch_up(rendered, spans)
-        stream = StreamDecoder(self.lm.tokenizer)
-        self.last = GenerationStats()
+        session = Session(self.lm, self.cache)
         self.interrupted = False
         pieces = []
-        pin = min(SINK_TOKENS, len(prompt) - 1) if self.cache.pinned == 0 else 0  # no BOS, no system
-        for token in generate(self.lm.model, self.cache, prompt, Sampler(self.options), self.max_reply,
-                              self.lm.tokenizer.vocab.end_of_generation, self.last, pin=pin,
-                              should_stop=lambda: self.interrupted):
-            piece = stream.push(token)
+        for piece in session.complete(prompt, Sampler(self.options), self.max_reply,
+                                      should_stop=lambda: self.interrupted):
             pieces.append(piece)
             if on_text:
                 on_text(piece)
-        pieces.append(stream.flush())
+        self.last = session.stats
         reply = "".join(pieces)
         self.fed_text = rendered + self.lm.tokenizer.decode(self.last.tokens)
         self.fed_tokens += len(prompt) + len(self.last.tokens)

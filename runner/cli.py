@@ -17,8 +17,8 @@ from convert.mixes import FILE_TYPES
 
 from .backend import DEVICES, BackendError
 from .chat_template import ChatTemplateError
-from .generate import ModelOutputError
-from .kv_cache import SINK_TOKENS, ContextFullError
+from .generate import ModelOutputError, PromptError
+from .kv_cache import DEFAULT_CONTEXT, ContextFullError
 from .registry import MODELS, RegistryError
 
 
@@ -27,7 +27,7 @@ class InputError(Exception):
 
 
 USER_ERRORS = (GGUFError, ContextFullError, RegistryError, ConversionError, ChatTemplateError, BackendError,
-               ModelOutputError, InputError, OSError)
+               ModelOutputError, PromptError, InputError, OSError)
 
 
 class Command(click.Command):
@@ -161,89 +161,21 @@ def main():
 
 
 def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None, precise=False, prefill=True):
-    """The model, with its kernels loaded from Numba's cache (or compiled, the first time) by
-    throw-away forward passes (warm_up), so that the prompt does not pay for that; prefill: also
-    those of prompts longer than decode's kernels take (run passes False and warms them itself
-    when its prompt needs them). On CUDA that step compiles the fused products (torch.compile
-    keeps them in its own cache)."""
+    """engine.load of a model path or registry name, saying on stderr when kernels compile."""
     from .backend import resolve_device
-    from .load import load_model
+    from .engine import load
     from .registry import resolve
-    from .startup import StartupTimes, paused_gc
-    times = times or StartupTimes()
-    path = resolve(model)
-    device = resolve_device(device)
-    paths = ("decode", "prefill") if prefill else ("decode",)
-    compiling = _compiling(device, kv_type, paths)
-    # A warm start makes ~10^5 objects that live as long as the process (Numba's registries and
-    # kernels, the vocabulary) and little garbage, and the collector's passes over them cost it
-    # ~0.1 s; a compile makes garbage, so the collector runs then.
-    with paused_gc(not compiling):
-        if device == "cpu":
-            importlib.import_module("kernels_cpu.backend")  # (Numba: the bulk of the imports, timed as such)
-        times.mark("imports")
-        if compiling and device == "cpu":  # (its loading compiles too: it interleaves matrices' rows)
-            _say_compiling(device)
-        lm = load_model(path, device=device, threads=threads, kv_type=kv_type, n_ctx=n_ctx, precise=precise)
-        times.mark("file mapping and model")
-        if compiling and device != "cpu":
-            _say_compiling(device)
-        warm_up(lm, paths, compiling)
-    times.mark("kernel cache load")
-    return lm
+    return load(resolve(model), threads, kv_type, times, resolve_device(device), n_ctx, precise, prefill,
+                notify=_say_once)
 
 
-def _compiling(device, kv_type, paths) -> list:
-    """The paths of `paths` whose kernels this run compiles (the first one on the CPU, each
-    marked once done; every run on CUDA, where torch.compile's cache decides)."""
-    if device == "cpu":
-        from kernels_cpu.compile_cache import kernels_compiled
-        return [p for p in paths if not kernels_compiled(f"{kv_type}-{p}")]
-    return list(paths) if device == "cuda" else []
+_said = set()  # (each message is said once per process)
 
 
-_said_compiling = []  # (the message is said once per process)
-
-
-def _say_compiling(device):
-    if _said_compiling:
-        return
-    _said_compiling.append(device)
-    if device == "cpu":
-        click.echo("compiling the Numba kernels (first run only, under a minute; cached for later runs)...", err=True)
-    else:
-        click.echo("compiling the GPU kernels (the first run takes a few minutes; cached for later runs)...", err=True)
-
-
-def warm_up(lm, paths, compiling=()):
-    """Throw-away forward passes through what the first prompt and tokens run, for each path
-    of `paths`: "decode", a few tokens and one-token steps, the second of which replays the
-    first (whose kernel stalled the second token when it compiled then); "prefill", a prompt
-    longer than decode's kernels take. Paths in `compiling` run them all (so that nothing
-    compiles after the message), and are marked compiled; the others run one decode step, which
-    loads what the cache holds."""
-    token = max(lm.tokenizer.vocab.bos_id, 0)
-    if "prefill" in compiling:
-        lm.model.forward([token] * (lm.backend.few_tokens + 1), lm.model.new_cache(16))
-    if "decode" in compiling and lm.backend.few_tokens > 1:
-        lm.model.forward([token] * 2, lm.model.new_cache(16))
-    cache = lm.model.new_cache(16)
-    for _ in range(2 if "decode" in compiling else 1):
-        lm.model.forward([token], cache)
-    if lm.backend.name == "cpu":
-        from kernels_cpu.compile_cache import mark_compiled
-        for path in compiling:
-            mark_compiled(f"{lm.model.kv_type}-{path}")
-
-
-def _warm_prefill(lm, device, kv_type) -> bool:
-    """Prefill's kernels, before a prompt longer than decode's kernels take (run's: it loads
-    without them); whether they compiled."""
-    compiling = _compiling(device, kv_type, ("prefill",))
-    if compiling:
-        _say_compiling(device)
-        warm_up(lm, ("prefill",), compiling)
-    return bool(compiling)
+def _say_once(message: str):
+    if message not in _said:
+        _said.add(message)
+        click.echo(message, err=True)
 
 
 @main.command(cls=Command)
@@ -257,7 +189,8 @@ def _warm_prefill(lm, device, kv_type) -> bool:
 @click.option("--ignore-eos", is_flag=True, help="Go on past end-of-generation tokens.")
 @click.option("--special", is_flag=True, help="Special-token text in the prompt becomes those tokens (as llama.cpp "
                                               "parses it); by default a prompt is plain text.")
-@click.option("-c", "--ctx-size", type=click.IntRange(16), help="Context size (default: min(trained, 4096)).")
+@click.option("-c", "--ctx-size", type=click.IntRange(16),
+              help=f"Context size (default: min(trained, {DEFAULT_CONTEXT})).")
 @click.option("--ring/--no-ring", default=True, show_default=True,
               help="Past the context, keep BOS and overwrite the oldest tokens; --no-ring makes that an error.")
 @threads_option
@@ -273,86 +206,43 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k,
     times = StartupTimes()
     times.start("interpreter and CLI")
     from .backend import resolve_device
-    from .generate import GenerationStats, generate, truncate_prompt
+    from .engine import Session, warm_prefill
     from .sampler import Sampler, SamplingOptions
-    from .tokenizer import StreamDecoder
 
     prompt = _prompt_text(prompt, prompt_file)
     system = _system_text(system, system_file)
     lm = _load(model, threads, kv_type, times, device, ctx_size, precise, prefill=False)
-    n_ctx = ctx_size or lm.default_context()
-    ids = _prompt_ids(lm, prompt, system, special)
-    if len(ids) > lm.backend.few_tokens and _warm_prefill(lm, resolve_device(device), kv_type):
+    session = Session.new(lm, ctx_size, ring=ring)
+    ids = session.prompt_ids(prompt, system, special)
+    if len(ids) > lm.backend.few_tokens and warm_prefill(lm, resolve_device(device), kv_type, _say_once):
         times.mark("prefill kernels")
-    if not ring and len(ids) + n_predict > n_ctx:
-        raise ContextFullError(f"the prompt ({len(ids)} tokens) plus -n {n_predict} exceed the context of "
-                               f"{n_ctx}; use a larger -c, a smaller -n, or --ring")
-    pin = min(SINK_TOKENS, len(ids) - 1) if ring else 0  # BOS included, these stay for good
-    ids, notice = truncate_prompt(ids, n_ctx, pin, n_predict)
-    if notice:
+    ids = session.fit(ids, n_predict)
+    for notice in session.notices:
         click.echo(f"warning: {notice}", err=True)
-    cache = lm.model.new_cache(n_ctx, ring=ring)
-    vocab = lm.tokenizer.vocab
     sampler = Sampler(SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
                                       presence_penalty, frequency_penalty))
-    stats = GenerationStats()
-    stream = StreamDecoder(lm.tokenizer)
     text = []
-    tail = ""  # the end of the text, as long as the longest reverse prompt needs
-    stop_ids = () if ignore_eos else vocab.end_of_generation
-    tokens = generate(lm.model, cache, ids, sampler, n_predict, stop_ids, stats, pin=pin)
-    try:
-        for token in tokens:
-            if timings and stats.generated_tokens == 1:
-                times.mark(f"prompt of {len(ids)} tokens to first token")
-                click.echo(times.line(), err=True)
-            piece = stream.push(token)
-            text.append(piece)
-            if not as_json:
-                click.echo(piece, nl=False)
-                sys.stdout.flush()
-            if stops:
-                tail = (tail + piece)[-max(map(len, stops)) - len(piece):]
-                if any(stop in tail for stop in stops):
-                    stats.stop_reason = "reverse_prompt"
-                    break
-    except KeyboardInterrupt:
-        stats.stop_reason = "interrupted"
-    text.append(stream.flush())
+    for piece in session.complete(ids, sampler, n_predict, stop_ids=() if ignore_eos else None, stops=stops):
+        if timings and not text:
+            times.mark(f"prompt of {len(ids)} tokens to first token")
+            click.echo(times.line(), err=True)
+        text.append(piece)
+        if not as_json:
+            click.echo(piece, nl=False)
+            sys.stdout.flush()
+    stats = session.stats
     if as_json:
         click.echo(json.dumps({
             "text": "".join(text), "prompt_tokens": stats.prompt_tokens, "prompt_ids": ids,
             "generated_tokens": stats.generated_tokens, "token_ids": stats.tokens,
-            "stop_reason": stats.stop_reason,
+            "token_logprobs": stats.logprobs, "stop_reason": stats.stop_reason,
             "time_to_first_token_s": stats.time_to_first_token_s,
             "prefill_tok_s": stats.prefill_tok_s, "decode_tok_s": stats.decode_tok_s}))
     else:
-        click.echo(text[-1])
+        click.echo()
         click.echo(f"\nprompt: {stats.prompt_tokens} tokens, time to first token {stats.time_to_first_token_s:.3f} s, "
                    f"prefill {stats.prefill_tok_s:.1f} tok/s, decode {stats.decode_tok_s:.1f} tok/s "
                    f"({stats.generated_tokens} tokens, stop: {stats.stop_reason})", err=True)
-
-
-def _prompt_ids(lm, prompt: str, system: str | None, special: bool) -> list[int]:
-    """The prompt's tokens: plain text (special-token text parsed only with --special); with a
-    system prompt, the chat template's rendering of system and user turns, whose markup alone
-    yields control tokens. An empty prompt starts from BOS, as llama.cpp does."""
-    tok = lm.tokenizer
-    if system is not None:
-        from .chat_template import choose_template, render_with_content_spans
-        template, warning = choose_template(tok.vocab)
-        if warning:
-            click.echo(f"warning: {warning}", err=True)
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
-        text, spans = render_with_content_spans(template, messages, add_generation_prompt=True)
-        ids = tok.encode_rendered(text, literal=() if special else spans)
-    else:
-        ids = tok.encode(prompt, parse_special=special)
-    if not ids:
-        if tok.vocab.bos_id < 0:
-            raise InputError("the prompt is empty and the model has no BOS token to start from")
-        ids = [tok.vocab.bos_id]
-    return ids
 
 
 @main.command(cls=Command)
@@ -381,7 +271,8 @@ def tokenize(model, text, text_file, as_json, no_special, no_parse_special):
 @main.command(cls=Command)
 @model_argument
 @click.option("--fit", is_flag=True, help="Show the memory needed for weights and KV cache.")
-@click.option("--ctx", type=click.IntRange(1), help="Context length for --fit (default: min(trained, 4096)).")
+@click.option("--ctx", type=click.IntRange(1),
+              help=f"Context length for --fit (default: min(trained, {DEFAULT_CONTEXT})).")
 @click.option("--mem", help="Memory budget for --fit, e.g. 8G: prints the longest context that fits.")
 @click.option("--users", default=1, show_default=True, type=click.IntRange(1), help="Concurrent sequences.")
 @kv_type_option
@@ -393,7 +284,8 @@ def info(model, fit, ctx, mem, users, kv_type):
     f = GGUFFile(resolve(model))
     p = read_params(f)
     if fit:
-        _print_fit(f, p, ctx or min(p.context_length, 4096), mem, users, kv_type)
+        from .load import default_context
+        _print_fit(f, p, ctx or default_context(p), mem, users, kv_type)
         return
     click.echo(f"file:          {f.path}")
     click.echo(f"architecture:  {p.arch}   name: {f.get('general.name', '?')}")
@@ -407,10 +299,11 @@ def info(model, fit, ctx, mem, users, kv_type):
 
 
 def _print_fit(f, p, n_ctx, mem, users, kv_type):
-    from .load import ARCHITECTURES, memory_fit
+    from gguf_io import architecture
+
+    from .load import memory_fit
     from .memory_fit import parse_size
-    if p.arch not in ARCHITECTURES:
-        raise GGUFError(f"architecture {p.arch!r} is not supported")
+    architecture(p.arch)
     try:
         budget = parse_size(mem) if mem else None
     except ValueError as e:
@@ -611,7 +504,8 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
 @system_options
 @click.option("-n", "--n-predict", default=-1, show_default=True, type=click.IntRange(-1),
               help="Most tokens per reply; -1: until the model ends it (or Ctrl-C).")
-@click.option("-c", "--ctx-size", type=click.IntRange(16), help="Context size (default: min(trained, 4096)).")
+@click.option("-c", "--ctx-size", type=click.IntRange(16),
+              help=f"Context size (default: min(trained, {DEFAULT_CONTEXT})).")
 @click.option("--chat-template", type=click.Choice(["chatml", "llama3", "gemma"]),
               help="Use a built-in template instead of the file's own.")
 @click.option("--save-kv", is_flag=True,

@@ -14,6 +14,10 @@ class ModelOutputError(Exception):
     """The model computed something unusable (NaN or infinite logits)."""
 
 
+class PromptError(ValueError):
+    """A prompt that cannot be run (empty, with no BOS to start from)."""
+
+
 def checked(logits):
     """logits, when they are all finite; a corrupt tensor shows up here first."""
     if not np.isfinite(logits).all():
@@ -40,8 +44,9 @@ class GenerationStats:
     prefill_s: float = 0.0        # prompt processing, ends with the first token's logits
     time_to_first_token_s: float = 0.0
     decode_s: float = 0.0
-    stop_reason: str = ""         # "eos", "length", "context" or "interrupted"
+    stop_reason: str = ""         # "eos", "length", "context", "interrupted" or "reverse_prompt"
     tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # each token's log-probability under the model
 
     @property
     def prefill_tok_s(self) -> float:
@@ -79,7 +84,8 @@ def generate(model, cache, prompt: list[int], sampler: Sampler, max_tokens: int,
         if should_stop is not None and should_stop():
             stats.stop_reason = "interrupted"
             break
-        token = sampler.sample(logits, history)
+        choice = sampler.choose(logits, history)
+        token = choice.token
         if stats.generated_tokens == 0:
             stats.time_to_first_token_s = time.perf_counter() - start
             decode_start = time.perf_counter()
@@ -91,6 +97,7 @@ def generate(model, cache, prompt: list[int], sampler: Sampler, max_tokens: int,
             break
         stats.generated_tokens += 1
         stats.tokens.append(token)
+        stats.logprobs.append(choice.logprob)
         history.append(token)
         yield token
         # every token handed out is also in the cache, so a caller can continue from it

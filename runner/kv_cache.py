@@ -31,6 +31,10 @@ from .kv_state import KVState, check_fits
 # sink, 41.0 with one, 42.98 for fresh 32-token windows).
 SINK_TOKENS = 1
 
+# Tokens of context when none is asked for, where the model trained on more: the cache stays small
+# (llama.cpp's tools default to a few thousand too).
+DEFAULT_CONTEXT = 4096
+
 
 class ContextFullError(Exception):
     """The tokens to add do not fit in the context window."""

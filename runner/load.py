@@ -6,17 +6,18 @@ from dataclasses import dataclass
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from gguf_io import GGUFError, GGUFFile, ModelParams, read_params, read_vocab
+from gguf_io import GGUFFile, ModelParams, architecture, read_params, read_vocab
 
 from .backend import BackendError, make_backend
+from .kv_cache import DEFAULT_CONTEXT
 from .memory_fit import MemoryFit
-from .models.gemma3 import Gemma3
-from .models.llama import Llama
-from .models.qwen import Qwen2, Qwen3
+from .models import MODELS
 from .tokenizer import Tokenizer
 from .weights import WeightLoader
 
-ARCHITECTURES = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3, "gemma3": Gemma3}
+
+def default_context(params: ModelParams) -> int:
+    return min(params.context_length, DEFAULT_CONTEXT)
 
 
 @dataclass
@@ -28,7 +29,7 @@ class LoadedModel:
     backend: object
 
     def default_context(self) -> int:
-        return min(self.params.context_length, 4096)
+        return default_context(self.params)
 
     def identity(self) -> str:
         """What a saved KV state belongs to: the file's size and a digest of its first MiB (the
@@ -40,7 +41,7 @@ class LoadedModel:
 
 def memory_fit(f: GGUFFile, params: ModelParams, kv_type: str) -> MemoryFit:
     """The memory arithmetic of a file, with its architecture's sliding windows."""
-    return MemoryFit.of(f, params, ARCHITECTURES[params.arch].layer_windows(params), kv_type)
+    return MemoryFit.of(f, params, kv_type)
 
 
 def _check_fit(f: GGUFFile, params: ModelParams, backend, kv_type: str, n_ctx: int) -> None:
@@ -73,15 +74,12 @@ def load_model(path, device: str = "cpu", threads: int | None = None, kv_type: s
     """The model on a backend; n_ctx (default: the model's default context) sizes the memory check
     of devices with their own memory; precise: see make_backend."""
     f = GGUFFile(path)
-    arch = f.architecture
-    if arch not in ARCHITECTURES:
-        raise GGUFError(f"{f.path.name}: architecture {arch!r} is not supported "
-                        f"(supported: {', '.join(sorted(ARCHITECTURES))})")
+    arch = architecture(f.architecture, f"{f.path.name}: ")
     params = read_params(f)
     tokenizer = Tokenizer(read_vocab(f))
     backend = make_backend(device, threads, precise)
     _check_kv_type(params, backend, kv_type)
-    _check_fit(f, params, backend, kv_type, n_ctx or min(params.context_length, 4096))
-    model = ARCHITECTURES[arch](params, WeightLoader(f, backend), backend)
+    _check_fit(f, params, backend, kv_type, n_ctx or default_context(params))
+    model = MODELS[arch.name](params, WeightLoader(f, backend, arch), backend)
     model.kv_type = kv_type
     return LoadedModel(f, params, tokenizer, model, backend)

@@ -22,16 +22,19 @@ def parse_size(text: str) -> int:
 @dataclass
 class MemoryFit:
     params: ModelParams
-    layer_windows: list[int]
     weight_bytes_by_type: dict[str, int]
     kv_type: str
 
     @classmethod
-    def of(cls, f: GGUFFile, params: ModelParams, layer_windows: list[int], kv_type: str = "f16") -> MemoryFit:
+    def of(cls, f: GGUFFile, params: ModelParams, kv_type: str = "f16") -> MemoryFit:
         by_type = Counter()
         for t in f.tensors.values():
             by_type[t.type.name] += t.nbytes  # the blocks' scales and mins included
-        return cls(params, layer_windows, dict(by_type), kv_type)
+        return cls(params, dict(by_type), kv_type)
+
+    @property
+    def layer_windows(self) -> list[int]:
+        return self.params.layer_windows
 
     @property
     def weight_bytes(self) -> int:

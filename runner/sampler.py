@@ -20,14 +20,27 @@ class SamplingOptions:
     frequency_penalty: float = 0.0  # subtracted per occurrence in the window (0: off)
 
 
+@dataclass
+class Choice:
+    """A sampled token, and what it was drawn from."""
+    token: int
+    logprob: float          # the token's log-probability under the model (log-softmax of its logits)
+    ids: np.ndarray         # the candidates the sampling distribution covers (one, when greedy)
+    logprobs: np.ndarray    # their log-probabilities in it (penalties, filters and temperature applied)
+
+
 class Sampler:
     def __init__(self, options: SamplingOptions):
         self.options = options
         self.rng = np.random.default_rng(options.seed)
 
     def sample(self, logits: np.ndarray, history: list[int]) -> int:
+        return self.choose(logits, history).token
+
+    def choose(self, logits: np.ndarray, history: list[int]) -> Choice:
         o = self.options
         logits = np.asarray(logits, dtype=np.float32)
+        model_logits = logits
         penalized = o.repeat_penalty != 1.0 or o.presence_penalty != 0.0 or o.frequency_penalty != 0.0
         if penalized and history and o.repeat_last_n != 0:  # llama.cpp's penalties sampler
             window = np.asarray(history[-o.repeat_last_n:] if o.repeat_last_n > 0 else history)
@@ -37,7 +50,8 @@ class Sampler:
             vals = np.where(vals > 0, vals / o.repeat_penalty, vals * o.repeat_penalty)
             logits[recent] = vals - counts * o.frequency_penalty - o.presence_penalty
         if o.temperature <= 0:
-            return int(np.argmax(logits))
+            token = int(np.argmax(logits))
+            return Choice(token, _logprob(model_logits, token), np.array([token]), np.zeros(1))
 
         # Candidates sorted by logit, best first; each filter keeps a prefix of them.
         k = min(o.top_k, logits.size) if o.top_k > 0 else logits.size
@@ -50,8 +64,19 @@ class Sampler:
         if o.min_p > 0.0:
             keep = max(1, int(np.sum(probs >= o.min_p * probs[0])))
             ids = ids[:keep]
-        probs = _softmax(logits[ids] / o.temperature)
-        return int(ids[self.rng.choice(len(ids), p=probs)])
+        logprobs = _log_softmax(logits[ids] / o.temperature)
+        token = int(ids[self.rng.choice(len(ids), p=np.exp(logprobs))])
+        return Choice(token, _logprob(model_logits, token), ids, logprobs)
+
+
+def _logprob(logits: np.ndarray, token: int) -> float:
+    top = float(logits.max())
+    return float(logits[token]) - top - float(np.log(np.exp(logits.astype(np.float64) - top).sum()))
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64) - x.max()
+    return x - np.log(np.exp(x).sum())
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

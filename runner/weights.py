@@ -1,22 +1,24 @@
-"""Loading a model's tensors from a GGUF file onto a backend, with shape and type checks."""
+"""Loading a model's tensors from a GGUF file onto a backend, with shape and type checks. Tensors
+are named as gguf's constants name them (MODEL_TENSOR, and the layer for a block's)."""
 from __future__ import annotations
 
+from gguf import MODEL_TENSOR
 from gguf.quants import dequantize
 
-from gguf_io import GGUFError, GGUFFile
+from gguf_io import Architecture, GGUFError, GGUFFile
 
 
 class WeightLoader:
-    def __init__(self, f: GGUFFile, backend):
-        self.f, self.backend = f, backend
+    def __init__(self, f: GGUFFile, backend, arch: Architecture):
+        self.f, self.backend, self.arch = f, backend, arch
         unsupported = sorted({f"{t.type.name} ({name})" for name, t in f.tensors.items()
                               if t.type not in backend.supported_types and t.n_elements > 1})
         if unsupported:
             raise GGUFError(f"{f.path.name}: unsupported tensor type {unsupported[0]}"
                             + (f" and {len(unsupported) - 1} more" if len(unsupported) > 1 else ""))
 
-    def has(self, name: str) -> bool:
-        return name in self.f.tensors
+    def has(self, tensor: MODEL_TENSOR, layer: int | None = None, suffix: str = "weight") -> bool:
+        return tensor in self.arch.tensors and self.arch.tensor_name(tensor, layer, suffix) in self.f.tensors
 
     def _info(self, name: str, shape: tuple[int, ...]):
         t = self.f.tensors.get(name)
@@ -26,15 +28,21 @@ class WeightLoader:
             raise GGUFError(f"{self.f.path.name}: tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
         return t
 
-    def matrix(self, name: str, n_in: int, n_out: int):
+    def matrix(self, tensor: MODEL_TENSOR, n_in: int, n_out: int, layer: int | None = None):
         """A weight matrix mapping n_in features to n_out (GGML shape [n_in, n_out])."""
+        name = self.arch.tensor_name(tensor, layer)
         t = self._info(name, (n_in, n_out))
         m = self.backend.load_matrix(t.type, self.f.tensor_bytes(name), n_in)
         if not getattr(m, "reads_file", True):  # the backend keeps a copy: the mapped pages can go
             self.f.release(name)
         return m
 
-    def vector(self, name: str, n: int):
+    def vector(self, tensor: MODEL_TENSOR, n: int, layer: int | None = None, suffix: str = "weight"):
         """A small vector (norm weight, bias, rope factors), decoded to float32 whatever its type."""
+        name = self.arch.tensor_name(tensor, layer, suffix)
         t = self._info(name, (n,))
         return self.backend.load_vector(dequantize(self.f.tensor_bytes(name).reshape(-1), t.type))
+
+    def optional_vector(self, tensor: MODEL_TENSOR, n: int, layer: int | None = None, suffix: str = "weight"):
+        """vector(...), or None where the file does not have it (as llama.cpp's TENSOR_NOT_REQUIRED)."""
+        return self.vector(tensor, n, layer, suffix) if self.has(tensor, layer, suffix) else None

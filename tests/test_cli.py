@@ -39,8 +39,9 @@ def test_same_seed_same_text_and_json_schema(smollm_path):
     assert first.returncode == 0, first.stderr
     a, b = json.loads(first.stdout), json.loads(second.stdout)
     assert a["text"] == b["text"] and a["token_ids"] == b["token_ids"] and a["generated_tokens"] > 0
-    assert set(a) == {"text", "prompt_tokens", "prompt_ids", "generated_tokens", "token_ids", "stop_reason",
-                      "time_to_first_token_s", "prefill_tok_s", "decode_tok_s"}
+    assert set(a) == {"text", "prompt_tokens", "prompt_ids", "generated_tokens", "token_ids", "token_logprobs",
+                      "stop_reason", "time_to_first_token_s", "prefill_tok_s", "decode_tok_s"}
+    assert len(a["token_logprobs"]) == len(a["token_ids"]) and all(lp <= 0 for lp in a["token_logprobs"])
     different = json.loads(ggrun(*args[:-4], "43", *args[-3:], stdin="Once upon a time").stdout)
     assert different["token_ids"] != a["token_ids"]
 

@@ -11,7 +11,7 @@ import pytest
 
 from convert.convert import requantize
 from gguf_io import GGUFFile, read_params
-from runner.load import ARCHITECTURES, load_model, memory_fit
+from runner.load import load_model, memory_fit
 from runner.memory_fit import MemoryFit, parse_size
 from runner.perplexity import compare_to_base, load_base, perplexity, save_logits
 
@@ -84,7 +84,7 @@ def test_fit_figures_by_hand(smollm_path, gemma_path):
     # SmolLM2: 30 layers, 3 KV heads of 64 for keys and values, f16 -> 2 x 30 x 3 x 64 x 2 bytes per token
     f = GGUFFile(smollm_path)
     p = read_params(f)
-    fit = MemoryFit.of(f, p, ARCHITECTURES["llama"].layer_windows(p), "f16")
+    fit = MemoryFit.of(f, p, "f16")
     assert fit.kv_bytes_per_token() == 2 * 30 * 3 * 64 * 2 == 23040
     assert fit.weight_bytes == sum(t.nbytes for t in f.tensors.values())
     # Q4_1 blocks: 32 weights in 20 bytes; per layer q, o (576x576), k, v (576x192), gate, up, down (576x1536)
@@ -93,11 +93,11 @@ def test_fit_figures_by_hand(smollm_path, gemma_path):
     assert fit.weight_bytes_by_type["Q8_0"] == 49152 * 576 // 32 * 34  # the tied embedding
     assert fit.kv_bytes(4096, users=2) == 2 * 4096 * 23040
     assert fit.max_context(fit.weight_bytes + 1000 * 23040) == 1000
-    assert MemoryFit.of(f, p, fit.layer_windows, "q8_0").kv_bytes_per_token() == 2 * 30 * 3 * 64 * 34 / 32
+    assert MemoryFit.of(f, p, "q8_0").kv_bytes_per_token() == 2 * 30 * 3 * 64 * 34 / 32
     # Gemma 3 270M: 18 layers, 1 KV head of 256; 15 sliding layers never hold more than 512 tokens
     g = GGUFFile(gemma_path)
     q = read_params(g)
-    gfit = MemoryFit.of(g, q, ARCHITECTURES["gemma3"].layer_windows(q), "f16")
+    gfit = MemoryFit.of(g, q, "f16")
     per_layer = 2 * 1 * 256 * 2
     assert gfit.kv_bytes_per_token() == 3 * per_layer
     assert gfit.kv_bytes(8192) == 3 * 8192 * per_layer + 15 * 512 * per_layer

@@ -160,7 +160,7 @@ def test_a_model_too_big_for_the_device_says_what_it_needs(smollm_path, monkeypa
 def test_weights_stay_quantized_on_the_device(smollm_path):
     lm = load_model(smollm_path, device=DEVICE)
     layer = lm.model.layers[0]
-    w = layer.w_gate
+    w = layer.ffn.gate
     assert w.raw.dtype == torch.uint8
     f = lm.file
     assert w.raw.numel() == f.tensors["blk.0.ffn_gate.weight"].nbytes  # ~4.5 bits per weight, as in the file

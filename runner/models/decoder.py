@@ -1,7 +1,9 @@
-"""What every decoder-only architecture shares: embedding, attention over the KV cache, output.
+"""What every decoder-only architecture shares: embedding, attention over the KV cache, a gated
+feed-forward, output.
 
-An architecture subclasses Decoder, loads its layers and writes `block`, the one place where
-architectures really differ. Everything else is declared as class attributes.
+An architecture subclasses Decoder, loads its layers from these pieces and writes `block`, the one
+place where architectures really differ. Everything else is declared: as class attributes here,
+and in its gguf_io.architectures entry (hyperparameter defaults, tensor names, conversion).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
+from gguf import MODEL_TENSOR as T
 
 from gguf_io import ModelParams
 from runner.kv_cache import Batch, KVCache
@@ -35,27 +38,36 @@ class Attention:
     window: int = 0        # sliding window in positions; 0 attends to the whole context
 
 
+@dataclass
+class FeedForward:
+    """A dense gated feed-forward: down(act(gate x) * up x). (A layer's feed-forward slot, which a
+    mixture of experts will also fill.)"""
+    gate: object
+    up: object
+    down: object
+
+
+# Attention's optional tensors: field -> (tensor, suffix)
+_ATTENTION_EXTRAS = {"bq": (T.ATTN_Q, "bias"), "bk": (T.ATTN_K, "bias"), "bv": (T.ATTN_V, "bias"),
+                     "q_norm": (T.ATTN_Q_NORM, "weight"), "k_norm": (T.ATTN_K_NORM, "weight")}
+
+
 class Decoder:
     rope_neox = False       # rotary pairing: (i, i + d/2) when True, (2i, 2i + 1) when False
     embed_scale = False     # multiply embeddings by sqrt(hidden size)
-    extra_attention_tensors: tuple[str, ...] = ()  # of "bq", "bk", "bv", "q_norm", "k_norm"
+    extra_attention_tensors: tuple[str, ...] = ()  # required, of "bq", "bk", "bv", "q_norm", "k_norm"
+    gated_activation = "silu"  # of the feed-forward's gate: "silu" (SwiGLU) or "gelu" (GeGLU)
     kv_type = "f32"         # KV cache precision of new caches: "f32" (exact), "f16" or "q8_0" (less memory)
 
     def __init__(self, params: ModelParams, weights: WeightLoader, backend):
         self.params, self.backend = params, backend
         p = params
-        self.tok_embd = weights.matrix("token_embd.weight", p.n_embd, p.vocab_size)
-        self.output_norm = weights.vector("output_norm.weight", p.n_embd)
-        self.output = (weights.matrix("output.weight", p.n_embd, p.vocab_size)
-                       if weights.has("output.weight") else self.tok_embd)
-        self.rope_factors = (weights.vector("rope_freqs.weight", p.rope_dim // 2)
-                             if weights.has("rope_freqs.weight") else None)
+        self.tok_embd = weights.matrix(T.TOKEN_EMBD, p.n_embd, p.vocab_size)
+        self.output_norm = weights.vector(T.OUTPUT_NORM, p.n_embd)
+        self.output = (weights.matrix(T.OUTPUT, p.n_embd, p.vocab_size) if weights.has(T.OUTPUT)
+                       else self.tok_embd)
+        self.rope_factors = weights.optional_vector(T.ROPE_FREQS, p.rope_dim // 2)
         self.layers = [self.load_layer(weights, i) for i in range(p.n_layer)]
-
-    @classmethod
-    def layer_windows(cls, params: ModelParams) -> list[int]:
-        """Each layer's sliding window (0: global attention). Known from the file alone."""
-        return [0] * params.n_layer
 
     def load_layer(self, weights: WeightLoader, i: int):
         raise NotImplementedError
@@ -63,21 +75,32 @@ class Decoder:
     def block(self, layer, x, batch: Batch, cache: KVCache, i: int):
         raise NotImplementedError
 
-    def load_attention(self, weights: WeightLoader, i: int, **kw) -> Attention:
+    def load_attention(self, weights: WeightLoader, i: int) -> Attention:
+        """Layer i's attention, with the extras the architecture declares, at its sliding window
+        (and the sliding layers' RoPE base) where it has one."""
         p = self.params
         q_dim, kv_dim, v_dim = p.n_head * p.head_dim, p.n_head_kv * p.head_dim, p.n_head_kv * p.value_dim
-        m = lambda name, n_in, n_out: weights.matrix(f"blk.{i}.{name}.weight", n_in, n_out)  # noqa: E731
-        extra_tensors = {"bq": ("attn_q.bias", q_dim), "bk": ("attn_k.bias", kv_dim), "bv": ("attn_v.bias", v_dim),
-                         "q_norm": ("attn_q_norm.weight", p.head_dim), "k_norm": ("attn_k_norm.weight", p.head_dim)}
-        extras = {key: weights.vector(f"blk.{i}.{extra_tensors[key][0]}", extra_tensors[key][1])
-                  for key in self.extra_attention_tensors}
-        return Attention(m("attn_q", p.n_embd, q_dim), m("attn_k", p.n_embd, kv_dim),
-                         m("attn_v", p.n_embd, v_dim), m("attn_output", p.n_head * p.value_dim, p.n_embd),
-                         rope_base=p.rope_base, rope_scale=p.rope_scale, **extras)
+        sizes = {"bq": q_dim, "bk": kv_dim, "bv": v_dim, "q_norm": p.head_dim, "k_norm": p.head_dim}
+        # the declared extras are required; the others are used where the file has them, as llama.cpp does
+        extras = {key: (weights.vector if key in self.extra_attention_tensors else weights.optional_vector)(
+                      tensor, sizes[key], layer=i, suffix=suffix)
+                  for key, (tensor, suffix) in _ATTENTION_EXTRAS.items()}
+        window = p.layer_windows[i]
+        return Attention(weights.matrix(T.ATTN_Q, p.n_embd, q_dim, i), weights.matrix(T.ATTN_K, p.n_embd, kv_dim, i),
+                         weights.matrix(T.ATTN_V, p.n_embd, v_dim, i),
+                         weights.matrix(T.ATTN_OUT, p.n_head * p.value_dim, p.n_embd, i),
+                         # position scaling applies to the global layers only
+                         rope_base=p.rope_base_swa if window else p.rope_base,
+                         rope_scale=1.0 if window else p.rope_scale, window=window, **extras)
+
+    def load_feed_forward(self, weights: WeightLoader, i: int) -> FeedForward:
+        p = self.params
+        gate, up = (weights.matrix(t, p.n_embd, p.n_ff, i) for t in (T.FFN_GATE, T.FFN_UP))
+        return FeedForward(gate, up, weights.matrix(T.FFN_DOWN, p.n_ff, p.n_embd, i))
 
     def new_cache(self, n_ctx: int, ring: bool = False) -> KVCache:
         p = self.params
-        return KVCache(self.backend, n_ctx, self.layer_windows(p), p.n_head_kv, p.head_dim, p.value_dim,
+        return KVCache(self.backend, n_ctx, p.layer_windows, p.n_head_kv, p.head_dim, p.value_dim,
                        MAX_BATCH, ring=ring, kv_type=self.kv_type)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False):
@@ -117,13 +140,13 @@ class Decoder:
         be, p = self.backend, self.params
         n = h.shape[0]
         q, k, v = be.matmuls([a.wq, a.wk, a.wv], h)
-        if a.bq is not None:
-            q, k, v = q + a.bq, k + a.bk, v + a.bv
+        q, k, v = (x if bias is None else x + bias for x, bias in ((q, a.bq), (k, a.bk), (v, a.bv)))
         q = q.reshape(n, p.n_head, p.head_dim)
         k = k.reshape(n, p.n_head_kv, p.head_dim)
         v = v.reshape(n, p.n_head_kv, p.value_dim)
         if a.q_norm is not None:
             q = be.rms_norm(q.reshape(-1, p.head_dim), a.q_norm, p.rms_eps).reshape(q.shape)
+        if a.k_norm is not None:
             k = be.rms_norm(k.reshape(-1, p.head_dim), a.k_norm, p.rms_eps).reshape(k.shape)
         for t in (q, k):
             be.rope(t, batch.positions, p.rope_dim, a.rope_base, a.rope_scale, self.rope_neox, self.rope_factors)
@@ -133,3 +156,9 @@ class Decoder:
         out = be.attention(q, keys, values, batch.positions, key_pos, 1.0 / math.sqrt(p.head_dim),
                            a.window, p.attn_softcap)
         return be.matmul(a.wo, out.reshape(n, p.n_head * p.value_dim))
+
+    def feed_forward(self, ffn: FeedForward, h):
+        be = self.backend
+        gate, up = be.matmuls([ffn.gate, ffn.up], h)
+        gated = be.silu_mul(gate, up) if self.gated_activation == "silu" else be.gelu_mul(gate, up)
+        return be.matmul(ffn.down, gated)

@@ -1,0 +1,69 @@
+"""One declaration per architecture, read by the runner and by the converter alike: its GGUF name,
+the defaults of the options it declares on the shared decoder, its tensors by gguf's constants, and
+how a Hugging Face checkpoint maps onto it (gguf's TensorNameMap, plus the few facts in which a
+checkpoint differs from what llama.cpp's graph reads).
+
+Adding an architecture is one entry here and a model file in runner/models that computes it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gguf import MODEL_ARCH, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES, TensorNameMap
+
+from .errors import GGUFError
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str                         # general.architecture
+    gguf_arch: MODEL_ARCH             # gguf's constants for it: its tensors and their Hugging Face names
+    hf_model_types: tuple[str, ...]   # the config.json model_type values that convert to it
+    # options of the shared decoder, where the file does not set them:
+    swa_pattern: int = 0              # every swa_pattern-th layer attends globally, the others slide (0: none)
+    rope_base_swa: float | None = None  # RoPE base of the sliding layers (None: the global layers')
+    # how llama.cpp's converter writes it from a checkpoint:
+    permute_qk: bool = False          # Q/K rows permuted for the interleaved rotary pairing of llama.cpp's graph
+    norm_plus_one: bool = False       # the checkpoint stores RMSNorm weights as w - 1
+    tied_by_default: bool = False     # tie_word_embeddings when config.json does not say
+    rope_theta_default: float = 10000.0
+    writes_vocab_and_rope_dims: bool = False   # {arch}.vocab_size and rope.dimension_count, always
+    writes_head_dims: bool = False    # attention.key_length / value_length, also when implied
+    sentencepiece_first: bool = False  # a tokenizer.model wins over tokenizer.json
+    space_prefix: bool | None = None  # tokenizer.ggml.add_space_prefix, when the architecture fixes it
+
+    def tensor_name(self, tensor: MODEL_TENSOR, layer: int | None = None, suffix: str = "weight") -> str:
+        """The GGUF name of one of its tensors, e.g. blk.3.attn_q.weight."""
+        if tensor not in self.tensors:
+            raise KeyError(f"{self.name} has no {tensor.name} tensor")
+        base = TENSOR_NAMES[tensor]
+        return f"{base.format(bid=layer) if layer is not None else base}.{suffix}"
+
+    @property
+    def tensors(self) -> frozenset:
+        return frozenset(MODEL_TENSORS[self.gguf_arch])
+
+    def hf_names(self, n_layer: int) -> TensorNameMap:
+        """Hugging Face tensor names -> GGUF names, for a checkpoint of n_layer layers."""
+        return TensorNameMap(self.gguf_arch, n_layer)
+
+
+ARCHITECTURES = {a.name: a for a in (
+    Architecture("llama", MODEL_ARCH.LLAMA, ("llama", "mistral"), permute_qk=True, writes_vocab_and_rope_dims=True),
+    Architecture("qwen2", MODEL_ARCH.QWEN2, ("qwen2",)),
+    Architecture("qwen3", MODEL_ARCH.QWEN3, ("qwen3",), writes_head_dims=True),
+    # llama.cpp hard-codes Gemma 3's pattern (five sliding layers, then a global one) and local base
+    Architecture("gemma3", MODEL_ARCH.GEMMA3, ("gemma3", "gemma3_text"), swa_pattern=6, rope_base_swa=10000.0,
+                 norm_plus_one=True,
+                 tied_by_default=True, rope_theta_default=1_000_000.0, writes_head_dims=True,
+                 sentencepiece_first=True, space_prefix=False),
+)}
+HF_MODEL_TYPES = {t: a for a in ARCHITECTURES.values() for t in a.hf_model_types}
+
+
+def architecture(name: str, where: str = "") -> Architecture:
+    """The declaration of a GGUF architecture; a clear GGUFError for one ggrun does not run."""
+    if name not in ARCHITECTURES:
+        raise GGUFError(f"{where}architecture {name!r} is not supported "
+                        f"(supported: {', '.join(sorted(ARCHITECTURES))})")
+    return ARCHITECTURES[name]

@@ -1,0 +1,61 @@
+"""The project's structure holds: one declaration per architecture, read by runner and converter
+alike, and the package arrows (kernels never import models, backends never import each other,
+the format layer never imports the runner or the converter, the converter never the runner)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from gguf import MODEL_TENSORS
+
+from gguf_io.architectures import ARCHITECTURES, HF_MODEL_TYPES
+from runner.models import MODELS
+
+ROOT = Path(__file__).parent.parent
+FORBIDDEN = {"gguf_io": {"runner", "convert", "kernels_cpu", "kernels_gpu"}, "convert": {"runner"},
+             "kernels_cpu": {"runner", "convert", "kernels_gpu"}, "kernels_gpu": {"runner", "convert", "kernels_cpu"}}
+
+
+def _imported_packages(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("package", list(FORBIDDEN))
+def test_package_arrows_hold(package):
+    offenders = {f"{path.relative_to(ROOT)} imports {name}" for path in (ROOT / package).rglob("*.py")
+                 for name in _imported_packages(path) & FORBIDDEN[package]}
+    assert not offenders
+
+
+def test_every_declared_architecture_has_a_model_and_every_model_a_declaration():
+    assert set(MODELS) == set(ARCHITECTURES)
+
+
+def test_declarations_name_gguf_constants():
+    for arch in ARCHITECTURES.values():
+        assert arch.tensors == frozenset(MODEL_TENSORS[arch.gguf_arch])
+        assert all(HF_MODEL_TYPES[t] is arch for t in arch.hf_model_types)
+
+
+def test_a_model_loads_only_tensors_its_declaration_has(smollm_path, monkeypatch):
+    """Every tensor name the model files ask for comes from the declaration (gguf's constants):
+    SmolLM2's file has no tensor the Llama model leaves unread."""
+    from gguf_io import GGUFFile
+    from runner.load import load_model
+    from runner.weights import WeightLoader
+    asked = []
+    real = WeightLoader._info
+
+    def recording(self, name, shape):
+        asked.append(name)
+        return real(self, name, shape)
+    monkeypatch.setattr(WeightLoader, "_info", recording)
+    load_model(smollm_path)
+    assert set(asked) == set(GGUFFile(smollm_path).tensors)
