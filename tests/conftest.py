@@ -100,3 +100,20 @@ def ggml_base(llama_cpp_source):
         subprocess.run(["cmake", "--build", str(build), "--target", "ggml-base", "-j", "2"], check=True,
                        capture_output=True)
     return ctypes.CDLL(str(library))
+
+
+# The real-model tier: tests that read the PyPI models (downloaded once into the cache) or build
+# from them. Everything else is the fast tier: `pytest -m "not real_model"`.
+REAL_MODELS = {"smollm_path", "gemma_path"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "real_model: reads SmolLM2 or Gemma 3 (the fast tier leaves it out)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        params = getattr(item, "callspec", None)
+        asked = set(item.fixturenames) | {v for v in (params.params.values() if params else ()) if isinstance(v, str)}
+        if asked & REAL_MODELS:
+            item.add_marker(pytest.mark.real_model)
