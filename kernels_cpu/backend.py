@@ -36,6 +36,7 @@ class CpuBackend:
         self._rope_tables: dict = {}
         self.constants = weakref.WeakValueDictionary()  # id -> weight vector (a step program reads them)
         self.recorder = None  # a step_program.Recorder while a decode step is being recorded
+        self.replay_checked = False  # a replay agreed with an eager step (step_program.run_step)
         self.quant_types = WeightTypes()  # of the model's matrices: the kernels compile for these alone
 
     @property

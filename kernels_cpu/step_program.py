@@ -469,24 +469,24 @@ class StepProgram:
 
 
 REPLAY_KEY = "cpu step program"
-CHECKED = "checked"  # the program's first replay agreed with an eager step
 
 
 def run_step(backend, compute, batch, replays: dict):
-    """A one-token step: replayed from the cache's program, or run eagerly and recorded. The first
-    replay also runs eagerly (a step over the same slots writes the same keys and values, so the
-    two agree bit for bit) and drops the program if they differ: a value that the model read past
-    the tracing would otherwise be replayed as the recording step saw it, silently."""
+    """A one-token step: replayed from the cache's program, or run eagerly and recorded. A
+    backend's first replay also runs eagerly (a step over the same slots writes the same keys and
+    values, so the two agree bit for bit) and drops the program if they differ: a value the model
+    read past the tracing would otherwise be replayed as the recording step saw it, silently.
+    (Its model's code is the same over every cache, so one check per backend tells.)"""
     program = replays.get(REPLAY_KEY, False)
     if program is None:  # recorded once and found not replayable
         return compute(batch)
     if program is not False:
         replayed = program.replay(batch)
-        if replays.get(CHECKED):
+        if backend.replay_checked:
             return replayed
         eager = np.array(compute(batch))
         if np.array_equal(replayed, eager):
-            replays[CHECKED] = True
+            backend.replay_checked = True
         else:
             replays[REPLAY_KEY] = None
         return eager

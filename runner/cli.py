@@ -222,7 +222,8 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k,
     sampler = Sampler(SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
                                       presence_penalty, frequency_penalty))
     text = []
-    for piece in session.complete(ids, sampler, n_predict, stop_ids=() if ignore_eos else None, stops=stops):
+    for piece in session.complete(ids, sampler, n_predict, stop_ids=() if ignore_eos else None, stops=stops,
+                                  logprobs=as_json):
         if timings and not text:
             times.mark(f"prompt of {len(ids)} tokens to first token")
             click.echo(times.line(), err=True)

@@ -59,19 +59,19 @@ def compiling_message(device) -> str:
 
 
 def warm_up(lm, paths, compiling=()):
-    """Throw-away forward passes through what the first prompt and tokens run, for each path
-    of `paths`: "decode", a few tokens and one-token steps, the second and third of which check
-    and replay the first's recording (whose kernel stalled the second token when it compiled
-    then); "prefill", a prompt longer than decode's kernels take. Paths in `compiling` run them
-    all (so that nothing compiles after the message), and are marked compiled; the others run
-    one decode step, which loads what the cache holds."""
+    """Throw-away forward passes through what the first prompt and tokens run, for each path of
+    `paths`: "decode", a few tokens and one-token steps, the second of which replays the first
+    (whose kernel stalled the second token when it compiled then) and checks the replay against an
+    eager step (step_program.run_step); "prefill", a prompt longer than decode's kernels take. Paths
+    in `compiling` run them all (so that nothing compiles after the message), and are marked
+    compiled; the others run one decode step, which loads what the cache holds."""
     token = max(lm.tokenizer.vocab.bos_id, 0)
     if "prefill" in compiling:
         lm.model.forward([token] * (lm.backend.few_tokens + 1), lm.model.new_cache(16))
     if "decode" in compiling and lm.backend.few_tokens > 1:
         lm.model.forward([token] * 2, lm.model.new_cache(16))
     cache = lm.model.new_cache(16)
-    for _ in range(3 if "decode" in compiling else 1):
+    for _ in range(2 if "decode" in compiling else 1):
         lm.model.forward([token], cache)
     if lm.backend.name == "cpu":
         from kernels_cpu.compile_cache import mark_compiled
@@ -145,17 +145,17 @@ class Session:
         return ids
 
     def complete(self, ids: list[int], sampler: Sampler, max_tokens: int, stop_ids=None, stops=(),
-                 should_stop=None) -> Iterator[str]:
+                 should_stop=None, logprobs: bool = False) -> Iterator[str]:
         """Text pieces of the completion of ids, streamed; self.stats fills as it goes (tokens,
-        timings, why it stopped). Stops at the model's end of generation (stop_ids: those ids
-        instead; () never), at max_tokens, at any of the `stops` strings, when should_stop(), or
-        at Ctrl-C (what was generated stays, in the cache too)."""
+        their log-probabilities with logprobs, timings, why it stopped). Stops at the model's end of
+        generation (stop_ids: those ids instead; () never), at max_tokens, at any of the `stops`
+        strings, when should_stop(), or at Ctrl-C (what was generated stays, in the cache too)."""
         self.stats = stats = GenerationStats()
         stop_ids = self.lm.tokenizer.vocab.end_of_generation if stop_ids is None else stop_ids
         stream = StreamDecoder(self.lm.tokenizer)
         tail = ""  # the end of the text, as long as the longest stop string needs
         tokens = generate(self.lm.model, self.cache, ids, sampler, max_tokens, stop_ids, stats,
-                          pin=ring_pin(len(ids), self.cache), should_stop=should_stop)
+                          pin=ring_pin(len(ids), self.cache), should_stop=should_stop, logprobs=logprobs)
         try:
             for token in tokens:
                 piece = stream.push(token)

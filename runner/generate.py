@@ -46,7 +46,7 @@ class GenerationStats:
     decode_s: float = 0.0
     stop_reason: str = ""         # "eos", "length", "context", "interrupted" or "reverse_prompt"
     tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)  # each token's log-probability under the model
+    logprobs: list[float] = field(default_factory=list)  # each token's log-probability (generate's logprobs)
 
     @property
     def prefill_tok_s(self) -> float:
@@ -60,12 +60,13 @@ class GenerationStats:
 
 def generate(model, cache, prompt: list[int], sampler: Sampler, max_tokens: int, stop_ids,
              stats: GenerationStats | None = None, history: list[int] | None = None, pin: int = 0,
-             should_stop=None):
-    """Yield generated token ids; fills `stats` as it goes. Without a ring, raises ContextFullError
-    up front when the prompt does not fit, and stops at the context end; always stops at a stop id
-    or at max_tokens. `history` (tokens already in the cache) feeds the repetition penalty; the
-    first `pin` prompt tokens are pinned in the cache, never overwritten by its ring. `should_stop`
-    is polled between tokens (Ctrl-C sets it), so a forward pass is never cut in half."""
+             should_stop=None, logprobs: bool = False):
+    """Yield generated token ids; fills `stats` as it goes (each token's log-probability under
+    the model too, with logprobs). Without a ring, raises ContextFullError up front when the prompt
+    does not fit, and stops at the context end; always stops at a stop id or at max_tokens.
+    `history` (tokens already in the cache) feeds the repetition penalty; the first `pin` prompt
+    tokens are pinned in the cache, never overwritten by its ring. `should_stop` is polled between
+    tokens (Ctrl-C sets it), so a forward pass is never cut in half."""
     stats = stats if stats is not None else GenerationStats()
     if not cache.ring and len(prompt) > cache.n_ctx - cache.used:
         raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds "
@@ -97,7 +98,8 @@ def generate(model, cache, prompt: list[int], sampler: Sampler, max_tokens: int,
             break
         stats.generated_tokens += 1
         stats.tokens.append(token)
-        stats.logprobs.append(choice.logprob)
+        if logprobs:
+            stats.logprobs.append(choice.model_logprob())
         history.append(token)
         yield token
         # every token handed out is also in the cache, so a caller can continue from it

@@ -24,9 +24,15 @@ class SamplingOptions:
 class Choice:
     """A sampled token, and what it was drawn from."""
     token: int
-    logprob: float          # the token's log-probability under the model (log-softmax of its logits)
     ids: np.ndarray         # the candidates the sampling distribution covers (one, when greedy)
     logprobs: np.ndarray    # their log-probabilities in it (penalties, filters and temperature applied)
+    logits: np.ndarray      # the model's logits it was drawn from (not copied)
+
+    def model_logprob(self) -> float:
+        """The token's log-probability under the model (log-softmax of its logits); computed on
+        request, as it reads the whole vocabulary."""
+        top = float(self.logits.max())
+        return float(self.logits[self.token]) - top - float(np.log(np.exp(self.logits.astype(np.float64) - top).sum()))
 
 
 class Sampler:
@@ -51,7 +57,7 @@ class Sampler:
             logits[recent] = vals - counts * o.frequency_penalty - o.presence_penalty
         if o.temperature <= 0:
             token = int(np.argmax(logits))
-            return Choice(token, _logprob(model_logits, token), np.array([token]), np.zeros(1))
+            return Choice(token, np.array([token]), np.zeros(1), model_logits)
 
         # Candidates sorted by logit, best first; each filter keeps a prefix of them.
         k = min(o.top_k, logits.size) if o.top_k > 0 else logits.size
@@ -66,12 +72,7 @@ class Sampler:
             ids = ids[:keep]
         logprobs = _log_softmax(logits[ids] / o.temperature)
         token = int(ids[self.rng.choice(len(ids), p=np.exp(logprobs))])
-        return Choice(token, _logprob(model_logits, token), ids, logprobs)
-
-
-def _logprob(logits: np.ndarray, token: int) -> float:
-    top = float(logits.max())
-    return float(logits[token]) - top - float(np.log(np.exp(logits.astype(np.float64) - top).sum()))
+        return Choice(token, ids, logprobs, model_logits)
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

@@ -62,7 +62,7 @@ def test_the_sampler_says_what_it_drew_from(options):
     choice = Sampler(options).choose(logits, [])
     assert choice.token in choice.ids and np.isclose(np.exp(choice.logprobs).sum(), 1.0)
     model_logprobs = logits - np.log(np.exp(logits.astype(np.float64)).sum())
-    assert np.isclose(choice.logprob, model_logprobs[choice.token])
+    assert np.isclose(choice.model_logprob(), model_logprobs[choice.token])
     if options.temperature <= 0:
         assert list(choice.ids) == [int(np.argmax(logits))]
     assert Sampler(options).sample(logits, []) == choice.token
