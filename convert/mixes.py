@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from gguf import GGML_QUANT_SIZES, LlamaFileType
 from gguf import GGMLQuantizationType as T
 
+from gguf_io.quant_types import FLOAT_TYPES, QUANT_TYPES
+
 # --type name -> (default tensor type, llama.cpp file type written as general.file_type)
 FILE_TYPES: dict[str, tuple[T, LlamaFileType]] = {
     "F32": (T.F32, LlamaFileType.ALL_F32),
@@ -34,8 +36,6 @@ FILE_TYPES: dict[str, tuple[T, LlamaFileType]] = {
     "Q6_K": (T.Q6_K, LlamaFileType.MOSTLY_Q6_K),
 }
 
-_FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
-_FLOAT = {T.F32, T.F16, T.BF16}
 
 
 def use_more_bits(i_layer: int, n_layer: int) -> bool:
@@ -79,7 +79,7 @@ class _TypeChooser:
         default = FILE_TYPES[self.file_type][0]
         if not quantizable(name, len(shape)):
             return T.F32
-        if default in _FLOAT:
+        if default in FLOAT_TYPES:
             return default
         return self._fallback(self._mix(name, shape[0], default), shape[0])
 
@@ -127,7 +127,7 @@ class _TypeChooser:
     def _fallback(t: T, n_cols: int) -> T:
         if n_cols % GGML_QUANT_SIZES[t][0] == 0:
             return t
-        t = _FALLBACK.get(t, t)
+        t = QUANT_TYPES[t].fallback or t
         return t if n_cols % GGML_QUANT_SIZES[t][0] == 0 else T.F16
 
 

@@ -12,6 +12,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
+from gguf_io.quant_types import BLOCK_TYPES
 from kernels_cpu.blocks import F16_TABLE, quantize_q8_0
 from kernels_cpu.intrinsics import f16_bits
 
@@ -517,9 +518,6 @@ def quantizers_compiled() -> bool:
         return Path(_quantize_rows._cache._cache_file._index_path).exists()  # (Numba's own cache index)
     except AttributeError:
         return True
-
-
-BLOCK_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K})
 
 
 def quantize(x: np.ndarray, qtype: T) -> np.ndarray:

@@ -6,14 +6,14 @@ The block layouts themselves are decoded in block_ir.py (byte layouts: ggml's gg
 import numpy as np
 from numba import njit
 
-from .block_ir import DECODERS
-from .rowdot_float import FLOAT_BYTES
+from gguf_io.quant_types import QUANT_TYPES
 
 # Half-precision values by bit pattern, as ggml's table: 256 KiB, cache-resident (the converter's
 # quantizers decode f16 scales with it).
 F16_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 
-SUPPORTED_TYPES = frozenset(DECODERS) | frozenset(FLOAT_BYTES)
+# every declared type (tests/test_structure.py: block_ir.DECODERS and rowdot_float.FLOAT_BYTES cover them)
+SUPPORTED_TYPES = frozenset(QUANT_TYPES)
 
 
 @njit(cache=True, inline="always")

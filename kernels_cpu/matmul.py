@@ -17,9 +17,11 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import carray, njit, prange
 from numba.extending import overload
 
+from gguf_io.quant_types import QUANT_TYPES
+
 from . import amx
 from .block_ir import MIN_OFFSET
-from .activations import (Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS, Q8_K_BLOCK, quantize_activations, quantize_int8,
+from .activations import (Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS, quantize_activations, quantize_int8,
                           rounding_kind)
 from .intrinsics import pointer_at
 from .cpu_features import memory_streams
@@ -343,10 +345,11 @@ def _table(matrices) -> np.ndarray:
 
 
 def _formats(matrices) -> int:
-    """The 8-bit activation formats these matrices pair with (quantize_activations): Q8_K for
-    the K-quants, Q8_0 for the other quantized types, none for float types."""
-    blocks = {GGML_QUANT_SIZES[m.qtype][0] for m in matrices if m.qtype not in FLOAT_BYTES}
-    return (Q8_K_ACTIVATIONS if Q8_K_BLOCK in blocks else 0) | (Q8_0_ACTIVATIONS if blocks - {Q8_K_BLOCK} else 0)
+    """The 8-bit activation formats these matrices pair with (quantize_activations), as their
+    types declare (gguf_io.quant_types: Q8_K for the K-quants, Q8_0 for the other quantized
+    types, none for float types)."""
+    paired = {QUANT_TYPES[m.qtype].activations for m in matrices}
+    return (Q8_K_ACTIVATIONS if "q8_k" in paired else 0) | (Q8_0_ACTIVATIONS if "q8_0" in paired else 0)
 
 
 def _tasks(matrices, first_columns, rows):

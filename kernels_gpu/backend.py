@@ -12,15 +12,16 @@ import time
 import numpy as np
 import torch
 
+from gguf_io.quant_types import QUANT_TYPES
+
 from . import kv_layout, ops
-from .dequant import DEQUANTIZE
 from .matmul import Products, upload
 from .step_graph import replay_step
 
 
 class TorchBackend:
     few_tokens = 1  # (one-token steps run the compiled products; more tokens dequantize tiles)
-    supported_types = frozenset(DEQUANTIZE)
+    supported_types = frozenset(QUANT_TYPES)  # (tests/test_structure.py: DEQUANTIZE covers them)
     kv_types = tuple(kv_layout.ELEMENTS)
 
     def __init__(self, device: str = "cuda", threads: int | None = None, compiled: bool | None = None,

@@ -13,9 +13,10 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
 from gguf_io import GGUFFile
+from gguf_io.quant_types import QUANT_TYPES
 from kernels_cpu.backend import CpuBackend
 
-from .test_kernels import K_QUANT_SCALES, TYPES, _random_k_blocks, _weights
+from .test_kernels import K_QUANT_SCALES, _random_k_blocks, _weights
 from .test_ops import attention_case, filled_cache
 
 torch = pytest.importorskip("torch")
@@ -28,7 +29,7 @@ DEVICE = os.environ.get("GGRUN_TEST_DEVICE", "cpu")
 be = TorchBackend(DEVICE)
 cpu = CpuBackend()
 rng = np.random.default_rng(7)
-ALL_TYPES = TYPES + list(K_QUANT_SCALES)
+ALL_TYPES = list(QUANT_TYPES)
 
 
 def _raw(qtype, n, k, kind="normal"):

@@ -23,6 +23,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
+from gguf_io.quant_types import QUANT_TYPES
 from kernels_cpu import amx
 from kernels_cpu.activations import quantize_q8_0, quantize_q8_k
 from kernels_cpu.cpu_features import int8_isa, target_features
@@ -34,8 +35,8 @@ from .test_kernels import _random_k_blocks, _weights
 
 libgguf = pytest.importorskip("libgguf")
 
-LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
-K_QUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+LEGACY = [t for t, q in QUANT_TYPES.items() if q.activations == "q8_0"]
+K_QUANTS = [t for t, q in QUANT_TYPES.items() if q.activations == "q8_k"]
 ROUNDING = 0.5625  # of a block's scale, the most an activation moves (module doc)
 LAYOUTS = ["rows", "interleaved"]
 
