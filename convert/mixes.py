@@ -37,7 +37,6 @@ FILE_TYPES: dict[str, tuple[T, LlamaFileType]] = {
 }
 
 
-
 def use_more_bits(i_layer: int, n_layer: int) -> bool:
     """The layers the _M mixes give more bits: the first and last eighth, and every third between."""
     return i_layer < n_layer // 8 or i_layer >= 7 * n_layer // 8 or (i_layer - n_layer // 8) % 3 == 2

@@ -54,8 +54,7 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("qwen3", MODEL_ARCH.QWEN3, ("qwen3",), writes_head_dims=True),
     # llama.cpp hard-codes Gemma 3's pattern (five sliding layers, then a global one) and local base
     Architecture("gemma3", MODEL_ARCH.GEMMA3, ("gemma3", "gemma3_text"), swa_pattern=6, rope_base_swa=10000.0,
-                 norm_plus_one=True,
-                 tied_by_default=True, rope_theta_default=1_000_000.0, writes_head_dims=True,
+                 norm_plus_one=True, tied_by_default=True, rope_theta_default=1_000_000.0, writes_head_dims=True,
                  sentencepiece_first=True, space_prefix=False),
 )}
 HF_MODEL_TYPES = {t: a for a in ARCHITECTURES.values() for t in a.hf_model_types}

@@ -22,10 +22,6 @@ class QuantType:
         return GGML_QUANT_SIZES[self.qtype][0]
 
     @property
-    def block_bytes(self) -> int:
-        return GGML_QUANT_SIZES[self.qtype][1]
-
-    @property
     def is_float(self) -> bool:
         return self.activations == "float"
 

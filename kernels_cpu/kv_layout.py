@@ -88,7 +88,7 @@ def export_rows(keys, values, n):
     """Slots 0..n-1 exactly as stored, as (kv heads, n, width) copies of each: the layout of
     snapshots on every backend, where a q8_0 key row is laid out as a value row (int8, then its
     blocks' scales as byte pairs)."""
-    return _key_rows(keys)[:, :n].copy(), values[:, :n].copy()
+    return _key_rows(keys[:, :-(-n // KEY_TILE)])[:, :n].copy(), values[:, :n].copy()
 
 
 def import_rows(keys, values, key_rows, value_rows):
@@ -115,25 +115,28 @@ def _key_rows(keys):
     if keys.dtype == np.int8:
         dim = _held_dim(keys)
         half, byte = _scale_lanes()
-        scales = keys[:, :, dim:].reshape(n_kv, tiles, -1, 2, KEY_TILE)  # (.., blocks, row of the pair, byte)
+        blocks = (width - dim) // 2
+        scales = keys[:, :, dim:].reshape(n_kv, tiles, blocks, 2, KEY_TILE)  # (.., blocks, row of the pair, byte)
         pairs = np.stack([scales[:, :, :, half, byte], scales[:, :, :, half, byte + 1]], axis=-1)
-        rows[:, :, dim:] = pairs.transpose(0, 1, 3, 2, 4).reshape(n_kv, tiles * KEY_TILE, -1)
+        rows[:, :, dim:] = pairs.transpose(0, 1, 3, 2, 4).reshape(n_kv, tiles * KEY_TILE, width - dim)
     return rows
 
 
 def _key_tiles(rows, width):
     """_key_rows inverted: (kv heads, slots, width) rows, slots a multiple of KEY_TILE, as tiles."""
     n_kv, slots, _ = rows.shape
-    tiles = np.ascontiguousarray(rows.reshape(n_kv, -1, KEY_TILE, width).transpose(0, 1, 3, 2))
+    n_tiles = slots // KEY_TILE
+    tiles = np.ascontiguousarray(rows.reshape(n_kv, n_tiles, KEY_TILE, width).transpose(0, 1, 3, 2))
     if rows.dtype == np.int8:
         dim = width * QBLOCK // QBLOCK_BYTES
         half, byte = _scale_lanes()
+        blocks = (width - dim) // 2
         # (kv heads, tiles, blocks, slot, byte of the pair)
-        pairs = rows[:, :, dim:].reshape(n_kv, -1, KEY_TILE, (width - dim) // 2, 2).transpose(0, 1, 3, 2, 4)
-        scales = np.zeros((n_kv, slots // KEY_TILE, (width - dim) // 2, 2, KEY_TILE), np.int8)
+        pairs = rows[:, :, dim:].reshape(n_kv, n_tiles, KEY_TILE, blocks, 2).transpose(0, 1, 3, 2, 4)
+        scales = np.zeros((n_kv, n_tiles, blocks, 2, KEY_TILE), np.int8)
         scales[:, :, :, half, byte] = pairs[..., 0]
         scales[:, :, :, half, byte + 1] = pairs[..., 1]
-        tiles[:, :, dim:] = scales.reshape(n_kv, slots // KEY_TILE, width - dim, KEY_TILE)
+        tiles[:, :, dim:] = scales.reshape(n_kv, n_tiles, width - dim, KEY_TILE)
     return tiles
 
 

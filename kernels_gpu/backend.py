@@ -92,7 +92,7 @@ class TorchBackend:
                 self.to_numpy(kv_layout.values_f32(values, n).permute(1, 0, 2)))
 
     def export_kv(self, keys, values, n):
-        return kv_layout.export_rows(keys, values, n)
+        return tuple(np.array(self.to_numpy(rows)) for rows in kv_layout.export_rows(keys, values, n))  # (copies)
 
     def import_kv(self, keys, values, key_rows, value_rows):
         kv_layout.import_rows(keys, values, self._tensor(key_rows), self._tensor(value_rows))

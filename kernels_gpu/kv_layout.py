@@ -36,9 +36,9 @@ def store_kv(keys, values, slots, k, v):
 
 
 def export_rows(keys, values, n: int):
-    """Slots 0..n-1 exactly as stored, as host (kv heads, n, width) arrays: the layout of snapshots
-    on every backend (kernels_cpu.kv_layout.export_rows), here the keys transposed."""
-    return tuple(_host(a) for a in (keys[:, :, :n].transpose(1, 2), values[:, :n]))
+    """Slots 0..n-1 exactly as stored, as (kv heads, n, width) views: the layout of snapshots on
+    every backend (kernels_cpu.kv_layout.export_rows), here the keys transposed."""
+    return keys[:, :, :n].transpose(1, 2), values[:, :n]
 
 
 def import_rows(keys, values, key_rows, value_rows):
@@ -46,10 +46,6 @@ def import_rows(keys, values, key_rows, value_rows):
     n = key_rows.shape[1]
     keys[:, :, :n] = key_rows.transpose(1, 2)
     values[:, :n] = value_rows
-
-
-def _host(t):
-    return t.detach().to("cpu").contiguous().numpy().copy()
 
 
 def keys_f32(keys, n: int):

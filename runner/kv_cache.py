@@ -12,7 +12,7 @@ passes, from the keys as first written.
 
 `truncate(n)` forgets every token from position n on (speculative decoding's rejected drafts);
 `snapshot` / `restore` copy the whole state out and back, and `save` / `load` keep it on disk, in
-one layout on every backend (kv_snapshot.py).
+one layout on every backend (kv_state.py).
 
 A sliding-window layer only ever looks `window` positions back, so it gets window + max_batch
 slots used as a ring (slot = position mod capacity) whether or not the global layers ring.
@@ -140,7 +140,7 @@ class KVCache:
         kind = self.kind_index[layer]
         self.backend.store_kv(self.keys[layer], self.values[layer], batch.slots[kind], k, v)
         if layer in self._pinned and self._rotated_to[layer] != self.shift:
-            self._rotate_pinned(layer, rotate)
+            self._write_pinned(layer, self.shift, rotate)
         return self.keys[layer], self.values[layer], batch.key_positions[kind]
 
     @property
@@ -149,15 +149,16 @@ class KVCache:
         backend may record and replay)."""
         return any(at != self.shift for at in self._rotated_to.values())
 
-    def _rotate_pinned(self, layer: int, rotate) -> None:
-        """The pinned keys as first written (rotated at 0..P-1), moved to shift..shift+P-1."""
+    def _write_pinned(self, layer: int, shift: int, rotate=None) -> None:
+        """The pinned keys as first written (rotated at 0..P-1) back into their slots, moved to
+        shift..shift+P-1 by rotate (none needed for shift 0)."""
         keys, values = self._pinned[layer]
         keys = self.backend.asarray(keys.copy())
-        if self.shift:
-            rotate(keys, np.full(self.pinned, self.shift, dtype=np.int32))
+        if shift:
+            rotate(keys, np.full(self.pinned, shift, dtype=np.int32))
         self.backend.store_kv(self.keys[layer], self.values[layer], np.arange(self.pinned, dtype=np.int64), keys,
                               self.backend.asarray(values))
-        self._rotated_to[layer] = self.shift
+        self._rotated_to[layer] = shift
 
     def pin(self) -> None:
         """Keep the tokens stored so far for good (call before the ring first wraps)."""
@@ -176,9 +177,8 @@ class KVCache:
         if not 0 <= n <= self.used:
             raise ValueError(f"cannot truncate a cache of {self.used} tokens to {n}")
         if n < self.pinned:
-            for i, (keys, values) in self._pinned.items():  # back as first written, then shortened
-                self.backend.store_kv(self.keys[i], self.values[i], np.arange(self.pinned, dtype=np.int64),
-                                      self.backend.asarray(keys), self.backend.asarray(values))
+            for i in self._pinned:  # back as first written, then shortened
+                self._write_pinned(i, 0)
             self.pinned = n
             self._pinned = {i: (k[:n].copy(), v[:n].copy()) for i, (k, v) in self._pinned.items()} if n else {}
             self._rotated_to = {i: 0 for i in self._pinned}

@@ -154,3 +154,13 @@ def test_a_state_that_does_not_fit_is_refused_and_changes_nothing(smollm, ids, t
     np.savez(bad, header=np.array('{"format": "ggrun-kv/1"}'))
     with pytest.raises(KVStateError, match="is not a KV cache state"):
         KVState.load(bad)
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_an_empty_cache_snapshots_and_restores(smollm_path, kv_type):
+    lm = load_model(smollm_path, kv_type=kv_type)
+    empty = lm.model.new_cache(64, ring=True).snapshot()
+    cache = lm.model.new_cache(64, ring=True)
+    lm.model.forward([1, 2, 3], cache)
+    cache.restore(empty)
+    assert cache.used == 0 and (cache.positions[("global", 64)] == -1).all()
