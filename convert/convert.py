@@ -1,6 +1,7 @@
 """`ggrun convert` (Hugging Face folder -> GGUF) and `ggrun quantize` (F32/F16/BF16 GGUF -> type)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -34,20 +35,47 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True) -
     from .safetensors_io import Checkpoint
     ckpt = Checkpoint(folder)
 
-    planned: list[tuple[str, str, tuple[int, ...]]] = []
-    for hf_name in ckpt.names():
+    # (GGUF name, its checkpoint tensors (several: a mixture's experts, stacked), GGML shape)
+    planned: list[tuple[str, list[str], tuple[int, ...]]] = []
+    for hf_name, parts in _stacked_experts(ckpt.names(), hf.n_expert).items():
         name = hf.gguf_name(hf_name)
         if name is not None:
-            planned.append((name, hf_name, tuple(reversed(ckpt.shape(hf_name)))))
+            shape = ckpt.shape(parts[0]) if parts[0] == hf_name else (len(parts), *ckpt.shape(parts[0]))
+            planned.append((name, parts, tuple(reversed(shape))))
     if not any(p[0] == "token_embd.weight" for p in planned):
         raise ConversionError("the checkpoint has no token embedding (model.embed_tokens.weight)")
-    types = mix_types(file_type, {name: shape for name, _, shape in planned}, hf.n_layer, hf.n_head, hf.n_head_kv)
-    tensors = [PlannedTensor(name, shape, types[name],
-                             lambda n=name, h=hf_name: hf.transform(n, ckpt.float32(h)))
-               for name, hf_name, shape in planned]
+    types = mix_types(file_type, {name: shape for name, _, shape in planned}, hf.n_layer, hf.n_head, hf.n_head_kv,
+                      hf.n_expert)
+    tensors = [PlannedTensor(name, shape, types[name], lambda n=name, h=parts: hf.transform(n, _read(ckpt, h)))
+               for name, parts, shape in planned]
 
     metadata = model_metadata(folder.resolve().name, hf, file_type, tok, special)
     return write_gguf(out, hf.arch.name, metadata, tensors, progress)
+
+
+_EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(.*)")
+
+
+def _stacked_experts(names, n_expert: int) -> dict[str, list[str]]:
+    """Checkpoint tensor name -> the tensors it is made of: itself, or for a mixture's expert
+    tensors (layers.3.mlp.experts.5.up_proj.weight) the merged name (layers.3.mlp.experts.up_proj.weight)
+    -> every expert's, in expert order (stacked into one 3-D tensor, as llama.cpp writes them)."""
+    out, experts = {}, {}
+    for name in names:
+        m = _EXPERT.fullmatch(name)
+        if m:
+            experts.setdefault(f"{m[1]}.{m[3]}", {})[int(m[2])] = name
+        else:
+            out[name] = [name]
+    for merged, parts in experts.items():
+        if sorted(parts) != list(range(n_expert)):
+            raise ConversionError(f"{merged}: the checkpoint has experts {sorted(parts)}, expected 0..{n_expert - 1}")
+        out[merged] = [parts[e] for e in range(n_expert)]
+    return out
+
+
+def _read(ckpt, parts: list[str]) -> np.ndarray:
+    return ckpt.float32(parts[0]) if len(parts) == 1 else np.stack([ckpt.float32(p) for p in parts])
 
 
 def model_metadata(name: str, hf: HFModel, file_type: str, tok, special: dict) -> list:
@@ -95,11 +123,12 @@ def requantize(src: Path, out: Path, type_name: str, progress: bool = True) -> S
     f = GGUFFile(src)
     params = read_params(f)
     types = mix_types(file_type, {name: t.shape for name, t in f.tensors.items()},
-                      params.n_layer, params.n_head, params.n_head_kv)
+                      params.n_layer, params.n_head, params.n_head_kv, params.n_expert)
     tensors = []
     for name in llama_quantize_order(f.tensors):  # written in that order too, as llama-quantize writes
         t, new_type = f.tensors[name], types[name]
-        if t.type != new_type and t.type.name not in ("F32", "F16", "BF16"):
+        # (a quantized tensor may be widened back to a float type, not quantized again)
+        if t.type != new_type and t.type.name not in ("F32", "F16", "BF16") and new_type.name not in ("F32", "F16", "BF16"):
             raise GGUFError(f"tensor {name} is already quantized ({t.type.name}); requantize from F32, F16 or BF16")
         load = (lambda n=name, tt=t: dequantize(f.tensor_bytes(n).reshape(-1), tt.type)
                 .astype(np.float32).reshape(tuple(reversed(tt.shape))))

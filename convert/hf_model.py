@@ -28,6 +28,7 @@ class HFModel:
     vocab_size: int
     tied: bool
     metadata: dict  # GGUF key (without the architecture prefix) -> value
+    n_expert: int = 0  # a mixture's experts per layer (0: dense)
 
     def __post_init__(self):
         self._names = self.arch.hf_names(self.n_layer)
@@ -124,8 +125,26 @@ def model_from_config(cfg: dict) -> HFModel:
             md["attention.sliding_window_pattern"] = pattern
         if cfg.get("final_logit_softcapping"):
             md["final_logit_softcapping"] = float(cfg["final_logit_softcapping"])
+    n_expert = _experts(cfg, md)
     tied = bool(cfg.get("tie_word_embeddings", arch.tied_by_default))
-    return HFModel(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, vocab_size, tied, md)
+    return HFModel(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, vocab_size, tied, md, n_expert)
+
+
+def _experts(cfg: dict, md: dict) -> int:
+    """A mixture's hyperparameters into md (as llama.cpp's converter names them); its expert count."""
+    n_expert = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+    if not n_expert:
+        return 0
+    if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1:
+        raise ConversionError("mixtures with dense layers among the expert ones (mlp_only_layers, "
+                              "decoder_sparse_step) are not supported")
+    md["expert_count"] = n_expert
+    md["expert_used_count"] = int(cfg["num_experts_per_tok"])
+    if cfg.get("moe_intermediate_size"):
+        md["expert_feed_forward_length"] = int(cfg["moe_intermediate_size"])
+    if cfg.get("shared_expert_intermediate_size"):
+        md["expert_shared_feed_forward_length"] = int(cfg["shared_expert_intermediate_size"])
+    return n_expert
 
 
 def _sliding_window_pattern(cfg: dict, n_layer: int, default: int) -> int:

@@ -1,5 +1,5 @@
 """Which type each tensor gets for a file type (`--type`), following llama.cpp's quantize tool
-(src/llama-quant.cpp, without importance matrix, for dense models).
+(src/llama-quant.cpp, without importance matrix), for dense models and mixtures of experts.
 
 A mix such as Q4_K_M has a default type (Q4_K) and promotes the tensors that hurt most when
 quantized: the output / tied embedding, attn_v and ffn_down in chosen layers. A type whose block
@@ -42,8 +42,14 @@ def use_more_bits(i_layer: int, n_layer: int) -> bool:
     return i_layer < n_layer // 8 or i_layer >= 7 * n_layer // 8 or (i_layer - n_layer // 8) % 3 == 2
 
 
-def quantizable(name: str, n_dims: int) -> bool:
-    return n_dims >= 2 and name.endswith("weight") and "_norm.weight" not in name
+def quantizable(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether llama-quantize quantizes the tensor: a matrix (ggml_n_dims: trailing 1s do not
+    count) of weights, not a norm, nor a mixture's router."""
+    n_dims = len(shape)
+    while n_dims > 1 and shape[n_dims - 1] == 1:
+        n_dims -= 1
+    return (n_dims >= 2 and name.endswith("weight") and "_norm.weight" not in name
+            and "ffn_gate_inp.weight" not in name)
 
 
 def _category(name: str) -> str:
@@ -70,13 +76,14 @@ class _TypeChooser:
     n_gqa: int            # query heads per KV head
     tied_embeddings: bool
     n_attn_v: int         # attn_v tensors in the file
+    n_expert: int = 0     # a mixture's experts per layer (0: dense)
     i_attn_v: int = 0
     i_ffn_down: int = 0
 
     def choose(self, name: str, shape: tuple[int, ...]) -> T:
         """shape in GGML order (shape[0] = row length)."""
         default = FILE_TYPES[self.file_type][0]
-        if not quantizable(name, len(shape)):
+        if not quantizable(name, shape):
             return T.F32
         if default in FLOAT_TYPES:
             return default
@@ -90,9 +97,13 @@ class _TypeChooser:
             return t if t == T.Q8_0 else T.Q6_K
         if cat == "token_embd":
             return t
+        if cat == "attn_k" and self.n_expert == 8:
+            return T.Q8_0  # llama.cpp's rule for 8-expert models (Mixtral): "trades just ~128MB"
         if cat in ("attn_v", "attn_qkv"):
             i = self.i_attn_v
             self.i_attn_v += 1
+            if self.n_expert == 8:
+                return T.Q8_0
             if ft == "Q2_K":
                 t = T.Q4_K if self.n_gqa >= 4 else T.Q3_K
             elif ft == "Q3_K_M":
@@ -105,7 +116,8 @@ class _TypeChooser:
                 t = T.Q5_K
             return t
         if cat == "ffn_down":
-            i, n = self.i_ffn_down, self.n_layer
+            # a mixture's ffn_down tensors (experts, shared expert) count by their layer
+            i, n = self.i_ffn_down if not self.n_expert else _layer(name), self.n_layer
             self.i_ffn_down += 1
             if ft == "Q2_K":
                 t = T.Q3_K
@@ -119,6 +131,8 @@ class _TypeChooser:
                 t = T.Q5_K
             return t
         if cat == "attn_output":
+            if self.n_expert == 8:
+                return T.Q5_K if ft in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M") else t
             return {"Q2_K": T.Q3_K, "Q3_K_M": T.Q4_K, "Q3_K_L": T.Q5_K}.get(ft, t)
         return t
 
@@ -144,9 +158,9 @@ def llama_quantize_order(names) -> list[str]:
 
 
 def mix_types(file_type: str, shapes: dict[str, tuple[int, ...]], n_layer: int, n_head: int,
-              n_head_kv: int) -> dict[str, T]:
+              n_head_kv: int, n_expert: int = 0) -> dict[str, T]:
     """The type of every tensor of a file of `file_type`; shapes in GGML order (row length first)."""
     names = llama_quantize_order(shapes)
     chooser = _TypeChooser(file_type, n_layer, n_head // max(n_head_kv, 1), "output.weight" not in shapes,
-                           sum(_category(n) in ("attn_v", "attn_qkv") for n in names))
+                           sum(_category(n) in ("attn_v", "attn_qkv") for n in names), n_expert)
     return {name: chooser.choose(name, shapes[name]) for name in names}

@@ -22,6 +22,8 @@ class Architecture:
     # options of the shared decoder, where the file does not set them:
     swa_pattern: int = 0              # every swa_pattern-th layer attends globally, the others slide (0: none)
     rope_base_swa: float | None = None  # RoPE base of the sliding layers (None: the global layers')
+    # mixtures of experts: llama.cpp fixes these per architecture in its graph
+    expert_weights_norm: bool = False  # the chosen experts' weights are renormalized to sum to 1
     # how llama.cpp's converter writes it from a checkpoint:
     permute_qk: bool = False          # Q/K rows permuted for the interleaved rotary pairing of llama.cpp's graph
     norm_plus_one: bool = False       # the checkpoint stores RMSNorm weights as w - 1
@@ -49,9 +51,13 @@ class Architecture:
 
 
 ARCHITECTURES = {a.name: a for a in (
-    Architecture("llama", MODEL_ARCH.LLAMA, ("llama", "mistral"), permute_qk=True, writes_vocab_and_rope_dims=True),
+    Architecture("llama", MODEL_ARCH.LLAMA, ("llama", "mistral", "mixtral"), permute_qk=True,
+                 writes_vocab_and_rope_dims=True, expert_weights_norm=True),
     Architecture("qwen2", MODEL_ARCH.QWEN2, ("qwen2",)),
     Architecture("qwen3", MODEL_ARCH.QWEN3, ("qwen3",), writes_head_dims=True),
+    Architecture("qwen2moe", MODEL_ARCH.QWEN2MOE, ("qwen2_moe",)),
+    Architecture("qwen3moe", MODEL_ARCH.QWEN3MOE, ("qwen3_moe",), writes_head_dims=True, expert_weights_norm=True),
+    Architecture("olmoe", MODEL_ARCH.OLMOE, ("olmoe",)),
     # llama.cpp hard-codes Gemma 3's pattern (five sliding layers, then a global one) and local base
     Architecture("gemma3", MODEL_ARCH.GEMMA3, ("gemma3", "gemma3_text"), swa_pattern=6, rope_base_swa=10000.0,
                  norm_plus_one=True, tied_by_default=True, rope_theta_default=1_000_000.0, writes_head_dims=True,

@@ -33,6 +33,14 @@ class ModelParams:
     rope_base_swa: float   # RoPE base of sliding-window layers
     logit_softcap: float   # 0: none
     attn_softcap: float    # 0: none
+    # mixtures of experts (n_expert 0: a dense model)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0      # hidden size of one expert
+    n_ff_shexp: int = 0    # hidden size of the shared expert (Qwen2-MoE)
+    expert_gating: str = "softmax"  # router logits -> probabilities: "softmax" or "sigmoid"
+    expert_weights_norm: bool = False  # renormalize the chosen experts' probabilities to sum to 1
+    expert_weights_scale: float = 1.0
 
     @property
     def kv_dim(self) -> int:
@@ -45,6 +53,10 @@ class ModelParams:
             return [0] * self.n_layer
         pattern = self.swa_pattern
         return [self.sliding_window if i % pattern < pattern - 1 else 0 for i in range(self.n_layer)]
+
+
+# gguf's ExpertGatingFuncType
+_GATING = {1: "softmax", 2: "sigmoid"}
 
 
 def _int_array_or_scalar(value, n_layer: int, key: str) -> int:
@@ -85,6 +97,14 @@ def read_params(f: GGUFFile) -> ModelParams:
         raise GGUFError(f"{f.path.name}: RoPE scaling {scaling!r} is not supported")
     rope_scale = float(get(Keys.Rope.SCALING_FACTOR, 1.0)) if scaling == "linear" else 1.0
     rope_base = float(get(Keys.Rope.FREQ_BASE, 10000.0))
+    n_expert = int(get(Keys.LLM.EXPERT_COUNT, 0))
+    n_expert_used = int(get(Keys.LLM.EXPERT_USED_COUNT, 0)) if n_expert else 0
+    if n_expert and not 0 < n_expert_used <= n_expert:
+        raise GGUFError(f"{f.path.name}: {n_expert_used} experts used of {n_expert}")
+    n_ff_exp = (int(get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, 0)) or n_ff) if n_expert else 0
+    gating = int(get(Keys.LLM.EXPERT_GATING_FUNC, 1))
+    if gating not in _GATING:
+        raise GGUFError(f"{f.path.name}: expert gating function {gating} is not supported")
     vocab = get(Keys.LLM.VOCAB_SIZE)
     if vocab is None:
         tokens = f.get(Keys.Tokenizer.LIST)
@@ -104,4 +124,9 @@ def read_params(f: GGUFFile) -> ModelParams:
         rope_base_swa=float(get(Keys.Rope.FREQ_BASE_SWA, arch and arch.rope_base_swa or rope_base)),
         logit_softcap=float(get(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, 0.0)),
         attn_softcap=float(get(Keys.LLM.ATTN_LOGIT_SOFTCAPPING, 0.0)),
+        n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
+        n_ff_shexp=int(get(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, n_ff_exp)),
+        expert_gating=_GATING[gating],
+        expert_weights_norm=bool(get(Keys.LLM.EXPERT_WEIGHTS_NORM, arch.expert_weights_norm if arch else False)),
+        expert_weights_scale=float(get(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0)) or 1.0,
     )

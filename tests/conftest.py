@@ -61,6 +61,14 @@ def random_models(smollm_hf, gemma_path, tmp_path_factory):
             for arch in ("llama", "qwen2", "qwen3", "gemma3")}
 
 
+@pytest.fixture(scope="session")
+def moe_folders(smollm_hf, tmp_path_factory):
+    """Small Hugging Face mixtures of experts (hf_folders.MOE_CONFIGS), by model_type."""
+    from .hf_folders import MOE_CONFIGS, moe_folder
+    root = tmp_path_factory.mktemp("moe")
+    return {arch: moe_folder(arch, root / arch, smollm_hf) for arch in MOE_CONFIGS}
+
+
 def hf_logits_function(gguf_path):
     """transformers loading the GGUF, dequantized to fp32: ids -> logits (T, vocab). The oracle."""
     torch = pytest.importorskip("torch")

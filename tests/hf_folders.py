@@ -79,6 +79,44 @@ def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) ->
     return folder
 
 
+# Small mixtures of experts, 8 experts (4 for Mixtral) so that llama-quantize's 8-expert rules show
+MOE_CONFIGS = {
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(head_dim=64, num_experts=8, num_experts_per_tok=2,
+                                                                 moe_intermediate_size=128, norm_topk_prob=True)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2,
+                                                                 moe_intermediate_size=128,
+                                                                 shared_expert_intermediate_size=256)),
+    # (llama.cpp's converter writes OLMoE's epsilon as 1e-5, whatever the config says)
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2, intermediate_size=128,
+                                                      rms_norm_eps=1e-5)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
+}
+
+
+def moe_folder(model_type: str, folder: Path, smollm_hf: Path) -> Path:
+    """A small mixture of experts of model_type with SmolLM2's tokenizer, its weights drawn from
+    a fixed numpy generator (not transformers' initialization), so that the folder is the same
+    on every machine and llama.cpp's references (tests/data/llama_cpp_moe_mixes.json) hold."""
+    import torch
+    import transformers as tf
+    config_name, model_name, extra = MOE_CONFIGS[model_type]
+    common = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=512, rms_norm_eps=1e-6, vocab_size=49152, num_hidden_layers=2,
+                  tie_word_embeddings=False)
+    config = getattr(tf, config_name)(**{**common, **extra})
+    model = getattr(tf, model_name)(config).eval()
+    rng = np.random.default_rng(0)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            values = rng.standard_normal(p.shape, dtype=np.float32)
+            p.copy_(torch.from_numpy(values * 0.3 + 1.0 if p.dim() == 1 else values * 0.1))
+    model.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        if (smollm_hf / name).exists():
+            shutil.copy(smollm_hf / name, folder / name)
+    return folder
+
+
 def transformers_logits(folder: Path, ids: list[int]) -> np.ndarray:
     import torch
     from transformers import AutoModelForCausalLM

@@ -1,7 +1,9 @@
-"""ggrun's quant mixes against llama.cpp's own pipeline on the real 30-layer SmolLM2: its
-converter (--outtype f32), then llama-quantize, for every type ggrun writes. The references
-(tests/data/llama_cpp_mixes.json: per tensor its type and a hash of its bytes, in llama-quantize's
-order) are made by scripts/llama_cpp_mixes from llama.cpp b11434."""
+"""ggrun's conversions and quant mixes against llama.cpp's own pipeline: its converter
+(--outtype f32), then llama-quantize. On the real 30-layer SmolLM2 for every type ggrun writes;
+on small mixtures of experts (tests/hf_folders.py) for the types whose rules experts change. The
+references (tests/data/llama_cpp_mixes.json, llama_cpp_moe_mixes.json: per tensor its type and a
+hash of its bytes, in llama-quantize's order) are made by scripts/llama_cpp_mixes from llama.cpp
+b11434."""
 from __future__ import annotations
 
 import hashlib
@@ -14,6 +16,10 @@ from convert.mixes import FILE_TYPES
 from gguf_io import GGUFFile
 
 REFERENCES = Path(__file__).parent / "data" / "llama_cpp_mixes.json"
+MOE_REFERENCES = Path(__file__).parent / "data" / "llama_cpp_moe_mixes.json"
+# the types whose choices a mixture changes: its 8-expert rules (attn_k/attn_v/attn_output), ffn_down
+# counted by layer, the router kept in F32
+MOE_TYPES = ("F32", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M")
 
 
 def tensor_digests(path) -> list[list[str]]:
@@ -42,3 +48,19 @@ def test_mix_is_llama_cpps_through_convert_and_quantize(smollm_hf, smollm_f32, t
     quantized = tmp_path / "quantized.gguf"
     requantize(smollm_f32, quantized, file_type, progress=False)
     assert tensor_digests(quantized) == want  # written in llama-quantize's order too
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "olmoe", "mixtral"])
+def test_moe_conversion_and_mixes_are_llama_cpps(moe_folders, tmp_path, arch):
+    """Experts stacked into 3-D tensors byte for byte as llama.cpp's converter writes them, and
+    quantized as llama-quantize types and quantizes them."""
+    from convert.convert import convert_hf, requantize
+    want = json.loads(MOE_REFERENCES.read_text())[arch]
+    f32 = tmp_path / "f32.gguf"
+    convert_hf(moe_folders[arch], f32, "F32", progress=False)
+    assert sorted(tensor_digests(f32)) == sorted(want["F32"])
+    for file_type in MOE_TYPES[1:]:
+        quantized = tmp_path / f"{file_type}.gguf"
+        requantize(f32, quantized, file_type, progress=False)
+        assert tensor_digests(quantized) == want[file_type], file_type
+        quantized.unlink()
