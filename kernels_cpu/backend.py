@@ -12,7 +12,9 @@ from . import amx, ops
 from .attention import attention
 from .bandwidth import read_bandwidth
 from .blocks import SUPPORTED_TYPES
-from .cpu_features import int8_isa
+from .activations import rounding_kind
+from .cpu_features import int8_isa, memory_streams
+from .experts import GATING, check_expert_ids, combine, expert_products, expert_stack, grouped_products, route, sigmoid_gate
 from .kv_layout import ELEMENTS, as_kernel_array, cached_rows, export_rows, import_rows, new_cache, store_kv
 from .matmul import FEW_TOKENS, decode_stack, load_matrix, matmuls
 from .step_program import Op, run_step
@@ -77,6 +79,9 @@ class CpuBackend:
         # 16-bit ones the file's rows
         return load_matrix(qtype, raw, k, interleaved=not self.precise, types=self.quant_types)
 
+    def load_experts(self, qtype, raw, k, experts):
+        return load_matrix(qtype, raw, k, interleaved=not self.precise, types=self.quant_types, experts=experts)
+
     def load_vector(self, values):
         vector = np.ascontiguousarray(values, dtype=np.float32)
         self.constants[id(vector)] = vector
@@ -97,6 +102,43 @@ class CpuBackend:
             return matmuls(ws, x, self.precise)
         out = self._recorded(stack.products(x, self.precise), "products", stack, x)
         return [out[:, a:b] for a, b in stack.spans]
+
+    def route(self, logits, k, gating, norm, scale):
+        logits = np.ascontiguousarray(logits)
+        ids = np.empty((logits.shape[0], k), dtype=np.int32)
+        weights = np.empty((logits.shape[0], k), dtype=np.float32)
+        route(logits, GATING[gating], norm, np.float32(scale), ids, weights)
+        if self.recorder is None:
+            return ids, weights
+        ids, weights = self.recorder.traced(ids), self.recorder.traced(weights)
+        self.recorder.route(logits, ids, weights, GATING[gating], norm, scale)
+        return ids, weights
+
+    def expert_matmuls(self, ws, x, ids):
+        x = np.ascontiguousarray(x)
+        if ids.shape[0] > 1:  # many tokens: expert by expert (not recorded: steps are one token)
+            if self.recorder is not None:
+                self.recorder.fail("expert products of several tokens")
+            return grouped_products(ws, x, np.asarray(ids), self.precise)
+        stack = expert_stack([w.as_rows for w in ws] if self.precise else ws)
+        slots = ids.view(np.ndarray).reshape(-1)  # (the backend's own check, not a read of the model's)
+        check_expert_ids(slots, stack.n_expert)
+        out = np.empty((len(ws), slots.size, stack.n_rows), dtype=np.float32)
+        expert_products(stack.mats, slots, x, out, stack.formats, rounding_kind(self.precise), memory_streams())
+        out = self._recorded(out, "expert_products", stack, x, ids)
+        return [out[m] for m in range(len(ws))]
+
+    def expert_combine(self, y, weights):
+        y = np.ascontiguousarray(y)
+        out = np.empty((weights.shape[0], y.shape[1]), dtype=np.float32)
+        combine(y, weights, out)
+        return self._recorded(out, "combine", y, weights)
+
+    def sigmoid_gate(self, x, g):
+        sigmoid_gate(x, g)
+        if self.recorder is not None:
+            self.recorder.sigmoid_gate(x, g)
+        return x
 
     def embed(self, w, ids):
         return self._recorded(w.rows(ids), "embed", w, ids)

@@ -101,6 +101,14 @@ def _rows_product(mats, m, w, mins, first, last, x, acts, out, col):
     return int8
 
 
+@njit(cache=True, inline="always")
+def streamed_task(c, s, stride, n_tasks):
+    """The task a thread runs on its c-th visit of stream s, of n_tasks split into runs of
+    `stride` (see products), or -1 past the last."""
+    j = s * stride + c
+    return j if j < n_tasks else -1
+
+
 @njit(cache=True, parallel=True)
 def products(mats, tasks, x, out, formats, rounding, streams):
     """out = x @ [W_0; W_1; ...].T for the matrices of a products table (MATRIX), stacked by rows,
@@ -117,8 +125,8 @@ def products(mats, tasks, x, out, formats, rounding, streams):
     stride = (n_tasks + streams - 1) // streams
     for c in prange(stride):
         for s in range(streams):
-            j = s * stride + c
-            if j >= n_tasks:
+            j = streamed_task(c, s, stride, n_tasks)
+            if j < 0:
                 break
             m = tasks[j, 0]
             raw, mins = matrix_arrays(mats, m)
@@ -172,15 +180,31 @@ class WeightMatrix:
     for 8-bit products, where the type has them."""
 
     def __init__(self, qtype: GGMLQuantizationType, raw: np.ndarray, k: int, interleaved: bool = False,
-                 types: WeightTypes | None = None):
-        # types: the model's weight types, which its kernels compile for (this one's alone by default)
+                 types: WeightTypes | None = None, experts: int = 1):
+        # types: the model's weight types, which its kernels compile for (this one's alone by default);
+        # experts: a mixture's expert tensor, `experts` matrices of equal rows one after the other
         self.qtype, self.shape, self.types = qtype, (raw.shape[0], k), types or WeightTypes()
         self.types.add(qtype)
-        if interleaved and interleaves(qtype, raw.shape[0]):
+        self.experts = experts
+        if interleaved and interleaves(qtype, raw.shape[0] // experts):  # (groups within an expert)
             self.raw, self.groups, self.places = None, interleave(qtype, raw), byte_places(qtype)
         else:  # (rows of a file's tensor are contiguous already: no copy)
             self.raw, self.groups, self.places = np.ascontiguousarray(raw), None, np.zeros((2, 0), np.int64)
         self.stacks = {}  # see stacked
+
+    def expert(self, e: int) -> WeightMatrix:
+        """Expert e's rows, as a matrix of their own (a view: no copy)."""
+        views = self.__dict__.setdefault("_experts", {})
+        if e not in views:
+            n = self.shape[0] // self.experts
+            view = views[e] = object.__new__(WeightMatrix)
+            view.qtype, view.shape, view.types, view.experts, view.stacks = self.qtype, (n, self.shape[1]), self.types, 1, {}
+            view.places, view.__dict__["mins"] = self.places, self.mins[e * n:(e + 1) * n]
+            if self.groups is None:
+                view.raw, view.groups = self.raw[e * n:(e + 1) * n], None
+            else:
+                view.raw, view.groups = None, self.groups[e * n // GROUP:(e + 1) * n // GROUP]
+        return views[e]
 
     @property
     def reads_file(self) -> bool:
@@ -191,7 +215,7 @@ class WeightMatrix:
     def as_rows(self) -> WeightMatrix:
         """This matrix with its rows as the file lays them out (self, or a copy read back out)."""
         return self if self.groups is None else WeightMatrix(self.qtype, self.row_blocks(0, self.shape[0]),
-                                                             self.shape[1], types=self.types)
+                                                             self.shape[1], types=self.types, experts=self.experts)
 
     def row_blocks(self, first: int, last: int) -> np.ndarray:
         """Rows first..last-1 as the file lays them out (a view, or read out of the groups)."""
@@ -399,10 +423,13 @@ def matmuls(matrices: list, x: np.ndarray, precise: bool = False) -> list:
 
 
 def load_matrix(qtype: GGMLQuantizationType, raw: np.ndarray, k: int, interleaved: bool = False,
-                types: WeightTypes | None = None):
+                types: WeightTypes | None = None, experts: int = 1):
     """The matrix for raw rows (N, bytes per row) of a tensor whose rows hold k weights;
-    interleaved: in interleaved groups where the type has them, types: the model's (see WeightMatrix)."""
+    interleaved: in interleaved groups where the type has them, types: the model's, experts: the
+    experts whose rows it stacks (see WeightMatrix)."""
     block, block_bytes = GGML_QUANT_SIZES[qtype]
     if raw.ndim != 2 or k % block or raw.shape[1] != k // block * block_bytes:
         raise ValueError(f"{qtype.name} rows of {raw.shape[1]} bytes cannot hold {k} weights")
-    return WeightMatrix(qtype, raw, k, interleaved, types)
+    if experts < 1 or raw.shape[0] % experts:
+        raise ValueError(f"{raw.shape[0]} rows do not divide into {experts} experts")
+    return WeightMatrix(qtype, raw, k, interleaved, types, experts)

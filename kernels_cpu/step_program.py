@@ -29,6 +29,7 @@ from .kv_layout import as_kernel_array, head_dims, store_kv
 from .activations import rounding_kind
 from .cpu_features import memory_streams
 from .type_sets import tagged_dtype
+from .experts import combine, expert_products, route, sigmoid_gate
 from .matmul import MATRIX, check_row_ids, dequantize_matrix_rows, products
 
 class Op(IntEnum):
@@ -45,12 +46,17 @@ class Op(IntEnum):
     SILU_MUL = 10    # gate = silu(gate) * up
     GELU_MUL = 11    # gate = gelu(gate) * up
     SOFTCAP = 12     # out = cap * tanh(x / cap)
+    ROUTE = 13       # each token's chosen experts and their weights
+    EXPERT_PRODUCTS = 14  # out = the products of x with the chosen experts of a stack's matrices
+    COMBINE = 15     # out = the chosen experts' outputs weighted
+    SIGMOID_GATE = 16  # x *= sigmoid(g)
 
 
 # What an operand names, which the recorder checks as it writes a row:
 KINDS = {
     "f32": "the address of float32 memory the program keeps (an activation, a weight vector, a table)",
     "f64": "the address of float64 memory the program keeps",
+    "i32": "the address of int32 memory the program keeps (expert ids)",
     "matrix": "a row of the program's products table",
     "tasks": "an index into the program's task table",
     "input": "one of the step's inputs (token ids, positions, slots)",
@@ -88,9 +94,16 @@ Attention, AttentionParams = _operation(
     value_dim="count")
 Gated, _ = _operation("Gated", gate="f32", up="f32", rows="count", width="count")
 Softcap, SoftcapParams = _operation("Softcap", ("cap",), x="f32", out="f32", n="count")
+Route, RouteParams = _operation("Route", ("scale",), logits="f32", ids="i32", weights="f32", tokens="count",
+                               experts="count", k="count", gating="count", norm="flag")
+ExpertProducts, _ = _operation("ExpertProducts", x="f32", ids="i32", out="f32", x_rows="count", k="count",
+                               slots="count", n="count", matrices="count", first="matrix", formats="formats")
+Combine, _ = _operation("Combine", y="f32", weights="f32", out="f32", tokens="count", k="count", n="count")
+SigmoidGate, _ = _operation("SigmoidGate", x="f32", g="f32", rows="count", width="count")
 OPERANDS = {Op.EMBED: Embed, Op.SCALE: Scale, Op.ADD: Add, Op.RMS_NORM: RmsNorm, Op.PRODUCTS: Products,
             Op.ROPE_TABLE: RopeTable, Op.ROPE: Rope, Op.STORE_KV: StoreKv, Op.ATTENTION: Attention,
-            Op.SILU_MUL: Gated, Op.GELU_MUL: Gated, Op.SOFTCAP: Softcap}
+            Op.SILU_MUL: Gated, Op.GELU_MUL: Gated, Op.SOFTCAP: Softcap, Op.ROUTE: Route,
+            Op.EXPERT_PRODUCTS: ExpertProducts, Op.COMBINE: Combine, Op.SIGMOID_GATE: SigmoidGate}
 ARGS = max(len(operands) for operands in OPERANDS.values())
 PARAMS = max(len(operands.params) for operands in OPERANDS.values())
 # columns of a program's cache table: keys (kv heads, tiles, dim, tile) and values (kv heads, slots, dim)
@@ -104,6 +117,11 @@ class NotReplayable(Exception):
 @njit(cache=True, inline="always")
 def _f32(address, shape):
     return carray(pointer_at(address, np.float32), shape)
+
+
+@njit(cache=True, inline="always")
+def _i32(address, shape):
+    return carray(pointer_at(address, np.int32), shape)
 
 
 @njit(cache=True, inline="always")
@@ -174,6 +192,23 @@ def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, st
         elif op == Op.SOFTCAP:
             n = a[Softcap.N]
             ops.softcap(_f32(a[Softcap.X], (n,)), np.float32(f[SoftcapParams.CAP]), _f32(a[Softcap.OUT], (n,)))
+        elif op == Op.ROUTE:
+            shape = (a[Route.TOKENS], a[Route.K])
+            route(_f32(a[Route.LOGITS], (a[Route.TOKENS], a[Route.EXPERTS])), a[Route.GATING], a[Route.NORM] != 0,
+                  np.float32(f[RouteParams.SCALE]), _i32(a[Route.IDS], shape), _f32(a[Route.WEIGHTS], shape))
+        elif op == Op.EXPERT_PRODUCTS:
+            first, slots = a[ExpertProducts.FIRST], a[ExpertProducts.SLOTS]
+            expert_products(mats[first:first + a[ExpertProducts.MATRICES]], _i32(a[ExpertProducts.IDS], (slots,)),
+                            _f32(a[ExpertProducts.X], (a[ExpertProducts.X_ROWS], a[ExpertProducts.K])),
+                            _f32(a[ExpertProducts.OUT], (a[ExpertProducts.MATRICES], slots, a[ExpertProducts.N])),
+                            a[ExpertProducts.FORMATS], rounding, streams)
+        elif op == Op.COMBINE:
+            tokens, k, n = a[Combine.TOKENS], a[Combine.K], a[Combine.N]
+            combine(_f32(a[Combine.Y], (tokens * k, n)), _f32(a[Combine.WEIGHTS], (tokens, k)),
+                    _f32(a[Combine.OUT], (tokens, n)))
+        elif op == Op.SIGMOID_GATE:
+            rows = a[SigmoidGate.ROWS]
+            sigmoid_gate(_f32(a[SigmoidGate.X], (rows, a[SigmoidGate.WIDTH])), _f32(a[SigmoidGate.G], (rows, 1)))
 
 
 @njit(cache=True, inline="always")
@@ -268,22 +303,23 @@ class Recorder:
     def traced(self, array):
         """A new activation of the step, returned to the model as a _Traced view."""
         root = _root(array)
-        if root.dtype != np.float32 or not root.flags.c_contiguous:
-            self.fail("an activation that is not contiguous float32")
+        if root.dtype not in (np.float32, np.int32) or not root.flags.c_contiguous:
+            self.fail("an activation that is not contiguous float32 (or int32 expert ids)")
         self.produced.add(id(root))
         self.keep[id(root)] = root
         view = array.view(_Traced)
         view.recorder = self
         return view
 
-    def address(self, array, size: int) -> int:
-        """Where a float32 operand of `size` elements lies: an activation or a loaded weight."""
+    def address(self, array, size: int, dtype=np.float32) -> int:
+        """Where an operand of `size` elements lies: an activation or a loaded weight (float32),
+        or expert ids (int32)."""
         array = np.asarray(array)
         root = _root(array)
         if id(root) not in self.produced and self.constants.get(id(array)) is not array:
             self.fail("an operand made outside the recorded operations")
-        elif array.dtype != np.float32 or not array.flags.c_contiguous or array.size != size:
-            self.fail("an operand that is not a contiguous float32 array of the expected size")
+        elif array.dtype != dtype or not array.flags.c_contiguous or array.size != size:
+            self.fail(f"an operand that is not a contiguous {np.dtype(dtype).name} array of the expected size")
         self.keep[id(array)] = array
         self._memory.add(array.ctypes.data)
         return array.ctypes.data
@@ -296,13 +332,17 @@ class Recorder:
         return i
 
     def matrix(self, m) -> int:
+        """m's row of the products table."""
         if id(m) not in self._mat_ids:
-            if self.mats and m.descriptor.dtype != self.mats[0].dtype:
-                self.fail("matrices that name different sets of types (of different models)")
-            self._mat_ids[id(m)] = len(self.mats)
-            self.mats.append(m.descriptor)
-            self.keep[id(m)] = m
+            self._mat_ids[id(m)] = self._append_matrix(m)
         return self._mat_ids[id(m)]
+
+    def _append_matrix(self, m) -> int:
+        if self.mats and m.descriptor.dtype != self.mats[0].dtype:
+            self.fail("matrices that name different sets of types (of different models)")
+        self.mats.append(m.descriptor)
+        self.keep[id(m)] = m
+        return len(self.mats) - 1
 
     def cache(self, keys, values) -> int:
         index = self._cache_ids.get(id(keys))
@@ -330,7 +370,8 @@ class Recorder:
         value = int(value)
         if self.failed is not None:  # not a program any more: the step just runs eagerly
             return value
-        valid = {"f32": value in self._memory, "f64": value in self._memory, "matrix": 0 <= value < len(self.mats),
+        valid = {"f32": value in self._memory, "f64": value in self._memory, "i32": value in self._memory,
+                 "matrix": 0 <= value < len(self.mats),
                  "tasks": 0 <= value <= self.n_tasks, "input": 0 <= value < len(self.inputs),
                  "cache": 0 <= value < len(self.caches), "count": value >= 0, "flag": value in (0, 1),
                  "formats": value >= 0}[kind]
@@ -401,6 +442,28 @@ class Recorder:
 
     def softcap(self, x, cap, out):
         self.add(Op.SOFTCAP, x=self.address(x, x.size), out=self.address(out, out.size), n=out.size, cap=cap)
+
+    def route(self, logits, ids, weights, gating, norm, scale):
+        tokens, k = ids.shape
+        self.add(Op.ROUTE, logits=self.address(logits, logits.size), ids=self.address(ids, ids.size, np.int32),
+                 weights=self.address(weights, weights.size), tokens=tokens, experts=logits.shape[1], k=k,
+                 gating=gating, norm=norm, scale=scale)
+
+    def expert_products(self, stack, x, ids, out):
+        # the stack's matrices as consecutive rows of the table
+        first = [self._append_matrix(m) for m in stack.matrices][0]
+        self.add(Op.EXPERT_PRODUCTS, x=self.address(x, x.size), ids=self.address(ids, ids.size, np.int32),
+                 out=self.address(out, out.size), x_rows=x.shape[0], k=x.shape[1], slots=ids.size, n=out.shape[2],
+                 matrices=len(stack.matrices), first=first, formats=stack.formats)
+
+    def combine(self, y, weights, out):
+        tokens, k = weights.shape
+        self.add(Op.COMBINE, y=self.address(y, y.size), weights=self.address(weights, weights.size),
+                 out=self.address(out, out.size), tokens=tokens, k=k, n=out.shape[1])
+
+    def sigmoid_gate(self, x, g):
+        rows, width = x.shape
+        self.add(Op.SIGMOID_GATE, x=self.address(x, x.size), g=self.address(g, rows), rows=rows, width=width)
 
     def ufunc(self, ufunc, method, inputs, kwargs, result):
         """Residual sums, biases and scale factors: x + y and x * s on activations."""

@@ -49,6 +49,9 @@ class TorchBackend:
     def load_matrix(self, qtype, raw, k):
         return upload(qtype, raw, k, self.device)
 
+    def load_experts(self, qtype, raw, k, experts):
+        return upload(qtype, raw, k, self.device, experts)
+
     def load_vector(self, values):
         return self._tensor(values, np.float32)
 
@@ -74,6 +77,18 @@ class TorchBackend:
 
     def matmuls(self, ws, x):
         return [self.products.matmul(w, x) for w in ws]
+
+    def route(self, logits, k, gating, norm, scale):
+        return ops.route(logits, k, gating, norm, scale)
+
+    def expert_matmuls(self, ws, x, ids):
+        return [self.products.expert_matmul(w, x, ids) for w in ws]
+
+    def expert_combine(self, y, weights):
+        return ops.expert_combine(y, weights)
+
+    def sigmoid_gate(self, x, g):
+        return ops.sigmoid_gate(x, g)
 
     def embed(self, w, ids):
         return w.rows(self._tensor(ids, np.int64))

@@ -25,14 +25,25 @@ TILE_ELEMENTS = 1 << 22
 
 
 class QuantMatrix:
-    def __init__(self, qtype, raw: torch.Tensor, k: int):
+    def __init__(self, qtype, raw: torch.Tensor, k: int, experts: int = 1):
+        """experts: a mixture's expert tensor, `experts` matrices of equal rows one after the other."""
         block, block_bytes = GGML_QUANT_SIZES[qtype]
         if k % block or raw.shape[1] != k // block * block_bytes:
             raise ValueError(f"{qtype.name} rows of {k} weights take {k // block * block_bytes} bytes, "
                              f"got {raw.shape[1]}")
-        self.qtype, self.raw, self.k = qtype, raw, k
+        if experts < 1 or raw.shape[0] % experts:
+            raise ValueError(f"{raw.shape[0]} rows do not divide into {experts} experts")
+        self.qtype, self.raw, self.k, self.experts = qtype, raw, k, experts
         self.n = raw.shape[0]
         self.tile_rows = max(1, TILE_ELEMENTS // k)
+        self._views = {}
+
+    def expert(self, e: int) -> QuantMatrix:
+        """Expert e's rows, as a matrix of their own (a view of the same bytes)."""
+        if e not in self._views:
+            n = self.n // self.experts
+            self._views[e] = QuantMatrix(self.qtype, self.raw[e * n:(e + 1) * n], self.k)
+        return self._views[e]
 
     def tiles(self):
         for start in range(0, self.n, self.tile_rows):
@@ -48,6 +59,12 @@ def row_dots(dequantize, raw: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (dequantize(raw) * x).sum(dim=-1)
 
 
+def expert_row_dots(dequantize, raw: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x[s] (k,) against every row of raw[s] (the rows of slot s's expert): (slots, rows)."""
+    slots, rows, _ = raw.shape
+    return (dequantize(raw.reshape(slots * rows, -1)).view(slots, rows, -1) * x[:, None, :]).sum(dim=-1)
+
+
 class Products:
     """Matrix products on one device; `compiled` fuses dequantization into the decode products."""
 
@@ -59,19 +76,19 @@ class Products:
             # static one per first shape, then a dynamic one) count against one limit.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
-    def _dots(self, qtype):
-        fn = self._row_dots.get(qtype)
+    def _dots(self, qtype, dots=row_dots):
+        fn = self._row_dots.get((qtype, dots))
         if fn is None:
             dequantize = DEQUANTIZE[qtype]
 
             def fn(raw, x):
-                return row_dots(dequantize, raw, x)
+                return dots(dequantize, raw, x)
             if self.compiled:
                 # fullgraph: a graph break would split the fusion and materialize the weights.
                 # Dynamo tells the types apart by the dequantizer's code (a guard on a type
                 # argument was missed: Q4_K reused Q4_0's graph of the same byte shape).
                 fn = torch.compile(fn, fullgraph=True)
-            self._row_dots[qtype] = fn
+            self._row_dots[qtype, dots] = fn
         return fn
 
     def matmul(self, w: QuantMatrix, x: torch.Tensor) -> torch.Tensor:
@@ -85,9 +102,32 @@ class Products:
         return out
 
 
-def upload(qtype, raw: np.ndarray, k: int, device) -> QuantMatrix:
+    def expert_matmul(self, w: QuantMatrix, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Slot s = t * k + j (token t's j-th expert, ids (T, k)) times that expert: (T * k, rows
+        per expert), each slot reading its token's row of x, or its own where x has a row per slot.
+        One token's slots (decode) gather their experts' bytes and nothing else, with no value
+        read back to the host (a CUDA graph captures them); more tokens go expert by expert."""
+        flat = ids.reshape(-1)
+        x = x.repeat_interleave(flat.numel() // x.shape[0], dim=0) if x.shape[0] != flat.numel() else x
+        n = w.n // w.experts
+        if ids.shape[0] == 1:
+            raw = w.raw.view(w.experts, n, -1)[flat]
+            if self.compiled:
+                return self._dots(w.qtype, expert_row_dots)(raw, x)
+            return expert_row_dots(DEQUANTIZE[w.qtype], raw, x)
+        out = torch.empty((flat.numel(), n), dtype=torch.float32, device=x.device)
+        order = torch.argsort(flat, stable=True)
+        ends = torch.bincount(flat, minlength=w.experts).cumsum(0).tolist()
+        for e, (start, end) in enumerate(zip([0] + ends[:-1], ends)):
+            if end > start:
+                slots = order[start:end]
+                out[slots] = self.matmul(w.expert(e), x[slots])
+        return out
+
+
+def upload(qtype, raw: np.ndarray, k: int, device, experts: int = 1) -> QuantMatrix:
     """A matrix from raw GGUF rows (a read-only view of the mapped file) onto the device, as bytes.
     On the CPU the tensor shares the mapping; nothing ever writes to it."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return QuantMatrix(qtype, torch.from_numpy(raw).to(device), k)
+        return QuantMatrix(qtype, torch.from_numpy(raw).to(device), k, experts)

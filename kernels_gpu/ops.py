@@ -69,3 +69,27 @@ def gelu_mul(gate, up):
 
 def softcap(x, cap: float):
     return torch.tanh(x / cap) * cap
+
+
+# the smallest sum renormalized expert weights divide by (llama.cpp clamps to float16's smallest normal)
+MIN_WEIGHT_SUM = 6.103515625e-5
+
+
+def route(logits, k: int, gating: str, norm: bool, scale: float):
+    """Each token's k most probable experts (ids, best first) and their weights, as
+    kernels_cpu.experts.route computes them."""
+    probs = torch.softmax(logits, dim=-1) if gating == "softmax" else torch.sigmoid(logits)
+    weights, ids = torch.topk(probs, k, dim=-1)
+    if norm:
+        weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(MIN_WEIGHT_SUM)
+    return ids, weights * scale
+
+
+def expert_combine(y, weights):
+    """sum over j of weights[t, j] * y[t * k + j], for every token t."""
+    n_tokens, k = weights.shape
+    return (y.view(n_tokens, k, -1) * weights[:, :, None]).sum(dim=1)
+
+
+def sigmoid_gate(x, g):
+    return x * torch.sigmoid(g)

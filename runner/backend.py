@@ -38,11 +38,30 @@ class Backend(Protocol):
     def load_matrix(self, qtype, raw, k: int) -> Any:
         """A weight matrix from raw GGUF rows (N, bytes per row) holding k weights each."""
 
+    def load_experts(self, qtype, raw, k: int, experts: int) -> Any:
+        """A mixture's expert matrices from raw GGUF rows (experts * N, bytes per row): expert e
+        is rows e*N..(e+1)*N, as GGML lays out a [k, N, experts] tensor."""
+
     def load_vector(self, values) -> Any: ...
     def asarray(self, values) -> Any: ...
     def matmul(self, w, x) -> Any: ...
     def matmuls(self, ws, x) -> list:
         """[matmul(w, x) for w in ws], in one pass where the backend can."""
+    def route(self, logits, k: int, gating: str, norm: bool, scale: float) -> tuple:
+        """Each token's k most probable experts of router logits (T, experts): ids (T, k), best
+        first, and weights (T, k), their probabilities ("softmax" over the experts or "sigmoid"
+        each), renormalized to sum to 1 if norm, times scale. Recorded, not read by the host."""
+
+    def expert_matmuls(self, ws, x, ids) -> list:
+        """For each expert matrix w: (T * k, N), slot t * k + j the product of expert ids[t, j]
+        with x's row t (x of T rows) or x's row t * k + j (x of T * k rows)."""
+
+    def expert_combine(self, y, weights) -> Any:
+        """(T, n): sum over j of weights[t, j] * y[t * k + j]."""
+
+    def sigmoid_gate(self, x, g) -> Any:
+        """x * sigmoid(g), g (T, 1)."""
+
     def embed(self, w, ids) -> Any: ...
     def rms_norm(self, x, weight, eps: float) -> Any: ...
     def rope(self, x, positions, n_rot: int, base: float, pos_scale: float, neox: bool, freq_factors) -> None: ...

@@ -24,7 +24,7 @@ class WeightLoader:
         t = self.f.tensors.get(name)
         if t is None:
             raise GGUFError(f"{self.f.path.name}: tensor {name!r} is missing")
-        if t.shape != shape:
+        if _trimmed(t.shape) != _trimmed(shape):  # GGML pads every shape with 1s: [n, 1] is [n]
             raise GGUFError(f"{self.f.path.name}: tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
         return t
 
@@ -32,7 +32,16 @@ class WeightLoader:
         """A weight matrix mapping n_in features to n_out (GGML shape [n_in, n_out])."""
         name = self.arch.tensor_name(tensor, layer)
         t = self._info(name, (n_in, n_out))
-        m = self.backend.load_matrix(t.type, self.f.tensor_bytes(name), n_in)
+        return self._loaded(name, self.backend.load_matrix(t.type, self.f.tensor_bytes(name), n_in))
+
+    def experts(self, tensor: MODEL_TENSOR, n_in: int, n_out: int, n_expert: int, layer: int):
+        """A mixture's expert matrices, each mapping n_in features to n_out (GGML shape
+        [n_in, n_out, n_expert])."""
+        name = self.arch.tensor_name(tensor, layer)
+        t = self._info(name, (n_in, n_out, n_expert))
+        return self._loaded(name, self.backend.load_experts(t.type, self.f.tensor_bytes(name), n_in, n_expert))
+
+    def _loaded(self, name: str, m):
         if not getattr(m, "reads_file", True):  # the backend keeps a copy: the mapped pages can go
             self.f.release(name)
         return m
@@ -46,3 +55,9 @@ class WeightLoader:
     def optional_vector(self, tensor: MODEL_TENSOR, n: int, layer: int | None = None, suffix: str = "weight"):
         """vector(...), or None where the file does not have it (as llama.cpp's TENSOR_NOT_REQUIRED)."""
         return self.vector(tensor, n, layer, suffix) if self.has(tensor, layer, suffix) else None
+
+
+def _trimmed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    while len(shape) > 1 and shape[-1] == 1:
+        shape = shape[:-1]
+    return shape

@@ -47,6 +47,19 @@ class FeedForward:
     down: object
 
 
+@dataclass
+class MixtureOfExperts:
+    """A feed-forward of experts: a router picks each token's n_expert_used experts, whose
+    outputs are summed by their routing weights; plus, where the file has one, a shared expert
+    every token goes through (scaled by a sigmoid gate where it has one: Qwen2-MoE)."""
+    router: object            # n_embd -> n_expert logits
+    gate: object              # the experts' stacked matrices (backend.load_experts)
+    up: object
+    down: object
+    shared: FeedForward | None = None
+    shared_gate: object = None  # n_embd -> 1
+
+
 # Attention's optional tensors: field -> (tensor, suffix)
 _ATTENTION_EXTRAS = {"bq": (T.ATTN_Q, "bias"), "bk": (T.ATTN_K, "bias"), "bv": (T.ATTN_V, "bias"),
                      "q_norm": (T.ATTN_Q_NORM, "weight"), "k_norm": (T.ATTN_K_NORM, "weight")}
@@ -56,6 +69,7 @@ class Decoder:
     rope_neox = False       # rotary pairing: (i, i + d/2) when True, (2i, 2i + 1) when False
     embed_scale = False     # multiply embeddings by sqrt(hidden size)
     extra_attention_tensors: tuple[str, ...] = ()  # required, of "bq", "bk", "bv", "q_norm", "k_norm"
+    qk_norm_per_head = True  # the Q/K norms normalize each head; else the whole projection (OLMoE)
     gated_activation = "silu"  # of the feed-forward's gate: "silu" (SwiGLU) or "gelu" (GeGLU)
     kv_type = "f32"         # KV cache precision of new caches: "f32" (exact), "f16" or "q8_0" (less memory)
 
@@ -80,7 +94,8 @@ class Decoder:
         (and the sliding layers' RoPE base) where it has one."""
         p = self.params
         q_dim, kv_dim, v_dim = p.n_head * p.head_dim, p.n_head_kv * p.head_dim, p.n_head_kv * p.value_dim
-        sizes = {"bq": q_dim, "bk": kv_dim, "bv": v_dim, "q_norm": p.head_dim, "k_norm": p.head_dim}
+        sizes = {"bq": q_dim, "bk": kv_dim, "bv": v_dim, "q_norm": p.head_dim if self.qk_norm_per_head else q_dim,
+                 "k_norm": p.head_dim if self.qk_norm_per_head else kv_dim}
         # the declared extras are required; the others are used where the file has them, as llama.cpp does
         extras = {key: (weights.vector if key in self.extra_attention_tensors else weights.optional_vector)(
                       tensor, sizes[key], layer=i, suffix=suffix)
@@ -93,10 +108,26 @@ class Decoder:
                          rope_base=p.rope_base_swa if window else p.rope_base,
                          rope_scale=1.0 if window else p.rope_scale, window=window, **extras)
 
-    def load_feed_forward(self, weights: WeightLoader, i: int) -> FeedForward:
+    def load_feed_forward(self, weights: WeightLoader, i: int) -> FeedForward | MixtureOfExperts:
+        """Layer i's feed-forward: a mixture of experts where the layer has a router, else dense."""
         p = self.params
+        if p.n_expert and weights.has(T.FFN_GATE_INP, i):
+            return self.load_experts(weights, i)
         gate, up = (weights.matrix(t, p.n_embd, p.n_ff, i) for t in (T.FFN_GATE, T.FFN_UP))
         return FeedForward(gate, up, weights.matrix(T.FFN_DOWN, p.n_ff, p.n_embd, i))
+
+    def load_experts(self, weights: WeightLoader, i: int) -> MixtureOfExperts:
+        p = self.params
+        n, e = p.n_ff_exp, p.n_expert
+        gate, up = (weights.experts(t, p.n_embd, n, e, i) for t in (T.FFN_GATE_EXP, T.FFN_UP_EXP))
+        shared = shared_gate = None
+        if weights.has(T.FFN_UP_SHEXP, i):
+            shared = FeedForward(*(weights.matrix(t, p.n_embd, p.n_ff_shexp, i) for t in (T.FFN_GATE_SHEXP, T.FFN_UP_SHEXP)),
+                                 weights.matrix(T.FFN_DOWN_SHEXP, p.n_ff_shexp, p.n_embd, i))
+            if weights.has(T.FFN_GATE_INP_SHEXP, i):
+                shared_gate = weights.matrix(T.FFN_GATE_INP_SHEXP, p.n_embd, 1, i)
+        return MixtureOfExperts(weights.matrix(T.FFN_GATE_INP, p.n_embd, e, i), gate, up,
+                                weights.experts(T.FFN_DOWN_EXP, n, p.n_embd, e, i), shared, shared_gate)
 
     def new_cache(self, n_ctx: int, ring: bool = False) -> KVCache:
         p = self.params
@@ -141,13 +172,14 @@ class Decoder:
         n = h.shape[0]
         q, k, v = be.matmuls([a.wq, a.wk, a.wv], h)
         q, k, v = (x if bias is None else x + bias for x, bias in ((q, a.bq), (k, a.bk), (v, a.bv)))
+        norm_width = p.head_dim if self.qk_norm_per_head else None  # (None: a row's whole projection)
+        if a.q_norm is not None:
+            q = be.rms_norm(q.reshape(-1, norm_width or q.shape[1]), a.q_norm, p.rms_eps)
+        if a.k_norm is not None:
+            k = be.rms_norm(k.reshape(-1, norm_width or k.shape[1]), a.k_norm, p.rms_eps)
         q = q.reshape(n, p.n_head, p.head_dim)
         k = k.reshape(n, p.n_head_kv, p.head_dim)
         v = v.reshape(n, p.n_head_kv, p.value_dim)
-        if a.q_norm is not None:
-            q = be.rms_norm(q.reshape(-1, p.head_dim), a.q_norm, p.rms_eps).reshape(q.shape)
-        if a.k_norm is not None:
-            k = be.rms_norm(k.reshape(-1, p.head_dim), a.k_norm, p.rms_eps).reshape(k.shape)
         for t in (q, k):
             be.rope(t, batch.positions, p.rope_dim, a.rope_base, a.rope_scale, self.rope_neox, self.rope_factors)
         keys, values, key_pos = cache.store(i, k, v, batch, partial(
@@ -157,8 +189,27 @@ class Decoder:
                            a.window, p.attn_softcap)
         return be.matmul(a.wo, out.reshape(n, p.n_head * p.value_dim))
 
-    def feed_forward(self, ffn: FeedForward, h):
+    def feed_forward(self, ffn: FeedForward | MixtureOfExperts, h):
         be = self.backend
+        if isinstance(ffn, MixtureOfExperts):
+            return self.mixture_of_experts(ffn, h)
         gate, up = be.matmuls([ffn.gate, ffn.up], h)
-        gated = be.silu_mul(gate, up) if self.gated_activation == "silu" else be.gelu_mul(gate, up)
-        return be.matmul(ffn.down, gated)
+        return be.matmul(ffn.down, self.activation(gate, up))
+
+    def activation(self, gate, up):
+        be = self.backend
+        return be.silu_mul(gate, up) if self.gated_activation == "silu" else be.gelu_mul(gate, up)
+
+    def mixture_of_experts(self, moe: MixtureOfExperts, h):
+        be, p = self.backend, self.params
+        ids, weights = be.route(be.matmul(moe.router, h), p.n_expert_used, p.expert_gating, p.expert_weights_norm,
+                                p.expert_weights_scale)
+        gate, up = be.expert_matmuls([moe.gate, moe.up], h, ids)
+        (down,) = be.expert_matmuls([moe.down], self.activation(gate, up), ids)
+        out = be.expert_combine(down, weights)
+        if moe.shared is not None:
+            shared = self.feed_forward(moe.shared, h)
+            if moe.shared_gate is not None:
+                shared = be.sigmoid_gate(shared, be.matmul(moe.shared_gate, h))
+            out = out + shared
+        return out

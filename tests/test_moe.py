@@ -1,0 +1,179 @@
+"""Mixtures of experts: routing, products over chosen experts on both backends, and whole models
+(Qwen3-MoE, Qwen2-MoE with its shared expert, OLMoE, Mixtral) against transformers in fp32."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize, quantize
+
+from convert.convert import convert_hf, requantize
+from kernels_cpu.backend import CpuBackend
+from kernels_cpu.experts import GATING, route
+from kernels_cpu.step_program import REPLAY_KEY, Op
+from runner.load import load_model
+
+from .hf_folders import MOE_CONFIGS, transformers_logits
+from .test_kernels import _random_k_blocks
+
+TYPES = [T.F32, T.F16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q2_K, T.Q4_K, T.Q6_K]
+
+
+def _experts(rng, qtype, experts, n, k):
+    """Raw rows of an expert tensor (experts * n rows of k weights) and its exact values."""
+    if qtype in (T.Q2_K, T.Q4_K, T.Q6_K):
+        raw = _random_k_blocks(rng, qtype, experts * n, k, "random")
+    else:
+        raw = quantize(rng.standard_normal((experts * n, k)).astype(np.float32), qtype)
+        raw = raw.view(np.uint8).reshape(experts * n, -1)  # (float types come back as values)
+    return raw, dequantize(raw, qtype).reshape(experts, n, k).astype(np.float32)
+
+
+def _close(got, want, precise):
+    tolerance = 1e-4 if precise else 3e-2  # (8-bit activations: test_kernels_int8's bound, loosely)
+    assert np.abs(got - want).max() <= tolerance * np.abs(want).max()
+
+
+@pytest.mark.parametrize("precise", [False, True], ids=["int8", "precise"])
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_expert_products_are_each_chosen_experts_product(qtype, precise):
+    rng = np.random.default_rng(int(qtype))
+    experts, n, k = 6, 48, 512
+    be = CpuBackend(precise=precise)
+    raw, dense = _experts(rng, qtype, experts, n, k)
+    w = be.load_experts(qtype, raw, k, experts)
+    ids = np.array([[4, 1, 5]], dtype=np.int32)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    (got,) = be.expert_matmuls([w], x, ids)
+    # one token's slots: the same kernel as each expert's own product, bit for bit
+    assert np.array_equal(got, np.concatenate([be.matmul(w.expert(e), x) for e in ids[0]]))
+    _close(got, np.stack([dense[e] @ x[0] for e in ids[0]]), precise)
+    # an input per slot (the down products)
+    xs = rng.standard_normal((3, k)).astype(np.float32)
+    (got,) = be.expert_matmuls([w], xs, ids)
+    _close(got, np.stack([dense[e] @ xs[j] for j, e in enumerate(ids[0])]), precise)
+    # many tokens, expert by expert
+    many = rng.standard_normal((20, k)).astype(np.float32)
+    chosen = rng.integers(0, experts, (20, 2)).astype(np.int32)
+    (got,) = be.expert_matmuls([w], many, chosen)
+    _close(got, np.stack([dense[e] @ many[t] for t in range(20) for e in chosen[t]]), precise)
+
+
+def test_expert_ids_outside_the_experts_are_refused():
+    be = CpuBackend()
+    raw, _ = _experts(np.random.default_rng(0), T.Q8_0, 4, 32, 64)
+    w = be.load_experts(T.Q8_0, raw, 64, 4)
+    with pytest.raises(IndexError):
+        be.expert_matmuls([w], np.ones((1, 64), np.float32), np.array([[1, 4]], dtype=np.int32))
+    with pytest.raises(ValueError):  # rows that do not divide into the experts
+        be.load_experts(T.Q8_0, raw[:-1], 64, 4)
+
+
+def _route_reference(logits, k, gating, norm, scale):
+    probs = (np.exp(logits - logits.max(1, keepdims=True)) if gating == "softmax" else 1 / (1 + np.exp(-logits)))
+    if gating == "softmax":
+        probs /= probs.sum(1, keepdims=True)
+    ids = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    weights = np.take_along_axis(probs, ids, 1)
+    if norm:
+        weights /= weights.sum(1, keepdims=True)
+    return ids, weights * scale
+
+
+@pytest.mark.parametrize("gating", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("norm", [False, True])
+def test_route_picks_the_most_probable_experts(gating, norm):
+    logits = np.random.default_rng(1).standard_normal((7, 16)).astype(np.float32) * 3
+    logits[0, 3] = logits[0, 9]  # a tie goes to the lower id
+    ids, weights = np.empty((7, 4), np.int32), np.empty((7, 4), np.float32)
+    route(logits, GATING[gating], norm, np.float32(2.5), ids, weights)
+    want_ids, want_weights = _route_reference(logits.astype(np.float64), 4, gating, norm, 2.5)
+    assert np.array_equal(ids, want_ids)
+    assert np.allclose(weights, want_weights, rtol=1e-5)
+
+
+def test_route_of_nan_logits_still_names_distinct_experts():
+    logits = np.full((1, 8), np.nan, dtype=np.float32)
+    ids, weights = np.empty((1, 3), np.int32), np.empty((1, 3), np.float32)
+    route(logits, GATING["softmax"], True, np.float32(1.0), ids, weights)
+    assert sorted(ids[0]) == [0, 1, 2]
+
+
+def test_torch_mixture_ops_match_the_cpu_kernels():
+    torch = pytest.importorskip("torch")
+    from kernels_gpu.backend import TorchBackend
+    rng = np.random.default_rng(2)
+    be, cpu = TorchBackend("cpu"), CpuBackend(precise=True)
+    logits = rng.standard_normal((5, 8)).astype(np.float32)
+    for gating in ("softmax", "sigmoid"):
+        ids, weights = be.route(torch.from_numpy(logits), 2, gating, True, 1.5)
+        want_ids, want_weights = cpu.route(logits, 2, gating, True, 1.5)
+        assert np.array_equal(ids.numpy(), want_ids) and np.allclose(weights.numpy(), want_weights, rtol=1e-5)
+    raw, dense = _experts(rng, T.Q4_K, 4, 32, 256)
+    w = be.load_experts(T.Q4_K, raw, 256, 4)
+    for tokens in (1, 9):
+        x = rng.standard_normal((tokens, 256)).astype(np.float32)
+        chosen = rng.integers(0, 4, (tokens, 2))
+        (got,) = be.expert_matmuls([w], torch.from_numpy(x), torch.from_numpy(chosen))
+        want = np.stack([dense[e] @ x[t] for t in range(tokens) for e in chosen[t]])
+        assert np.allclose(got.numpy(), want, atol=1e-4 * np.abs(want).max())
+    y = rng.standard_normal((6, 5)).astype(np.float32)
+    mix = rng.standard_normal((3, 2)).astype(np.float32)
+    assert np.allclose(be.expert_combine(torch.from_numpy(y), torch.from_numpy(mix)).numpy(),
+                       cpu.expert_combine(y, mix), atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def moe_files(moe_folders, tmp_path_factory):
+    """Each mixture converted by ggrun to F32, and to Q4_K_M with its exact values (F32 again)."""
+    root = tmp_path_factory.mktemp("moe-gguf")
+    files = {}
+    for arch, folder in moe_folders.items():
+        f32, q4, widened = (root / f"{arch}-{t}.gguf" for t in ("f32", "q4_k_m", "q4_k_m-f32"))
+        convert_hf(folder, f32, "F32", progress=False)
+        requantize(f32, q4, "Q4_K_M", progress=False)
+        requantize(q4, widened, "F32", progress=False)
+        files[arch] = f32, q4, widened
+    return files
+
+
+def _prefill_and_steps(lm, ids):
+    """All-position logits of one forward pass, and of one token at a time (replayed steps)."""
+    prefill = lm.model.forward(ids, lm.model.new_cache(64), all_logits=True)
+    cache = lm.model.new_cache(64)
+    steps = np.array([lm.model.forward([t], cache) for t in ids])
+    return prefill, steps, cache
+
+
+@pytest.mark.parametrize("device", ["cpu", "torch-cpu"])
+@pytest.mark.parametrize("arch", list(MOE_CONFIGS))
+def test_moe_models_match_transformers(moe_folders, moe_files, arch, device):
+    if device == "torch-cpu":
+        pytest.importorskip("torch")
+    ids = np.random.default_rng(1).integers(0, 49152, 40).tolist()
+    want = transformers_logits(moe_folders[arch], ids)
+    lm = load_model(moe_files[arch][0], device=device)
+    prefill, steps, cache = _prefill_and_steps(lm, ids)
+    for got in (prefill, steps):
+        assert np.array_equal(got.argmax(1), want.argmax(1))
+        assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
+    if device == "cpu":  # the steps replayed a recorded program that routes inside it
+        program = cache.replays[REPLAY_KEY]
+        assert {Op.ROUTE, Op.EXPERT_PRODUCTS, Op.COMBINE} <= set(program.code[:, 0].tolist())
+        assert lm.backend.replay_checked
+
+
+@pytest.mark.parametrize("arch", list(MOE_CONFIGS))
+def test_quantized_moe_models_compute_their_exact_values(moe_files, arch):
+    """A Q4_K_M mixture on the precise path against the same weights widened to F32; the default
+    8-bit path's decode steps against its own prefill."""
+    _, q4, widened = moe_files[arch]
+    ids = np.random.default_rng(3).integers(0, 49152, 24).tolist()
+    exact = load_model(widened).model.forward(ids, load_model(widened).model.new_cache(64), all_logits=True)
+    prefill, steps, _ = _prefill_and_steps(load_model(q4, precise=True), ids)
+    for got in (prefill, steps):
+        assert np.abs(got - exact).max() < 5e-3 * np.abs(exact).max()
+    prefill, steps, _ = _prefill_and_steps(load_model(q4), ids)
+    assert np.corrcoef(prefill.ravel(), exact.ravel())[0, 1] > 0.9
+    assert np.corrcoef(steps.ravel(), prefill.ravel())[0, 1] > 0.999
