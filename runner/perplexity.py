@@ -87,12 +87,18 @@ def _check_base(base, vocab_size: int, n_ctx: int, n_positions: int) -> None:
         raise ValueError("the base logits come from a different vocabulary, context size or text")
 
 
+def _text_tokens(lm, text: str) -> list[int]:
+    """The text's tokens as llama-perplexity makes them: special-token texts (<|im_start|> in a
+    document) are plain text there, not control tokens."""
+    return lm.tokenizer.encode(text, parse_special=False)
+
+
 def perplexity(lm, text: str, n_ctx: int, base: dict | None = None, progress: bool = True,
                ubatch: int | None = None) -> PerplexityResult:
     """`base` (from load_base) makes the run also record what KL divergence needs. ubatch: each
     chunk goes through the model in forward passes of that many tokens (llama.cpp's -ub); up to
     matmul.FEW_TOKENS, every product then runs on decode's kernels, whose rounding is then scored."""
-    tokens = lm.tokenizer.encode(text)
+    tokens = _text_tokens(lm, text)
     n_chunks = len(tokens) // n_ctx
     if n_chunks == 0:
         raise ValueError(f"the text has {len(tokens)} tokens; at least {n_ctx} (one chunk of -c) are needed")
@@ -116,7 +122,7 @@ def ring_perplexity(lm, text: str, n_ring: int, base: dict | None = None, progre
                     step: int = 256) -> PerplexityResult:
     """Stream the whole text through one ring of n_ring slots, scoring every token once
     (from the second on). The first tokens are pinned, as chat and run pin them."""
-    tokens = lm.tokenizer.encode(text)
+    tokens = _text_tokens(lm, text)
     if len(tokens) < 2:
         raise ValueError("the text is too short to score")
     _check_base(base, len(lm.tokenizer.vocab), n_ring, len(tokens) - 1)

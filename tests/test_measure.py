@@ -55,6 +55,15 @@ def test_perplexity_matches_a_direct_computation(smollm):
     assert np.isclose(result.ppl, np.exp(np.mean(nll)), rtol=1e-6)
 
 
+def test_perplexity_reads_special_token_texts_as_plain_text(smollm):
+    """As llama-perplexity tokenizes a document: "<|im_start|>" written in it is text, not a
+    control token."""
+    from runner.perplexity import _text_tokens
+    text = "A prompt is plain text: `<|im_start|>` typed in it is those characters."
+    im_start = smollm.tokenizer.encode("<|im_start|>", add_special=False)
+    assert len(im_start) == 1 and im_start[0] not in _text_tokens(smollm, text)
+
+
 def test_kl_against_itself_is_zero(smollm, tmp_path):
     first = perplexity(smollm, TEXT, 128, progress=False)
     save_logits(first, tmp_path / "base.npz", len(smollm.tokenizer.vocab))
@@ -125,7 +134,7 @@ def test_bench_json_schema(smollm_path):
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [row["test"] for row in rows] == ["pp16", "tg4", "tg4@d40"]
-    keys = {"model", "arch", "quant", "size_mib", "params_m", "bits_per_weight", "backend", "threads", "kv_type",
+    keys = {"model", "arch", "quant", "size_mib", "params_m", "active_params_m", "bits_per_weight", "backend", "threads", "kv_type",
             "cpu", "decode_products", "test", "n_tokens", "depth", "repetitions", "tok_s_mean", "tok_s_std", "tok_s",
             "bandwidth_gb_s", "read_mib_per_token", "bandwidth_fraction", "speed_vs_first_depth",
             "bandwidth_limit_vs_first_depth"}
