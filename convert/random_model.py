@@ -1,5 +1,6 @@
 """A Llama-shaped GGUF of random weights, for measuring speed at sizes no test file has (a 7B
-shape on a GPU) without downloading one.
+shape on a GPU) without downloading one; with experts, a Qwen3-MoE of that shape (per-head Q/K
+norms, a router and 3-D expert tensors in every layer: the 30B-A3B shape and smaller).
 
 Tensor types come from the same mix chooser as `ggrun convert` (Q4_K_M: Q6_K output, Q6_K for
 some attn_v and ffn_down, Q4_K elsewhere). Quantizing billions of random weights would take
@@ -15,6 +16,7 @@ from pathlib import Path
 import click
 import numpy as np
 from gguf import MODEL_TENSOR as T
+from gguf import GGMLQuantizationType
 
 from gguf_io.architectures import ARCHITECTURES
 
@@ -37,9 +39,20 @@ class LlamaShape:
     n_ff: int = 14336
     vocab_size: int = 32000
     context_length: int = 4096
+    n_expert: int = 0         # > 0: a Qwen3-MoE of n_expert experts per layer, n_expert_used per token
+    n_expert_used: int = 0
+    n_ff_exp: int = 0         # one expert's hidden size
+    head_dim: int = 0         # 0: n_embd / n_head
+
+    @property
+    def key_length(self) -> int:
+        return self.head_dim or self.n_embd // self.n_head
 
 
 SHAPE_7B = LlamaShape()
+# Qwen3-30B-A3B's shape
+SHAPE_30B_A3B = LlamaShape(n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, n_ff=6144, vocab_size=151936,
+                           n_expert=128, n_expert_used=8, n_ff_exp=768, head_dim=128)
 
 
 def _vocabulary(n: int) -> TokenizerData:
@@ -51,13 +64,19 @@ def _vocabulary(n: int) -> TokenizerData:
     return TokenizerData("llama", tokens, types, scores=[-float(i) for i in range(n)], add_space_prefix=True)
 
 
-def _tensor_shapes(s: LlamaShape) -> list[tuple[str, tuple[int, int] | tuple[int]]]:
+def _tensor_shapes(s: LlamaShape) -> list[tuple[str, tuple[int, ...]]]:
     """(name, GGML shape: row length first) in llama.cpp's file order."""
-    name = ARCHITECTURES["llama"].tensor_name
-    kv = s.n_embd // s.n_head * s.n_head_kv
-    layer = [(T.ATTN_NORM, (s.n_embd,)), (T.ATTN_Q, (s.n_embd, s.n_embd)), (T.ATTN_K, (s.n_embd, kv)),
-             (T.ATTN_V, (s.n_embd, kv)), (T.ATTN_OUT, (s.n_embd, s.n_embd)), (T.FFN_NORM, (s.n_embd,)),
-             (T.FFN_GATE, (s.n_embd, s.n_ff)), (T.FFN_UP, (s.n_embd, s.n_ff)), (T.FFN_DOWN, (s.n_ff, s.n_embd))]
+    name = ARCHITECTURES["qwen3moe" if s.n_expert else "llama"].tensor_name
+    q, kv = s.key_length * s.n_head, s.key_length * s.n_head_kv
+    layer = [(T.ATTN_NORM, (s.n_embd,)), (T.ATTN_Q, (s.n_embd, q)), (T.ATTN_K, (s.n_embd, kv)),
+             (T.ATTN_V, (s.n_embd, kv)), (T.ATTN_OUT, (q, s.n_embd)), (T.FFN_NORM, (s.n_embd,))]
+    if s.n_expert:
+        e, f = s.n_expert, s.n_ff_exp
+        layer += [(T.ATTN_Q_NORM, (s.key_length,)), (T.ATTN_K_NORM, (s.key_length,)),
+                  (T.FFN_GATE_INP, (s.n_embd, e)), (T.FFN_GATE_EXP, (s.n_embd, f, e)),
+                  (T.FFN_UP_EXP, (s.n_embd, f, e)), (T.FFN_DOWN_EXP, (f, s.n_embd, e))]
+    else:
+        layer += [(T.FFN_GATE, (s.n_embd, s.n_ff)), (T.FFN_UP, (s.n_embd, s.n_ff)), (T.FFN_DOWN, (s.n_ff, s.n_embd))]
     return ([(name(T.TOKEN_EMBD), (s.n_embd, s.vocab_size))]
             + [(name(t, i), shape) for i in range(s.n_layer) for t, shape in layer]
             + [(name(T.OUTPUT_NORM), (s.n_embd,)), (name(T.OUTPUT), (s.n_embd, s.vocab_size))])
@@ -75,25 +94,31 @@ def write_random_llama(path: Path, shape: LlamaShape = SHAPE_7B, type_name: str 
         return np.tile(blocks[key], (-(-n_rows // ROWS), 1))[:n_rows]
 
     shapes = _tensor_shapes(shape)
-    types = mix_types(type_name, dict(shapes), shape.n_layer, shape.n_head, shape.n_head_kv)
+    types = mix_types(type_name, dict(shapes), shape.n_layer, shape.n_head, shape.n_head_kv, shape.n_expert)
     tensors = []
     for name, dims in shapes:
         qtype = types[name]
-        if len(dims) == 1:
+        if qtype in (GGMLQuantizationType.F32,) and len(dims) == 1:
             tensors.append(PlannedTensor(name, dims, qtype, lambda n=dims[0]: np.ones(n, dtype=np.float32)))
+        elif qtype == GGMLQuantizationType.F32:  # (a mixture's router)
+            tensors.append(PlannedTensor(name, dims, qtype, lambda d=dims: rng.standard_normal(
+                tuple(reversed(d)), dtype=np.float32)))
         else:
-            tensors.append(PlannedTensor(name, dims, qtype, lambda d=dims, t=qtype: quantized_rows(d[0], t, d[1]),
-                                         quantized=True))
+            tensors.append(PlannedTensor(name, dims, qtype, lambda d=dims, t=qtype: quantized_rows(
+                d[0], t, int(np.prod(d[1:]))).reshape(*reversed(d[1:]), -1), quantized=True))
     # the hyperparameter keys as the converter derives them from a Hugging Face config
-    hf = model_from_config({
-        "model_type": "llama", "num_hidden_layers": shape.n_layer, "hidden_size": shape.n_embd,
-        "num_attention_heads": shape.n_head, "num_key_value_heads": shape.n_head_kv,
-        "intermediate_size": shape.n_ff, "vocab_size": shape.vocab_size,
-        "max_position_embeddings": shape.context_length, "rope_theta": 500000.0, "rms_norm_eps": 1e-5})
+    config = {"model_type": "llama", "num_hidden_layers": shape.n_layer, "hidden_size": shape.n_embd,
+              "num_attention_heads": shape.n_head, "num_key_value_heads": shape.n_head_kv,
+              "intermediate_size": shape.n_ff, "vocab_size": shape.vocab_size,
+              "max_position_embeddings": shape.context_length, "rope_theta": 500000.0, "rms_norm_eps": 1e-5}
+    if shape.n_expert:
+        config.update(model_type="qwen3_moe", num_experts=shape.n_expert, num_experts_per_tok=shape.n_expert_used,
+                      moe_intermediate_size=shape.n_ff_exp, head_dim=shape.key_length)
+    hf = model_from_config(config)
     special = {"bos": 1, "eos": 2, "unk": 0, "add_bos": True, "add_eos": False}
-    metadata = model_metadata(f"random-llama-{shape.n_layer}x{shape.n_embd}", hf, type_name,
+    metadata = model_metadata(f"random-{hf.arch.name}-{shape.n_layer}x{shape.n_embd}", hf, type_name,
                               _vocabulary(shape.vocab_size), special)
-    return write_gguf(path, "llama", metadata, tensors, progress)
+    return write_gguf(path, hf.arch.name, metadata, tensors, progress)
 
 
 @click.command()
@@ -104,15 +129,27 @@ def write_random_llama(path: Path, shape: LlamaShape = SHAPE_7B, type_name: str 
 @click.option("--heads", "n_head", default=SHAPE_7B.n_head, show_default=True, type=click.IntRange(1))
 @click.option("--kv-heads", "n_head_kv", default=SHAPE_7B.n_head_kv, show_default=True, type=click.IntRange(1))
 @click.option("--vocab", "vocab_size", default=SHAPE_7B.vocab_size, show_default=True, type=click.IntRange(300))
+@click.option("--experts", "n_expert", default=0, show_default=True, type=click.IntRange(0),
+              help="Experts per layer: a Qwen3-MoE (0: a dense Llama).")
+@click.option("--experts-used", "n_expert_used", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--expert-ff", "n_ff_exp", default=768, show_default=True, type=click.IntRange(32))
+@click.option("--head-dim", default=0, type=click.IntRange(0), help="Key length per head (default: embd / heads).")
 @click.option("--type", "type_name", default="Q4_K_M", show_default=True,
               type=click.Choice(list(FILE_TYPES), case_sensitive=False))
-def main(out, n_layer, n_embd, n_ff, n_head, n_head_kv, vocab_size, type_name):
+def main(out, n_layer, n_embd, n_ff, n_head, n_head_kv, vocab_size, n_expert, n_expert_used, n_ff_exp, head_dim,
+         type_name):
     """Write a Llama of random weights to OUT (a GGUF file), by default Q4_K_M in the 7B shape,
     for benchmarks of a model that size (scripts/gpu_check); e.g. the 1B shape: --layers 16
-    --embd 2048 --ff 8192 --heads 32 --kv-heads 8."""
-    if n_embd % n_head or n_head % n_head_kv:
+    --embd 2048 --ff 8192 --heads 32 --kv-heads 8; Qwen3-30B-A3B's: --layers 48 --embd 2048
+    --heads 32 --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8 --expert-ff 768
+    --vocab 151936."""
+    if (not head_dim and n_embd % n_head) or n_head % n_head_kv:
         raise click.BadParameter("--embd must divide into --heads, and --heads into --kv-heads")
-    shape = LlamaShape(n_layer, n_embd, n_head, n_head_kv, n_ff, vocab_size)
+    if n_expert and n_expert_used > n_expert:
+        raise click.BadParameter("--experts-used must be at most --experts")
+    shape = LlamaShape(n_layer, n_embd, n_head, n_head_kv, n_ff, vocab_size, n_expert=n_expert,
+                       n_expert_used=n_expert_used if n_expert else 0, n_ff_exp=n_ff_exp if n_expert else 0,
+                       head_dim=head_dim)
     click.echo("\n".join(write_random_llama(out, shape, type_name).lines()))
 
 

@@ -59,11 +59,26 @@ def file_type_name(f) -> str:
         return "?"
 
 
-def weight_bytes_per_token(f) -> int:
-    """Weight bytes a decode step reads: every tensor once, except that an untied token embedding
-    only gives up one row."""
+def read_share(t, p) -> float:
+    """The share of a tensor a decode step reads: of a mixture's expert tensors (3-D, one slice
+    per expert), the experts a token uses; all of any other."""
+    if p.n_expert and len(t.shape) == 3 and t.shape[2] == p.n_expert:
+        return p.n_expert_used / p.n_expert
+    return 1.0
+
+
+def weight_bytes_per_token(f, p) -> int:
+    """Weight bytes a decode step reads: every tensor once, a mixture's chosen experts only, and
+    only one row of an untied token embedding."""
     untied = "output.weight" in f.tensors
-    return sum(t.nbytes for name, t in f.tensors.items() if not (untied and name == "token_embd.weight"))
+    return round(sum(t.nbytes * read_share(t, p) for name, t in f.tensors.items()
+                     if not (untied and name == "token_embd.weight")))
+
+
+def parameter_counts(f, p) -> tuple[int, int]:
+    """(all, active per token): a mixture's token uses its chosen experts' parameters alone."""
+    return (sum(t.n_elements for t in f.tensors.values()),
+            round(sum(t.n_elements * read_share(t, p) for t in f.tensors.values())))
 
 
 def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> list[dict]:
@@ -76,7 +91,7 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
     from .load import memory_fit
     f, p = lm.file, lm.params
     base = {"model": f.path.name, "arch": p.arch, "quant": file_type_name(f), "size_mib": f.size / 2**20,
-            "params_m": sum(t.n_elements for t in f.tensors.values()) / 1e6,
+            "params_m": parameter_counts(f, p)[0] / 1e6, "active_params_m": parameter_counts(f, p)[1] / 1e6,
             "bits_per_weight": f.bits_per_weight(), "backend": lm.backend.label, "threads": lm.backend.threads,
             "kv_type": lm.model.kv_type, "cpu": cpu_description(),
             "decode_products": lm.backend.decode_products}
@@ -98,7 +113,7 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
                    read_mib_per_token=None, bandwidth_fraction=None,
                    speed_vs_first_depth=None, bandwidth_limit_vs_first_depth=None)
         if test == "tg":
-            per_token = weight_bytes_per_token(f) + fit.kv_bytes(depth + n // 2, 1)
+            per_token = weight_bytes_per_token(f, p) + fit.kv_bytes(depth + n // 2, 1)
             row.update(read_mib_per_token=per_token / 2**20,
                        bandwidth_fraction=per_token * row["tok_s_mean"] / bandwidth)
         if test == "tg" and steps:

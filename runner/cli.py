@@ -289,11 +289,17 @@ def info(model, fit, ctx, mem, users, kv_type):
         return
     click.echo(f"file:          {f.path}")
     click.echo(f"architecture:  {p.arch}   name: {f.get('general.name', '?')}")
-    click.echo(f"size:          {f.size / 2**20:.1f} MiB, {sum(t.n_elements for t in f.tensors.values()) / 1e6:.1f} M "
-               f"parameters, {f.bits_per_weight():.2f} bits per weight")
-    for field in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "rope_base", "rms_eps",
-                  "context_length", "vocab_size", "sliding_window"):
+    from .bench import parameter_counts, weight_bytes_per_token
+    total, active = parameter_counts(f, p)
+    click.echo(f"size:          {f.size / 2**20:.1f} MiB, {total / 1e6:.1f} M parameters"
+               + (f" ({active / 1e6:.1f} M active per token)" if active != total else "")
+               + f", {f.bits_per_weight():.2f} bits per weight")
+    fields = ["n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "rope_base", "rms_eps",
+              "context_length", "vocab_size", "sliding_window"]
+    for field in fields + (["n_expert", "n_expert_used", "n_ff_exp"] if p.n_expert else []):
         click.echo(f"{field + ':':<15}{getattr(p, field)}")
+    if p.n_expert:
+        click.echo(f"decode reads:  {weight_bytes_per_token(f, p) / 2**20:.1f} MiB of weights per token")
     counts = Counter(t.type.name for t in f.tensors.values())
     click.echo("tensors:       " + ", ".join(f"{n} {k}" for k, n in counts.most_common()))
 
@@ -310,6 +316,11 @@ def _print_fit(f, p, n_ctx, mem, users, kv_type):
         raise InputError(f"--mem: {e}") from None
     fit = memory_fit(f, p, kv_type)
     mib = 2**20
+    if p.n_expert:
+        from .bench import parameter_counts, weight_bytes_per_token
+        total, active = parameter_counts(f, p)
+        click.echo(f"parameters: {total / 1e6:.1f} M, {active / 1e6:.1f} M active per token ({p.n_expert_used} of "
+                   f"{p.n_expert} experts); a decode step reads {weight_bytes_per_token(f, p) / mib:.1f} MiB of weights")
     click.echo(f"weights: {fit.weight_bytes / mib:.1f} MiB (" + ", ".join(
         f"{t} {b / mib:.1f}" for t, b in sorted(fit.weight_bytes_by_type.items(), key=lambda kv: -kv[1])) + ")")
     windows = sorted({w for w in fit.layer_windows if w})

@@ -110,6 +110,24 @@ def ggml_base(llama_cpp_source):
     return ctypes.CDLL(str(library))
 
 
+@pytest.fixture(scope="session")
+def llama_cpp_tools():
+    """The folder of llama.cpp b11434's tools (llama-perplexity ...), built once into the cache by
+    scripts/build_llama_cpp for AVX2 (portable, no AMX: these tests compare results, not speed);
+    skipped where cmake or a C++ compiler is missing. The first build takes ~10 minutes on 2 cores."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+    if shutil.which("cmake") is None or not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("cmake and a C++ compiler are needed to build llama.cpp")
+    script = Path(__file__).parent.parent / "scripts" / "build_llama_cpp"
+    built = subprocess.run(["bash", str(script)], capture_output=True, text=True,
+                           env={**os.environ, "GGRUN_LLAMA_CPP_AVX2": "1"})
+    assert built.returncode == 0, built.stderr
+    return Path(built.stdout.strip().splitlines()[-1])
+
+
 # The real-model tier: tests that read the PyPI models (downloaded once into the cache) or build
 # from them. Everything else is the fast tier: `pytest -m "not real_model"`.
 REAL_MODELS = {"smollm_path", "gemma_path"}

@@ -86,9 +86,10 @@ MOE_CONFIGS = {
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2,
                                                                  moe_intermediate_size=128,
                                                                  shared_expert_intermediate_size=256)),
-    # (llama.cpp's converter writes OLMoE's epsilon as 1e-5, whatever the config says)
+    # (llama.cpp's converter writes OLMoE's epsilon as 1e-5, whatever the config says, and its graph
+    # takes as many KV heads as query heads, as OLMoE has)
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2, intermediate_size=128,
-                                                      rms_norm_eps=1e-5)),
+                                                      rms_norm_eps=1e-5, num_key_value_heads=4)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
 }
 

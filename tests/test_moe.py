@@ -43,12 +43,15 @@ def test_expert_products_are_each_chosen_experts_product(qtype, precise):
     be = CpuBackend(precise=precise)
     raw, dense = _experts(rng, qtype, experts, n, k)
     w = be.load_experts(qtype, raw, k, experts)
-    ids = np.array([[4, 1, 5]], dtype=np.int32)
     x = rng.standard_normal((1, k)).astype(np.float32)
-    (got,) = be.expert_matmuls([w], x, ids)
-    # one token's slots: the same kernel as each expert's own product, bit for bit
-    assert np.array_equal(got, np.concatenate([be.matmul(w.expert(e), x) for e in ids[0]]))
-    _close(got, np.stack([dense[e] @ x[0] for e in ids[0]]), precise)
+    # (experts scattered, the first ones, the last ones: neighbours whose tasks one thread runs)
+    for ids in ([[4, 1, 5]], [[0, 1, 2]], [[5, 4, 3]], [[2]]):
+        ids = np.array(ids, dtype=np.int32)
+        (got,) = be.expert_matmuls([w], x, ids)
+        # one token's slots: the same kernel as each expert's own product, bit for bit
+        assert np.array_equal(got, np.concatenate([be.matmul(w.expert(e), x) for e in ids[0]]))
+        _close(got, np.stack([dense[e] @ x[0] for e in ids[0]]), precise)
+    ids = np.array([[4, 1, 5]], dtype=np.int32)
     # an input per slot (the down products)
     xs = rng.standard_normal((3, k)).astype(np.float32)
     (got,) = be.expert_matmuls([w], xs, ids)
@@ -81,14 +84,15 @@ def _route_reference(logits, k, gating, norm, scale):
     return ids, weights * scale
 
 
+@pytest.mark.parametrize("k", [1, 4])
 @pytest.mark.parametrize("gating", ["softmax", "sigmoid"])
 @pytest.mark.parametrize("norm", [False, True])
-def test_route_picks_the_most_probable_experts(gating, norm):
+def test_route_picks_the_most_probable_experts(gating, norm, k):
     logits = np.random.default_rng(1).standard_normal((7, 16)).astype(np.float32) * 3
-    logits[0, 3] = logits[0, 9]  # a tie goes to the lower id
-    ids, weights = np.empty((7, 4), np.int32), np.empty((7, 4), np.float32)
+    logits[0, 3] = logits[0, 9] = logits[0].max() + 1  # a tie goes to the lower id
+    ids, weights = np.empty((7, k), np.int32), np.empty((7, k), np.float32)
     route(logits, GATING[gating], norm, np.float32(2.5), ids, weights)
-    want_ids, want_weights = _route_reference(logits.astype(np.float64), 4, gating, norm, 2.5)
+    want_ids, want_weights = _route_reference(logits.astype(np.float64), k, gating, norm, 2.5)
     assert np.array_equal(ids, want_ids)
     assert np.allclose(weights, want_weights, rtol=1e-5)
 
@@ -140,8 +144,8 @@ def moe_files(moe_folders, tmp_path_factory):
 
 def _prefill_and_steps(lm, ids):
     """All-position logits of one forward pass, and of one token at a time (replayed steps)."""
-    prefill = lm.model.forward(ids, lm.model.new_cache(64), all_logits=True)
-    cache = lm.model.new_cache(64)
+    prefill = lm.model.forward(ids, lm.model.new_cache(128), all_logits=True)
+    cache = lm.model.new_cache(128)
     steps = np.array([lm.model.forward([t], cache) for t in ids])
     return prefill, steps, cache
 
@@ -151,7 +155,7 @@ def _prefill_and_steps(lm, ids):
 def test_moe_models_match_transformers(moe_folders, moe_files, arch, device):
     if device == "torch-cpu":
         pytest.importorskip("torch")
-    ids = np.random.default_rng(1).integers(0, 49152, 40).tolist()
+    ids = np.random.default_rng(1).integers(0, 49152, 64).tolist()
     want = transformers_logits(moe_folders[arch], ids)
     lm = load_model(moe_files[arch][0], device=device)
     prefill, steps, cache = _prefill_and_steps(lm, ids)
@@ -170,10 +174,59 @@ def test_quantized_moe_models_compute_their_exact_values(moe_files, arch):
     8-bit path's decode steps against its own prefill."""
     _, q4, widened = moe_files[arch]
     ids = np.random.default_rng(3).integers(0, 49152, 24).tolist()
-    exact = load_model(widened).model.forward(ids, load_model(widened).model.new_cache(64), all_logits=True)
+    exact = load_model(widened).model.forward(ids, load_model(widened).model.new_cache(128), all_logits=True)
     prefill, steps, _ = _prefill_and_steps(load_model(q4, precise=True), ids)
     for got in (prefill, steps):
         assert np.abs(got - exact).max() < 5e-3 * np.abs(exact).max()
     prefill, steps, _ = _prefill_and_steps(load_model(q4), ids)
     assert np.corrcoef(prefill.ravel(), exact.ravel())[0, 1] > 0.9
     assert np.corrcoef(steps.ravel(), prefill.ravel())[0, 1] > 0.999
+
+
+def test_info_and_bench_count_the_active_experts(tmp_path):
+    """A mixture's token reads its chosen experts only: info and bench count those bytes and
+    parameters beside the totals."""
+    import json
+
+    from click.testing import CliRunner
+
+    from convert.random_model import LlamaShape, write_random_llama
+    from runner.cli import main
+    shape = LlamaShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, vocab_size=1000, n_expert=8,
+                       n_expert_used=2, n_ff_exp=256, head_dim=64)
+    path = tmp_path / "moe.gguf"
+    write_random_llama(path, shape, progress=False)
+    expert_params = 2 * 3 * 8 * 256 * 256  # layers, gate/up/down, experts, one expert matrix
+    r = CliRunner().invoke(main, ["info", str(path)])
+    assert r.exit_code == 0, r.output
+    total = float(r.output.split(" M parameters")[0].split()[-1])
+    active = float(r.output.split(" M active per token")[0].split("(")[-1])
+    assert abs((total - active) * 1e6 - expert_params * 6 / 8) < 1e5 and "n_expert:      8" in r.output
+    r = CliRunner().invoke(main, ["info", str(path), "--fit"])
+    assert r.exit_code == 0 and "active per token (2 of 8 experts)" in r.output, r.output
+    r = CliRunner().invoke(main, ["bench", str(path), "-p", "8", "-n", "4", "-r", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output[r.output.index("["):])
+    decode = next(row for row in rows if row["test"].startswith("tg"))
+    assert rows[0]["active_params_m"] < rows[0]["params_m"]
+    assert decode["read_mib_per_token"] < decode["size_mib"] * 0.8
+
+
+@pytest.mark.parametrize("arch", list(MOE_CONFIGS))
+def test_llama_cpp_computes_ggruns_moe_files_alike(moe_files, llama_cpp_tools, tmp_path, arch):
+    """llama.cpp loads ggrun's converted file and its perplexity on a text is ggrun's (both
+    exact: F32 weights and cache, llama.cpp without flash attention's float16 products)."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    from runner.perplexity import perplexity
+    text = (Path(__file__).parent.parent / "README.md").read_text()[:6000]
+    (tmp_path / "text.txt").write_text(text)
+    r = subprocess.run([llama_cpp_tools / "llama-perplexity", "-m", moe_files[arch][0], "-f", tmp_path / "text.txt",
+                        "-c", "128", "-t", "2", "-fa", "off", "-ctk", "f32", "-ctv", "f32"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    theirs = float(re.search(r"Final estimate: PPL = ([0-9.]+)", r.stderr + r.stdout).group(1))
+    ours = perplexity(load_model(moe_files[arch][0]), text, 128, progress=False).ppl
+    assert abs(ours / theirs - 1) < 1e-4, (ours, theirs)
