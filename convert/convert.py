@@ -35,19 +35,25 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True) -
     from .safetensors_io import Checkpoint
     ckpt = Checkpoint(folder)
 
-    # (GGUF name, its checkpoint tensors (several: a mixture's experts, stacked), GGML shape)
-    planned: list[tuple[str, list[str], tuple[int, ...]]] = []
+    # (GGUF name, GGML shape, its float32 values): from one checkpoint tensor, several (a mixture's
+    # experts, stacked), or half of one (gate and up held as one)
+    planned: list[tuple[str, tuple[int, ...], object]] = []
     for hf_name, parts in _stacked_experts(ckpt.names(), hf.n_expert).items():
+        shape = ckpt.shape(parts[0]) if parts[0] == hf_name else (len(parts), *ckpt.shape(parts[0]))
+        halves = hf.fused_halves(hf_name)
+        if halves:
+            half = (*shape[:-2], shape[-2] // 2, shape[-1])
+            planned += [(name, tuple(reversed(half)), lambda h=parts, j=j: np.split(_read(ckpt, h), 2, axis=-2)[j])
+                        for j, name in enumerate(halves)]
+            continue
         name = hf.gguf_name(hf_name)
         if name is not None:
-            shape = ckpt.shape(parts[0]) if parts[0] == hf_name else (len(parts), *ckpt.shape(parts[0]))
-            planned.append((name, parts, tuple(reversed(shape))))
+            planned.append((name, tuple(reversed(shape)), lambda n=name, h=parts: hf.transform(n, _read(ckpt, h))))
     if not any(p[0] == "token_embd.weight" for p in planned):
         raise ConversionError("the checkpoint has no token embedding (model.embed_tokens.weight)")
-    types = mix_types(file_type, {name: shape for name, _, shape in planned}, hf.n_layer, hf.n_head, hf.n_head_kv,
+    types = mix_types(file_type, {name: shape for name, shape, _ in planned}, hf.n_layer, hf.n_head, hf.n_head_kv,
                       hf.n_expert)
-    tensors = [PlannedTensor(name, shape, types[name], lambda n=name, h=parts: hf.transform(n, _read(ckpt, h)))
-               for name, parts, shape in planned]
+    tensors = [PlannedTensor(name, shape, types[name], load) for name, shape, load in planned]
 
     metadata = model_metadata(folder.resolve().name, hf, file_type, tok, special)
     return write_gguf(out, hf.arch.name, metadata, tensors, progress)

@@ -6,6 +6,7 @@ from what llama.cpp's graph reads) is declared in gguf_io.architectures; the con
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,15 @@ class HFModel:
         if name is None:
             raise ConversionError(f"tensor {hf_name!r} is not part of a supported {self.arch.name} checkpoint")
         return name
+
+    def fused_halves(self, hf_name: str) -> tuple[str, str] | None:
+        """The GGUF names of the gate and up halves of a checkpoint tensor holding both (in that
+        order along its rows), where the architecture declares one; else None."""
+        for suffix, gate, up in self.arch.fused_gate_up:
+            m = re.search(r"layers\.(\d+)\.", hf_name)
+            if hf_name.endswith(suffix) and m:
+                return self.arch.tensor_name(gate, int(m[1])), self.arch.tensor_name(up, int(m[1]))
+        return None
 
     def transform(self, gguf_name: str, w: np.ndarray) -> np.ndarray:
         if self.arch.norm_plus_one and gguf_name.endswith("norm.weight"):
@@ -126,6 +136,7 @@ def model_from_config(cfg: dict) -> HFModel:
         if cfg.get("final_logit_softcapping"):
             md["final_logit_softcapping"] = float(cfg["final_logit_softcapping"])
     n_expert = _experts(cfg, md)
+    md.update({key: float(cfg[name]) for name, key in _MULTIPLIERS.items() if cfg.get(name)})
     tied = bool(cfg.get("tie_word_embeddings", arch.tied_by_default))
     return HFModel(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, vocab_size, tied, md, n_expert)
 
@@ -142,9 +153,15 @@ def _experts(cfg: dict, md: dict) -> int:
     md["expert_used_count"] = int(cfg["num_experts_per_tok"])
     if cfg.get("moe_intermediate_size"):
         md["expert_feed_forward_length"] = int(cfg["moe_intermediate_size"])
-    if cfg.get("shared_expert_intermediate_size"):
-        md["expert_shared_feed_forward_length"] = int(cfg["shared_expert_intermediate_size"])
+    shared = cfg.get("shared_expert_intermediate_size") or cfg.get("shared_intermediate_size")
+    if shared:
+        md["expert_shared_feed_forward_length"] = int(shared)
     return n_expert
+
+
+# Granite's multipliers: config.json name -> GGUF key (as llama.cpp's converter renames them)
+_MULTIPLIERS = {"attention_multiplier": "attention.scale", "embedding_multiplier": "embedding_scale",
+                "residual_multiplier": "residual_scale", "logits_scaling": "logit_scale"}
 
 
 def _sliding_window_pattern(cfg: dict, n_layer: int, default: int) -> int:

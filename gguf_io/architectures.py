@@ -31,6 +31,8 @@ class Architecture:
     rope_theta_default: float = 10000.0
     writes_vocab_and_rope_dims: bool = False   # {arch}.vocab_size and rope.dimension_count, always
     writes_head_dims: bool = False    # attention.key_length / value_length, also when implied
+    # checkpoint tensors (by name suffix) holding gate and up as one, that llama.cpp writes apart
+    fused_gate_up: tuple[tuple[str, MODEL_TENSOR, MODEL_TENSOR], ...] = ()
     sentencepiece_first: bool = False  # a tokenizer.model wins over tokenizer.json
     space_prefix: bool | None = None  # tokenizer.ggml.add_space_prefix, when the architecture fixes it
 
@@ -58,6 +60,11 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("qwen2moe", MODEL_ARCH.QWEN2MOE, ("qwen2_moe",)),
     Architecture("qwen3moe", MODEL_ARCH.QWEN3MOE, ("qwen3_moe",), writes_head_dims=True, expert_weights_norm=True),
     Architecture("olmoe", MODEL_ARCH.OLMOE, ("olmoe",)),
+    Architecture("granite", MODEL_ARCH.GRANITE, ("granite",), permute_qk=True, writes_vocab_and_rope_dims=True),
+    Architecture("granitemoe", MODEL_ARCH.GRANITE_MOE, ("granitemoe", "granitemoeshared"), permute_qk=True,
+                 writes_vocab_and_rope_dims=True, expert_weights_norm=True, fused_gate_up=(
+                     ("block_sparse_moe.input_linear.weight", MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP),
+                     ("shared_mlp.input_linear.weight", MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP))),
     # llama.cpp hard-codes Gemma 3's pattern (five sliding layers, then a global one) and local base
     Architecture("gemma3", MODEL_ARCH.GEMMA3, ("gemma3", "gemma3_text"), swa_pattern=6, rope_base_swa=10000.0,
                  norm_plus_one=True, tied_by_default=True, rope_theta_default=1_000_000.0, writes_head_dims=True,

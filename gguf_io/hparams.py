@@ -41,6 +41,11 @@ class ModelParams:
     expert_gating: str = "softmax"  # router logits -> probabilities: "softmax" or "sigmoid"
     expert_weights_norm: bool = False  # renormalize the chosen experts' probabilities to sum to 1
     expert_weights_scale: float = 1.0
+    # Granite's multipliers (0: none; attention_scale 0: 1 / sqrt(head_dim))
+    embedding_scale: float = 0.0
+    residual_scale: float = 0.0
+    attention_scale: float = 0.0
+    logit_scale: float = 0.0
 
     @property
     def kv_dim(self) -> int:
@@ -129,4 +134,8 @@ def read_params(f: GGUFFile) -> ModelParams:
         expert_gating=_GATING[gating],
         expert_weights_norm=bool(get(Keys.LLM.EXPERT_WEIGHTS_NORM, arch.expert_weights_norm if arch else False)),
         expert_weights_scale=float(get(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0)) or 1.0,
+        embedding_scale=float(get(Keys.LLM.EMBEDDING_SCALE, 0.0)),
+        residual_scale=float(get(Keys.LLM.RESIDUAL_SCALE, 0.0)),
+        attention_scale=float(get(Keys.Attention.SCALE, 0.0)),
+        logit_scale=float(get(Keys.LLM.LOGIT_SCALE, 0.0)),
     )

@@ -55,10 +55,10 @@ def smollm_f32(smollm_hf, tmp_path_factory):
 @pytest.fixture(scope="session")
 def random_models(smollm_hf, gemma_path, tmp_path_factory):
     """Random-initialized Hugging Face folders of each architecture, as transformers builds them."""
-    from .hf_folders import random_folder
+    from .hf_folders import RANDOM_ARCHS, random_folder
     root = tmp_path_factory.mktemp("random")
     return {arch: random_folder(arch, root / arch, smollm_hf, gemma_path)
-            for arch in ("llama", "qwen2", "qwen3", "gemma3")}
+            for arch in RANDOM_ARCHS}
 
 
 @pytest.fixture(scope="session")

@@ -47,6 +47,10 @@ def _gemma_tokenizer_model(gemma_gguf: Path, folder: Path, n_pieces: int) -> Non
     (folder / "tokenizer_config.json").write_text('{"bos_token": "<bos>", "eos_token": "<eos>", "add_bos_token": true}')
 
 
+# the dense architectures random_folder builds
+RANDOM_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "granite")
+
+
 def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) -> Path:
     """A small random model of `arch`, its weights scaled so that logits are far from uniform."""
     import torch
@@ -60,8 +64,12 @@ def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) ->
     else:
         config_class, model_class = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
                                      "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
-                                     "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM)}[arch]
+                                     "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+                                     "granite": (tf.GraniteConfig, tf.GraniteForCausalLM)}[arch]
         extra = {"head_dim": 64} if arch == "qwen3" else {}
+        if arch == "granite":  # its multipliers, none of them 1
+            extra = dict(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.05,
+                         logits_scaling=4.0)
         config = config_class(vocab_size=49152, num_hidden_layers=3, tie_word_embeddings=False, **extra, **common)
     torch.manual_seed(0)
     model = model_class(config).eval()
@@ -91,6 +99,10 @@ MOE_CONFIGS = {
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2, intermediate_size=128,
                                                       rms_norm_eps=1e-5, num_key_value_heads=4)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
+    # Granite's multipliers other than 1, experts fused gate-and-up in the checkpoint, a shared expert
+    "granitemoeshared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", dict(
+        num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=256, embedding_multiplier=2.0,
+        residual_multiplier=0.5, attention_multiplier=0.05, logits_scaling=4.0)),
 }
 
 

@@ -15,7 +15,7 @@ from convert.errors import ConversionError
 from convert.mixes import mix_types
 from gguf_io import GGUFFile, read_params, read_vocab
 
-from .hf_folders import transformers_logits
+from .hf_folders import RANDOM_ARCHS, transformers_logits
 
 pytest.importorskip("transformers")
 
@@ -54,7 +54,7 @@ def test_chooser_reproduces_a_llama_cpp_quantized_file(gemma_path):
     assert types == {n: t.type for n, t in f.tensors.items()}
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", RANDOM_ARCHS)
 def test_random_models_match_transformers(random_models, tmp_path, arch):
     from runner.load import load_model
     folder = random_models[arch]

@@ -15,6 +15,8 @@ import pytest
 from convert.mixes import FILE_TYPES
 from gguf_io import GGUFFile
 
+from .hf_folders import MOE_CONFIGS
+
 REFERENCES = Path(__file__).parent / "data" / "llama_cpp_mixes.json"
 MOE_REFERENCES = Path(__file__).parent / "data" / "llama_cpp_moe_mixes.json"
 # the types whose choices a mixture changes: its 8-expert rules (attn_k/attn_v/attn_output), ffn_down
@@ -50,7 +52,7 @@ def test_mix_is_llama_cpps_through_convert_and_quantize(smollm_hf, smollm_f32, t
     assert tensor_digests(quantized) == want  # written in llama-quantize's order too
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "olmoe", "mixtral"])
+@pytest.mark.parametrize("arch", list(MOE_CONFIGS))
 def test_moe_conversion_and_mixes_are_llama_cpps(moe_folders, tmp_path, arch):
     """Experts stacked into 3-D tensors byte for byte as llama.cpp's converter writes them, and
     quantized as llama-quantize types and quantizes them."""

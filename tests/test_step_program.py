@@ -9,6 +9,8 @@ from convert.convert import convert_hf
 from kernels_cpu.step_program import REPLAY_KEY
 from runner.load import load_model
 
+from .hf_folders import RANDOM_ARCHS
+
 
 def _decode(lm, prompt, n, replay, **cache_args):
     """Logits of the prompt's last token and of n greedy steps after it; and the cache."""
@@ -48,7 +50,7 @@ def test_ring_steps_replay_until_pinned_keys_move(smollm):
     _assert_replay_is_exact(smollm, [1, 504, 3458, 314], 60, n_ctx=32, ring=True)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", RANDOM_ARCHS)
 def test_every_architecture_replays_exactly(random_models, tmp_path, arch):
     out = tmp_path / f"{arch}-q8.gguf"
     convert_hf(random_models[arch], out, "Q8_0", progress=False)

@@ -2,6 +2,7 @@
 each one is otherwise (hyperparameter defaults, tensor names, conversion) is declared in
 gguf_io.architectures."""
 from .gemma3 import Gemma3
+from .granite import Granite
 from .llama import Llama
 from .olmoe import OLMoE
 from .qwen import Qwen2, Qwen3
@@ -9,4 +10,4 @@ from .qwen import Qwen2, Qwen3
 # A mixture-of-experts architecture whose block is a dense one's (Qwen 2/3-MoE; Mixtral is
 # "llama") runs its model: the decoder loads a mixture wherever a layer has a router.
 MODELS = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3, "gemma3": Gemma3, "qwen2moe": Qwen2, "qwen3moe": Qwen3,
-          "olmoe": OLMoE}
+          "olmoe": OLMoE, "granite": Granite, "granitemoe": Granite}

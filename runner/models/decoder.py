@@ -159,11 +159,15 @@ class Decoder:
         x = be.embed(self.tok_embd, batch.ids)
         if self.embed_scale:
             x = x * np.float32(math.sqrt(p.n_embd))
+        if p.embedding_scale:  # (Granite's multiplier, from the file)
+            x = x * np.float32(p.embedding_scale)
         for i, layer in enumerate(self.layers):
             x = self.block(layer, x, batch, cache, i)
         if not all_logits:
             x = x[-1:]
         logits = be.matmul(self.output, be.rms_norm(x, self.output_norm, p.rms_eps))
+        if p.logit_scale:  # (Granite's divisor)
+            logits = logits * np.float32(1.0 / p.logit_scale)
         return be.softcap(logits, p.logit_softcap) if p.logit_softcap > 0 else logits
 
     def attention(self, a: Attention, h, batch: Batch, cache: KVCache, i: int):
@@ -185,7 +189,7 @@ class Decoder:
         keys, values, key_pos = cache.store(i, k, v, batch, partial(
             be.rope, n_rot=p.rope_dim, base=a.rope_base, pos_scale=a.rope_scale, neox=self.rope_neox,
             freq_factors=self.rope_factors))
-        out = be.attention(q, keys, values, batch.positions, key_pos, 1.0 / math.sqrt(p.head_dim),
+        out = be.attention(q, keys, values, batch.positions, key_pos, p.attention_scale or 1.0 / math.sqrt(p.head_dim),
                            a.window, p.attn_softcap)
         return be.matmul(a.wo, out.reshape(n, p.n_head * p.value_dim))
 
