@@ -135,6 +135,10 @@ def model_from_config(cfg: dict) -> HFModel:
             md["attention.sliding_window_pattern"] = pattern
         if cfg.get("final_logit_softcapping"):
             md["final_logit_softcapping"] = float(cfg["final_logit_softcapping"])
+    rope_layers = cfg.get("no_rope_layers")  # (SmolLM3: 1 where a layer rotates)
+    if rope_layers is not None and list(rope_layers) != [int((i + 1) % 4 != 0) for i in range(n_layer)]:
+        raise ConversionError("no_rope_layers other than every fourth layer without RoPE are not supported "
+                              "(llama.cpp fixes that interval)")
     n_expert = _experts(cfg, md)
     md.update({key: float(cfg[name]) for name, key in _MULTIPLIERS.items() if cfg.get(name)})
     tied = bool(cfg.get("tie_word_embeddings", arch.tied_by_default))

@@ -60,6 +60,8 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("qwen2moe", MODEL_ARCH.QWEN2MOE, ("qwen2_moe",)),
     Architecture("qwen3moe", MODEL_ARCH.QWEN3MOE, ("qwen3_moe",), writes_head_dims=True, expert_weights_norm=True),
     Architecture("olmoe", MODEL_ARCH.OLMOE, ("olmoe",)),
+    Architecture("olmo2", MODEL_ARCH.OLMO2, ("olmo2",)),
+    Architecture("smollm3", MODEL_ARCH.SMOLLM3, ("smollm3",), permute_qk=True, writes_vocab_and_rope_dims=True),
     Architecture("granite", MODEL_ARCH.GRANITE, ("granite",), permute_qk=True, writes_vocab_and_rope_dims=True),
     Architecture("granitemoe", MODEL_ARCH.GRANITE_MOE, ("granitemoe", "granitemoeshared"), permute_qk=True,
                  writes_vocab_and_rope_dims=True, expert_weights_norm=True, fused_gate_up=(

@@ -48,7 +48,7 @@ def _gemma_tokenizer_model(gemma_gguf: Path, folder: Path, n_pieces: int) -> Non
 
 
 # the dense architectures random_folder builds
-RANDOM_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "granite")
+RANDOM_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "granite", "olmo2", "smollm3")
 
 
 def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) -> Path:
@@ -65,12 +65,17 @@ def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) ->
         config_class, model_class = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
                                      "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
                                      "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
-                                     "granite": (tf.GraniteConfig, tf.GraniteForCausalLM)}[arch]
+                                     "granite": (tf.GraniteConfig, tf.GraniteForCausalLM),
+                                     "olmo2": (tf.Olmo2Config, tf.Olmo2ForCausalLM),
+                                     "smollm3": (tf.SmolLM3Config, tf.SmolLM3ForCausalLM)}[arch]
         extra = {"head_dim": 64} if arch == "qwen3" else {}
+        if arch == "smollm3":  # layer 3 of 4 attends without RoPE
+            extra = dict(num_hidden_layers=4, pad_token_id=None)
         if arch == "granite":  # its multipliers, none of them 1
             extra = dict(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.05,
                          logits_scaling=4.0)
-        config = config_class(vocab_size=49152, num_hidden_layers=3, tie_word_embeddings=False, **extra, **common)
+        config = config_class(**{"vocab_size": 49152, "num_hidden_layers": 3, "tie_word_embeddings": False, **common,
+                                 **extra})
     torch.manual_seed(0)
     model = model_class(config).eval()
     with torch.no_grad():  # random norms too, so that a missed +1 or permutation shows

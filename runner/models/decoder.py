@@ -65,11 +65,16 @@ _ATTENTION_EXTRAS = {"bq": (T.ATTN_Q, "bias"), "bk": (T.ATTN_K, "bias"), "bv": (
                      "q_norm": (T.ATTN_Q_NORM, "weight"), "k_norm": (T.ATTN_K_NORM, "weight")}
 
 
+def _no_rotation(x, positions) -> None:
+    """The rotation of a layer without positional encoding."""
+
+
 class Decoder:
     rope_neox = False       # rotary pairing: (i, i + d/2) when True, (2i, 2i + 1) when False
     embed_scale = False     # multiply embeddings by sqrt(hidden size)
     extra_attention_tensors: tuple[str, ...] = ()  # required, of "bq", "bk", "bv", "q_norm", "k_norm"
-    qk_norm_per_head = True  # the Q/K norms normalize each head; else the whole projection (OLMoE)
+    qk_norm_per_head = True  # the Q/K norms normalize each head; else the whole projection (OLMoE, OLMo 2)
+    nope_interval = 0       # every nope_interval-th layer attends without RoPE (SmolLM3's NoPE layers); 0: none
     gated_activation = "silu"  # of the feed-forward's gate: "silu" (SwiGLU) or "gelu" (GeGLU)
     kv_type = "f32"         # KV cache precision of new caches: "f32" (exact), "f16" or "q8_0" (less memory)
 
@@ -184,11 +189,14 @@ class Decoder:
         q = q.reshape(n, p.n_head, p.head_dim)
         k = k.reshape(n, p.n_head_kv, p.head_dim)
         v = v.reshape(n, p.n_head_kv, p.value_dim)
-        for t in (q, k):
-            be.rope(t, batch.positions, p.rope_dim, a.rope_base, a.rope_scale, self.rope_neox, self.rope_factors)
-        keys, values, key_pos = cache.store(i, k, v, batch, partial(
-            be.rope, n_rot=p.rope_dim, base=a.rope_base, pos_scale=a.rope_scale, neox=self.rope_neox,
-            freq_factors=self.rope_factors))
+        if self.nope_interval and (i + 1) % self.nope_interval == 0:
+            rotate = _no_rotation  # (a NoPE layer's pinned keys stay as they are in the ring too)
+        else:
+            rotate = partial(be.rope, n_rot=p.rope_dim, base=a.rope_base, pos_scale=a.rope_scale,
+                             neox=self.rope_neox, freq_factors=self.rope_factors)
+            rotate(q, batch.positions)
+            rotate(k, batch.positions)
+        keys, values, key_pos = cache.store(i, k, v, batch, rotate)
         out = be.attention(q, keys, values, batch.positions, key_pos, p.attention_scale or 1.0 / math.sqrt(p.head_dim),
                            a.window, p.attn_softcap)
         return be.matmul(a.wo, out.reshape(n, p.n_head * p.value_dim))
