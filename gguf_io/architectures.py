@@ -61,6 +61,7 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("qwen3moe", MODEL_ARCH.QWEN3MOE, ("qwen3_moe",), writes_head_dims=True, expert_weights_norm=True),
     Architecture("olmoe", MODEL_ARCH.OLMOE, ("olmoe",)),
     Architecture("olmo2", MODEL_ARCH.OLMO2, ("olmo2",)),
+    Architecture("ernie4_5", MODEL_ARCH.ERNIE4_5, ("ernie4_5",)),
     Architecture("smollm3", MODEL_ARCH.SMOLLM3, ("smollm3",), permute_qk=True, writes_vocab_and_rope_dims=True),
     Architecture("granite", MODEL_ARCH.GRANITE, ("granite",), permute_qk=True, writes_vocab_and_rope_dims=True),
     Architecture("granitemoe", MODEL_ARCH.GRANITE_MOE, ("granitemoe", "granitemoeshared"), permute_qk=True,

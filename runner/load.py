@@ -80,6 +80,8 @@ def load_model(path, device: str = "cpu", threads: int | None = None, kv_type: s
     backend = make_backend(device, threads, precise)
     _check_kv_type(params, backend, kv_type)
     _check_fit(f, params, backend, kv_type, n_ctx or default_context(params))
-    model = MODELS[arch.name](params, WeightLoader(f, backend, arch), backend)
+    weights = WeightLoader(f, backend, arch)
+    model = MODELS[arch.name](params, weights, backend)
+    weights.check_all_read()
     model.kv_type = kv_type
     return LoadedModel(f, params, tokenizer, model, backend)

@@ -11,11 +11,20 @@ from gguf_io import Architecture, GGUFError, GGUFFile
 class WeightLoader:
     def __init__(self, f: GGUFFile, backend, arch: Architecture):
         self.f, self.backend, self.arch = f, backend, arch
+        self.read: set[str] = set()  # the tensors the model took (check_all_read)
         unsupported = sorted({f"{t.type.name} ({name})" for name, t in f.tensors.items()
                               if t.type not in backend.supported_types and t.n_elements > 1})
         if unsupported:
             raise GGUFError(f"{f.path.name}: unsupported tensor type {unsupported[0]}"
                             + (f" and {len(unsupported) - 1} more" if len(unsupported) > 1 else ""))
+
+    def check_all_read(self) -> None:
+        """GGUFError naming a tensor the model did not take: a file whose tensors the architecture's
+        graph does not all use computes something else (llama.cpp refuses it too)."""
+        unread = [name for name in self.f.tensors if name not in self.read]
+        if unread:
+            raise GGUFError(f"{self.f.path.name}: tensor {unread[0]!r}" + (f" and {len(unread) - 1} more" if len(unread) > 1 else "")
+                            + f" not used by ggrun's {self.arch.name} model")
 
     def has(self, tensor: MODEL_TENSOR, layer: int | None = None, suffix: str = "weight") -> bool:
         return tensor in self.arch.tensors and self.arch.tensor_name(tensor, layer, suffix) in self.f.tensors
@@ -24,6 +33,7 @@ class WeightLoader:
         t = self.f.tensors.get(name)
         if t is None:
             raise GGUFError(f"{self.f.path.name}: tensor {name!r} is missing")
+        self.read.add(name)
         if _trimmed(t.shape) != _trimmed(shape):  # GGML pads every shape with 1s: [n, 1] is [n]
             raise GGUFError(f"{self.f.path.name}: tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
         return t

@@ -48,7 +48,7 @@ def _gemma_tokenizer_model(gemma_gguf: Path, folder: Path, n_pieces: int) -> Non
 
 
 # the dense architectures random_folder builds
-RANDOM_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "granite", "olmo2", "smollm3")
+RANDOM_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "granite", "olmo2", "smollm3", "ernie4_5")
 
 
 def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) -> Path:
@@ -67,7 +67,8 @@ def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) ->
                                      "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
                                      "granite": (tf.GraniteConfig, tf.GraniteForCausalLM),
                                      "olmo2": (tf.Olmo2Config, tf.Olmo2ForCausalLM),
-                                     "smollm3": (tf.SmolLM3Config, tf.SmolLM3ForCausalLM)}[arch]
+                                     "smollm3": (tf.SmolLM3Config, tf.SmolLM3ForCausalLM),
+                                     "ernie4_5": (tf.Ernie4_5Config, tf.Ernie4_5ForCausalLM)}[arch]
         extra = {"head_dim": 64} if arch == "qwen3" else {}
         if arch == "smollm3":  # layer 3 of 4 attends without RoPE
             extra = dict(num_hidden_layers=4, pad_token_id=None)

@@ -83,8 +83,9 @@ def test_random_models_match_transformers(random_models, tmp_path, arch):
 
 # (llama.cpp's converter cannot read the Qwen 2 folder's tokenizer, SmolLM2's under Qwen 2's hash
 # table, nor the Gemma 3 folder's SentencePiece model made of the real vocabulary without byte
-# fallback; their tensors are held to llama.cpp by test_mixes and by the real Gemma 3 file above)
-@pytest.mark.parametrize("arch", [a for a in RANDOM_ARCHS if a not in ("qwen2", "gemma3")])
+# fallback, and takes ERNIE's from a tokenizer.model alone; the first two's tensors are held to
+# llama.cpp by test_mixes and by the real Gemma 3 file above)
+@pytest.mark.parametrize("arch", [a for a in RANDOM_ARCHS if a not in ("qwen2", "gemma3", "ernie4_5")])
 def test_random_models_convert_as_llama_cpp_does(random_models, llama_cpp_source, llama_cpp_tools, tmp_path, arch):
     """F32 and Q4_K_M, tensor by tensor, as convert_hf_to_gguf.py and llama-quantize (b11434) write them."""
     import os
@@ -101,6 +102,25 @@ def test_random_models_convert_as_llama_cpp_does(random_models, llama_cpp_source
         ours = tmp_path / f"ours-{file_type}.gguf"
         convert_hf(folder, ours, file_type, progress=False)
         assert sorted(tensor_digests(ours)) == sorted(tensor_digests(reference)), file_type
+
+
+def test_a_file_with_tensors_the_graph_does_not_take_is_refused(random_models, tmp_path):
+    """ERNIE 4.5 with biases on every projection converts, but neither llama.cpp's graph nor
+    ggrun's takes the feed-forward's biases: the file is refused, naming one, not run without them."""
+    import json
+
+    from gguf_io import GGUFError
+    from runner.load import load_model
+    folder = tmp_path / "biased"
+    shutil.copytree(random_models["ernie4_5"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    import transformers
+    model = transformers.Ernie4_5ForCausalLM(transformers.Ernie4_5Config(**{**config, "use_bias": True}))
+    model.save_pretrained(folder)
+    out = tmp_path / "biased.gguf"
+    convert_hf(folder, out, "F32", progress=False)
+    with pytest.raises(GGUFError, match=r"tensor 'blk\.0\.ffn_.*\.bias'.* not used by ggrun's ernie4_5 model"):
+        load_model(out)
 
 
 def _broken(folder, tmp_path, change):

@@ -12,4 +12,4 @@ from .smollm3 import SmolLM3
 # A mixture-of-experts architecture whose block is a dense one's (Qwen 2/3-MoE; Mixtral is
 # "llama") runs its model: the decoder loads a mixture wherever a layer has a router.
 MODELS = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3, "gemma3": Gemma3, "qwen2moe": Qwen2, "qwen3moe": Qwen3,
-          "olmoe": OLMoE, "olmo2": OLMo2, "smollm3": SmolLM3, "granite": Granite, "granitemoe": Granite}
+          "olmoe": OLMoE, "olmo2": OLMo2, "smollm3": SmolLM3, "ernie4_5": Llama, "granite": Granite, "granitemoe": Granite}
