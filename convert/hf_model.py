@@ -47,10 +47,10 @@ class HFModel:
     def fused_halves(self, hf_name: str) -> tuple[str, str] | None:
         """The GGUF names of the gate and up halves of a checkpoint tensor holding both (in that
         order along its rows), where the architecture declares one; else None."""
+        layer = re.search(r"layers\.(\d+)\.", hf_name)
         for suffix, gate, up in self.arch.fused_gate_up:
-            m = re.search(r"layers\.(\d+)\.", hf_name)
-            if hf_name.endswith(suffix) and m:
-                return self.arch.tensor_name(gate, int(m[1])), self.arch.tensor_name(up, int(m[1]))
+            if hf_name.endswith(suffix) and layer:
+                return self.arch.tensor_name(gate, int(layer[1])), self.arch.tensor_name(up, int(layer[1]))
         return None
 
     def transform(self, gguf_name: str, w: np.ndarray) -> np.ndarray:

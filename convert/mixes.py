@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from gguf import GGML_QUANT_SIZES, LlamaFileType
 from gguf import GGMLQuantizationType as T
 
+from gguf_io import ggml_dims
 from gguf_io.quant_types import FLOAT_TYPES, QUANT_TYPES
 
 # --type name -> (default tensor type, llama.cpp file type written as general.file_type)
@@ -45,10 +46,7 @@ def use_more_bits(i_layer: int, n_layer: int) -> bool:
 def quantizable(name: str, shape: tuple[int, ...]) -> bool:
     """Whether llama-quantize quantizes the tensor: a matrix (ggml_n_dims: trailing 1s do not
     count) of weights, not a norm, nor a mixture's router."""
-    n_dims = len(shape)
-    while n_dims > 1 and shape[n_dims - 1] == 1:
-        n_dims -= 1
-    return (n_dims >= 2 and name.endswith("weight") and "_norm.weight" not in name
+    return (len(ggml_dims(shape)) >= 2 and name.endswith("weight") and "_norm.weight" not in name
             and "ffn_gate_inp.weight" not in name)
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 import click
 import numpy as np
 from gguf import MODEL_TENSOR as T
-from gguf import GGMLQuantizationType
 
 from gguf_io.architectures import ARCHITECTURES
 
@@ -98,12 +97,9 @@ def write_random_llama(path: Path, shape: LlamaShape = SHAPE_7B, type_name: str 
     tensors = []
     for name, dims in shapes:
         qtype = types[name]
-        if qtype in (GGMLQuantizationType.F32,) and len(dims) == 1:
+        if len(dims) == 1:
             tensors.append(PlannedTensor(name, dims, qtype, lambda n=dims[0]: np.ones(n, dtype=np.float32)))
-        elif qtype == GGMLQuantizationType.F32:  # (a mixture's router)
-            tensors.append(PlannedTensor(name, dims, qtype, lambda d=dims: rng.standard_normal(
-                tuple(reversed(d)), dtype=np.float32)))
-        else:
+        else:  # (a 3-D expert tensor's rows: every expert's one after the other)
             tensors.append(PlannedTensor(name, dims, qtype, lambda d=dims, t=qtype: quantized_rows(
                 d[0], t, int(np.prod(d[1:]))).reshape(*reversed(d[1:]), -1), quantized=True))
     # the hyperparameter keys as the converter derives them from a Hugging Face config

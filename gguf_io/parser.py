@@ -47,6 +47,14 @@ class MetadataValue:
     item_type: GGUFValueType | None = None
 
 
+def ggml_dims(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A GGML shape as ggml counts its dimensions (ggml_n_dims): trailing 1s do not count, so
+    [n, 1] is [n]."""
+    while len(shape) > 1 and shape[-1] == 1:
+        shape = shape[:-1]
+    return tuple(shape)
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """One row of the tensor table. `shape` is in GGML order: shape[0] is the row length."""

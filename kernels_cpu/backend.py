@@ -14,9 +14,10 @@ from .bandwidth import read_bandwidth
 from .blocks import SUPPORTED_TYPES
 from .activations import rounding_kind
 from .cpu_features import int8_isa, memory_streams
-from .experts import GATING, check_expert_ids, combine, expert_products, expert_stack, grouped_products, route, sigmoid_gate
+from .experts import (GATING, ExpertStack, check_expert_ids, combine, expert_products, grouped_products, route,
+                      sigmoid_gate)
 from .kv_layout import ELEMENTS, as_kernel_array, cached_rows, export_rows, import_rows, new_cache, store_kv
-from .matmul import FEW_TOKENS, decode_stack, load_matrix, matmuls
+from .matmul import FEW_TOKENS, decode_stack, load_matrix, matmuls, stacked
 from .step_program import Op, run_step
 from .type_sets import WeightTypes
 
@@ -120,7 +121,7 @@ class CpuBackend:
             if self.recorder is not None:
                 self.recorder.fail("expert products of several tokens")
             return grouped_products(ws, x, np.asarray(ids), self.precise)
-        stack = expert_stack([w.as_rows for w in ws] if self.precise else ws)
+        stack = stacked([w.as_rows for w in ws] if self.precise else ws, ExpertStack)
         slots = ids.view(np.ndarray).reshape(-1)  # (the backend's own check, not a read of the model's)
         check_expert_ids(slots, stack.n_expert)
         out = np.empty((len(ws), slots.size, stack.n_rows), dtype=np.float32)

@@ -18,7 +18,7 @@ from numba import njit, prange
 from numba.extending import overload
 
 from .activations import quantize_activations
-from .matmul import TASK_ROWS, _formats, _table, matmuls, matrix_arrays, rows_product, streamed_task
+from .matmul import TASK_ROWS, _formats, _table, matmuls, matrix_arrays, rows_product, stacked, streamed_task
 
 SOFTMAX, SIGMOID = 0, 1
 GATING = {"softmax": SOFTMAX, "sigmoid": SIGMOID}
@@ -146,16 +146,6 @@ class ExpertStack:
             raise ValueError("expert matrices of one product must have the same shapes")
         self.mats = _table(matrices)
         self.formats = _formats(matrices)
-
-
-def expert_stack(matrices) -> ExpertStack:
-    """The stack of these expert matrices, kept on the first one (as matmul.stacked)."""
-    stacks = matrices[0].stacks
-    key = ("experts",) + tuple(map(id, matrices[1:]))
-    found = stacks.get(key)
-    if found is None or any(a is not b for a, b in zip(found.matrices, matrices)):
-        found = stacks[key] = ExpertStack(matrices)
-    return found
 
 
 def check_expert_ids(ids: np.ndarray, n_expert: int) -> None:

@@ -389,13 +389,15 @@ def _tasks(matrices, first_columns, rows):
     return np.concatenate(tasks).astype(np.int64)
 
 
-def stacked(matrices) -> _Stack:
-    """The stack of these matrices, kept on the first one (so it lives as long as the model)."""
+def stacked(matrices, kind=None):
+    """The stack of these matrices (a _Stack, or `kind` of them), kept on the first one (so it
+    lives as long as the model)."""
+    kind = kind or _Stack
     stacks = matrices[0].stacks
-    key = tuple(map(id, matrices[1:]))
+    key = (kind, *map(id, matrices[1:]))
     found = stacks.get(key)
-    if found is None or (key and any(a is not b for a, b in zip(found.matrices, matrices))):
-        found = stacks[key] = _Stack(matrices)
+    if found is None or any(a is not b for a, b in zip(found.matrices[1:], matrices[1:])):
+        found = stacks[key] = kind(matrices)
     return found
 
 

@@ -90,8 +90,9 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
 
     from .load import memory_fit
     f, p = lm.file, lm.params
+    n_params, n_active = parameter_counts(f, p)
     base = {"model": f.path.name, "arch": p.arch, "quant": file_type_name(f), "size_mib": f.size / 2**20,
-            "params_m": parameter_counts(f, p)[0] / 1e6, "active_params_m": parameter_counts(f, p)[1] / 1e6,
+            "params_m": n_params / 1e6, "active_params_m": n_active / 1e6,
             "bits_per_weight": f.bits_per_weight(), "backend": lm.backend.label, "threads": lm.backend.threads,
             "kv_type": lm.model.kv_type, "cpu": cpu_description(),
             "decode_products": lm.backend.decode_products}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gguf import MODEL_TENSOR
 from gguf.quants import dequantize
 
-from gguf_io import Architecture, GGUFError, GGUFFile
+from gguf_io import Architecture, GGUFError, GGUFFile, ggml_dims
 
 
 class WeightLoader:
@@ -34,7 +34,7 @@ class WeightLoader:
         if t is None:
             raise GGUFError(f"{self.f.path.name}: tensor {name!r} is missing")
         self.read.add(name)
-        if _trimmed(t.shape) != _trimmed(shape):  # GGML pads every shape with 1s: [n, 1] is [n]
+        if ggml_dims(t.shape) != ggml_dims(shape):
             raise GGUFError(f"{self.f.path.name}: tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
         return t
 
@@ -65,9 +65,3 @@ class WeightLoader:
     def optional_vector(self, tensor: MODEL_TENSOR, n: int, layer: int | None = None, suffix: str = "weight"):
         """vector(...), or None where the file does not have it (as llama.cpp's TENSOR_NOT_REQUIRED)."""
         return self.vector(tensor, n, layer, suffix) if self.has(tensor, layer, suffix) else None
-
-
-def _trimmed(shape: tuple[int, ...]) -> tuple[int, ...]:
-    while len(shape) > 1 and shape[-1] == 1:
-        shape = shape[:-1]
-    return shape
