@@ -36,8 +36,9 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True) -
     ckpt = Checkpoint(folder)
 
     # (GGUF name, GGML shape, its float32 values): from one checkpoint tensor, several (a mixture's
-    # experts, stacked), or half of one (gate and up held as one)
-    planned: list[tuple[str, tuple[int, ...], object]] = []
+    # experts, stacked), or half of one (gate and up held as one); first those the config holds
+    planned: list[tuple[str, tuple[int, ...], object]] = [
+        (name, values.shape, lambda v=values: v) for name, values in hf.extra_tensors.items()]
     for hf_name, parts in _stacked_experts(ckpt.names(), hf.n_expert).items():
         shape = ckpt.shape(parts[0]) if parts[0] == hf_name else (len(parts), *ckpt.shape(parts[0]))
         halves = hf.fused_halves(hf_name)

@@ -6,8 +6,9 @@ from what llama.cpp's graph reads) is declared in gguf_io.architectures; the con
 from __future__ import annotations
 
 import json
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ class HFModel:
     tied: bool
     metadata: dict  # GGUF key (without the architecture prefix) -> value
     n_expert: int = 0  # a mixture's experts per layer (0: dense)
+    extra_tensors: dict = field(default_factory=dict)  # GGUF name -> values the config holds (LongRoPE factors)
 
     def __post_init__(self):
         self._names = self.arch.hf_names(self.n_layer)
@@ -104,7 +106,7 @@ def model_from_config(cfg: dict) -> HFModel:
         local = {}
     scaling = cfg.get("rope_scaling") or rope
     rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
-    if rope_type not in ("default", "linear"):
+    if rope_type not in ("default", "linear") + (("longrope", "su") if arch.long_rope else ()):
         raise ConversionError(f"RoPE scaling {rope_type!r} is not supported")
     md = {
         "context_length": int(cfg.get("max_position_embeddings", 2048)),
@@ -119,22 +121,30 @@ def model_from_config(cfg: dict) -> HFModel:
     if rope_type == "linear":
         md["rope.scaling.type"] = "linear"
         md["rope.scaling.factor"] = float(scaling["factor"])
-    if arch.writes_vocab_and_rope_dims:
+    if arch.writes_vocab_size:
         md["vocab_size"] = vocab_size
-        md["rope.dimension_count"] = head_dim
+    # a rotary share of each head below 1 (Phi-4-mini) is counted over the model's width, as llama.cpp does
+    rotary = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+    if arch.writes_rope_dims or rotary != 1.0:
+        md["rope.dimension_count"] = int(rotary * n_embd) // n_head if rotary != 1.0 else head_dim
     if arch.writes_head_dims or head_dim != n_embd // n_head:
         md["attention.key_length"] = head_dim
         md["attention.value_length"] = head_dim
-    if arch.swa_pattern:
+    extra_tensors = _long_rope(cfg, rope, md, rope_type) if arch.long_rope else {}
+    if arch.swa_pattern is not None:
         md["attention.sliding_window"] = int(cfg.get("sliding_window") or 0)
+    if arch.swa_pattern:  # interleaved sliding and global layers (Gemma)
         local_theta = float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0)))
         if local_theta != 10_000.0:
             md["rope.freq_base_swa"] = local_theta
         pattern = _sliding_window_pattern(cfg, n_layer, arch.swa_pattern)
         if pattern != arch.swa_pattern:
             md["attention.sliding_window_pattern"] = pattern
-        if cfg.get("final_logit_softcapping"):
-            md["final_logit_softcapping"] = float(cfg["final_logit_softcapping"])
+    md.update({key: float(cfg[key]) for key in ("attn_logit_softcapping", "final_logit_softcapping") if cfg.get(key)})
+    # Gemma's query scale, where llama.cpp's rule for the architecture (which files rely on) would miss it
+    query_scalar = cfg.get("query_pre_attn_scalar")
+    if query_scalar and query_scalar != (n_embd // n_head if n_layer == arch.wide_query_scale_layers else head_dim):
+        md["attention.scale"] = float(query_scalar) ** -0.5
     rope_layers = cfg.get("no_rope_layers")  # (SmolLM3: 1 where a layer rotates)
     if rope_layers is not None and list(rope_layers) != [int((i + 1) % 4 != 0) for i in range(n_layer)]:
         raise ConversionError("no_rope_layers other than every fourth layer without RoPE are not supported "
@@ -142,7 +152,27 @@ def model_from_config(cfg: dict) -> HFModel:
     n_expert = _experts(cfg, md)
     md.update({key: float(cfg[name]) for name, key in _MULTIPLIERS.items() if cfg.get(name)})
     tied = bool(cfg.get("tie_word_embeddings", arch.tied_by_default))
-    return HFModel(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, vocab_size, tied, md, n_expert)
+    return HFModel(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, vocab_size, tied, md, n_expert,
+                   extra_tensors)
+
+
+def _long_rope(cfg: dict, rope: dict, md: dict, rope_type: str) -> dict:
+    """Phi-3's LongRoPE into md (its original context, the attention factor the long context
+    needs) and its per-dimension frequency factors, as the two tensors llama.cpp writes: GGUF
+    name -> values."""
+    original = rope.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+    if original is None:
+        raise ConversionError("config.json lacks original_max_position_embeddings")
+    md["rope.scaling.original_context_length"] = int(original)
+    long, short = rope.get("long_factor"), rope.get("short_factor")
+    if not long:
+        return {}
+    if not short or len(long) != len(short) or 2 * len(long) != md.get("rope.dimension_count", 0):
+        raise ConversionError("rope long_factor and short_factor must each have one value per rotated pair")
+    scale = md["context_length"] / int(original)
+    md["rope.scaling.attn_factor"] = math.sqrt(1 + math.log(scale) / math.log(int(original))) if scale > 1.0 else 1.0
+    return {"rope_factors_long.weight": np.asarray(long, np.float32),
+            "rope_factors_short.weight": np.asarray(short, np.float32)}
 
 
 def _experts(cfg: dict, md: dict) -> int:

@@ -142,7 +142,7 @@ def _spm_from_model(path: Path, vocab_size: int) -> TokenizerData:
         tokens.append(f"[PAD{i}]")
         scores.append(-1000.0)
         types.append(TokenType.UNUSED)
-    return TokenizerData("llama", tokens, types, scores=scores, add_space_prefix=add_dummy_prefix)
+    return TokenizerData("llama", tokens, types, scores=scores, pre="default", add_space_prefix=add_dummy_prefix)
 
 
 def read_tokenizer(folder: Path, vocab_size: int, prefer_sentencepiece: bool) -> tuple[TokenizerData, dict]:
@@ -172,12 +172,14 @@ def _special_settings(folder: Path, tok: TokenizerData) -> dict:
         i = token_id(cfg.get(key))
         if i is not None:
             out[name] = i
-    for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos")):
-        value = gen.get(key)
-        if isinstance(value, list) and value:
-            value = value[0]
-        if isinstance(value, int) and 0 <= value < len(tok.tokens) and name not in out:
-            out[name] = value
+    # those still unset from the ids of generation_config.json, then config.json (as llama.cpp's converter)
+    for source in (gen, load_json(folder / "config.json", required=False)):
+        for name in ("bos", "eos", "unk", "pad"):
+            value = source.get(f"{name}_token_id")
+            if isinstance(value, list) and value:
+                value = value[0]
+            if isinstance(value, int) and 0 <= value < len(tok.tokens) and name not in out:
+                out[name] = value
     if "add_bos_token" in cfg:
         out["add_bos"] = bool(cfg["add_bos_token"])
     if "add_eos_token" in cfg:

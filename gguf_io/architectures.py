@@ -20,7 +20,9 @@ class Architecture:
     gguf_arch: MODEL_ARCH             # gguf's constants for it: its tensors and their Hugging Face names
     hf_model_types: tuple[str, ...]   # the config.json model_type values that convert to it
     # options of the shared decoder, where the file does not set them:
-    swa_pattern: int = 0              # every swa_pattern-th layer attends globally, the others slide (0: none)
+    # sliding-window layers where the file gives a window: every swa_pattern-th layer attends
+    # globally, the others slide (0: every layer slides; None: the graph has no sliding layers)
+    swa_pattern: int | None = None
     rope_base_swa: float | None = None  # RoPE base of the sliding layers (None: the global layers')
     # mixtures of experts: llama.cpp fixes these per architecture in its graph
     expert_weights_norm: bool = False  # the chosen experts' weights are renormalized to sum to 1
@@ -29,7 +31,12 @@ class Architecture:
     norm_plus_one: bool = False       # the checkpoint stores RMSNorm weights as w - 1
     tied_by_default: bool = False     # tie_word_embeddings when config.json does not say
     rope_theta_default: float = 10000.0
-    writes_vocab_and_rope_dims: bool = False   # {arch}.vocab_size and rope.dimension_count, always
+    long_rope: bool = False           # LongRoPE: short and long frequency factors, chosen by context (Phi-3)
+    # the layer count of the model whose queries llama.cpp scales by 1/sqrt(n_embd / n_head), not by
+    # 1/sqrt(head size) (Gemma 2 and 3 27B's query_pre_attn_scalar, which their files do not hold)
+    wide_query_scale_layers: int = 0
+    writes_vocab_size: bool = False   # {arch}.vocab_size, always
+    writes_rope_dims: bool = False    # rope.dimension_count, also when it is the head size
     writes_head_dims: bool = False    # attention.key_length / value_length, also when implied
     # checkpoint tensors (by name suffix) holding gate and up as one, that llama.cpp writes apart
     fused_gate_up: tuple[tuple[str, MODEL_TENSOR, MODEL_TENSOR], ...] = ()
@@ -54,7 +61,7 @@ class Architecture:
 
 ARCHITECTURES = {a.name: a for a in (
     Architecture("llama", MODEL_ARCH.LLAMA, ("llama", "mistral", "mixtral"), permute_qk=True,
-                 writes_vocab_and_rope_dims=True, expert_weights_norm=True),
+                 writes_vocab_size=True, writes_rope_dims=True, expert_weights_norm=True),
     Architecture("qwen2", MODEL_ARCH.QWEN2, ("qwen2",)),
     Architecture("qwen3", MODEL_ARCH.QWEN3, ("qwen3",), writes_head_dims=True),
     Architecture("qwen2moe", MODEL_ARCH.QWEN2MOE, ("qwen2_moe",)),
@@ -62,16 +69,25 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("olmoe", MODEL_ARCH.OLMOE, ("olmoe",)),
     Architecture("olmo2", MODEL_ARCH.OLMO2, ("olmo2",)),
     Architecture("ernie4_5", MODEL_ARCH.ERNIE4_5, ("ernie4_5",)),
-    Architecture("smollm3", MODEL_ARCH.SMOLLM3, ("smollm3",), permute_qk=True, writes_vocab_and_rope_dims=True),
-    Architecture("granite", MODEL_ARCH.GRANITE, ("granite",), permute_qk=True, writes_vocab_and_rope_dims=True),
+    Architecture("smollm3", MODEL_ARCH.SMOLLM3, ("smollm3",), permute_qk=True, writes_vocab_size=True,
+                 writes_rope_dims=True),
+    Architecture("granite", MODEL_ARCH.GRANITE, ("granite",), permute_qk=True, writes_vocab_size=True,
+                 writes_rope_dims=True),
     Architecture("granitemoe", MODEL_ARCH.GRANITE_MOE, ("granitemoe", "granitemoeshared"), permute_qk=True,
-                 writes_vocab_and_rope_dims=True, expert_weights_norm=True, fused_gate_up=(
+                 writes_vocab_size=True, writes_rope_dims=True, expert_weights_norm=True, fused_gate_up=(
                      ("block_sparse_moe.input_linear.weight", MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP),
                      ("shared_mlp.input_linear.weight", MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP))),
+    # (llama.cpp's graph ignores Phi-3's window, which transformers applies to every layer: ggrun follows
+    # the model's definition)
+    Architecture("phi3", MODEL_ARCH.PHI3, ("phi3",), swa_pattern=0, long_rope=True, writes_rope_dims=True,
+                 sentencepiece_first=True),
+    Architecture("gemma2", MODEL_ARCH.GEMMA2, ("gemma2",), swa_pattern=2, wide_query_scale_layers=46,
+                 norm_plus_one=True, tied_by_default=True, writes_head_dims=True, sentencepiece_first=True,
+                 space_prefix=False),
     # llama.cpp hard-codes Gemma 3's pattern (five sliding layers, then a global one) and local base
     Architecture("gemma3", MODEL_ARCH.GEMMA3, ("gemma3", "gemma3_text"), swa_pattern=6, rope_base_swa=10000.0,
-                 norm_plus_one=True, tied_by_default=True, rope_theta_default=1_000_000.0, writes_head_dims=True,
-                 sentencepiece_first=True, space_prefix=False),
+                 wide_query_scale_layers=62, norm_plus_one=True, tied_by_default=True, rope_theta_default=1_000_000.0,
+                 writes_head_dims=True, sentencepiece_first=True, space_prefix=False),
 )}
 HF_MODEL_TYPES = {t: a for a in ARCHITECTURES.values() for t in a.hf_model_types}
 

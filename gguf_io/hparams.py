@@ -2,6 +2,7 @@
 shared decoder's, with the defaults its architecture declares (architectures.py)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,11 +26,13 @@ class ModelParams:
     rope_dim: int          # leading dimensions of each head that RoPE rotates
     rope_base: float
     rope_scale: float      # linear position scaling: positions are divided by this
+    rope_attn_factor: float  # RoPE's magnitude scaling of queries and keys (LongRoPE's long-context factor)
+    rope_orig_context: int   # the context the model was trained at before RoPE scaling
     rms_eps: float
     context_length: int
     vocab_size: int
     sliding_window: int    # 0: no sliding-window layers
-    swa_pattern: int       # every swa_pattern-th layer is global, the others slide; 0: none
+    swa_layers: tuple[bool, ...]  # per layer: whether it slides (where sliding_window > 0)
     rope_base_swa: float   # RoPE base of sliding-window layers
     logit_softcap: float   # 0: none
     attn_softcap: float    # 0: none
@@ -41,7 +44,7 @@ class ModelParams:
     expert_gating: str = "softmax"  # router logits -> probabilities: "softmax" or "sigmoid"
     expert_weights_norm: bool = False  # renormalize the chosen experts' probabilities to sum to 1
     expert_weights_scale: float = 1.0
-    # Granite's multipliers (0: none; attention_scale 0: 1 / sqrt(head_dim))
+    # Granite's multipliers (0: none; attention_scale 0: 1 / sqrt(head_dim); Gemma's query scale is one)
     embedding_scale: float = 0.0
     residual_scale: float = 0.0
     attention_scale: float = 0.0
@@ -54,10 +57,9 @@ class ModelParams:
     @property
     def layer_windows(self) -> list[int]:
         """Each layer's sliding window (0: global attention)."""
-        if self.sliding_window <= 0 or self.swa_pattern <= 0:
+        if self.sliding_window <= 0:
             return [0] * self.n_layer
-        pattern = self.swa_pattern
-        return [self.sliding_window if i % pattern < pattern - 1 else 0 for i in range(self.n_layer)]
+        return [self.sliding_window if slides else 0 for slides in self.swa_layers]
 
 
 # gguf's ExpertGatingFuncType
@@ -71,6 +73,17 @@ def _int_array_or_scalar(value, n_layer: int, key: str) -> int:
             raise GGUFError(f"per-layer {key} values {value.tolist()} are not supported")
         return int(value[0])
     return int(value)
+
+
+def _sliding_layers(value, n_layer: int, where: str) -> tuple[bool, ...]:
+    """Which layers slide, from a sliding_window_pattern value as llama.cpp reads it: one flag
+    per layer, or a period n (every n-th layer global, the others sliding; 0: all sliding)."""
+    if isinstance(value, np.ndarray):
+        if value.size != n_layer:
+            raise GGUFError(f"{where}: sliding_window_pattern has {value.size} entries for {n_layer} layers")
+        return tuple(bool(v) for v in value)
+    n = int(value)
+    return tuple(n == 0 or i % n < n - 1 for i in range(n_layer))
 
 
 def read_params(f: GGUFFile) -> ModelParams:
@@ -110,6 +123,7 @@ def read_params(f: GGUFFile) -> ModelParams:
     gating = int(get(Keys.LLM.EXPERT_GATING_FUNC, 1))
     if gating not in _GATING:
         raise GGUFError(f"{f.path.name}: expert gating function {gating} is not supported")
+    context_length = int(get(Keys.LLM.CONTEXT_LENGTH, 2048))
     vocab = get(Keys.LLM.VOCAB_SIZE)
     if vocab is None:
         tokens = f.get(Keys.Tokenizer.LIST)
@@ -121,11 +135,15 @@ def read_params(f: GGUFFile) -> ModelParams:
         rope_dim=int(get(Keys.Rope.DIMENSION_COUNT, head_dim)),
         rope_base=rope_base,
         rope_scale=rope_scale or 1.0,
+        rope_attn_factor=float(get(Keys.Rope.SCALING_ATTN_FACTOR, 1.0)),
+        rope_orig_context=int(get(Keys.Rope.SCALING_ORIG_CTX_LEN, 0)) or context_length,
         rms_eps=float(get(Keys.Attention.LAYERNORM_RMS_EPS, 1e-5)),
-        context_length=int(get(Keys.LLM.CONTEXT_LENGTH, 2048)),
+        context_length=context_length,
         vocab_size=int(vocab),
-        sliding_window=int(get(Keys.Attention.SLIDING_WINDOW, 0)),
-        swa_pattern=int(get(Keys.Attention.SLIDING_WINDOW_PATTERN, arch.swa_pattern if arch else 0)),
+        # (only where the architecture's graph has sliding layers: llama.cpp ignores the key elsewhere)
+        sliding_window=int(get(Keys.Attention.SLIDING_WINDOW, 0)) if arch and arch.swa_pattern is not None else 0,
+        swa_layers=_sliding_layers(get(Keys.Attention.SLIDING_WINDOW_PATTERN, arch and arch.swa_pattern or 0),
+                                   n_layer, f.path.name),
         rope_base_swa=float(get(Keys.Rope.FREQ_BASE_SWA, arch and arch.rope_base_swa or rope_base)),
         logit_softcap=float(get(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, 0.0)),
         attn_softcap=float(get(Keys.LLM.ATTN_LOGIT_SOFTCAPPING, 0.0)),
@@ -136,6 +154,7 @@ def read_params(f: GGUFFile) -> ModelParams:
         expert_weights_scale=float(get(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0)) or 1.0,
         embedding_scale=float(get(Keys.LLM.EMBEDDING_SCALE, 0.0)),
         residual_scale=float(get(Keys.LLM.RESIDUAL_SCALE, 0.0)),
-        attention_scale=float(get(Keys.Attention.SCALE, 0.0)),
+        attention_scale=float(get(Keys.Attention.SCALE, 0.0)) or (
+            1.0 / math.sqrt(n_embd // n_head) if arch and n_layer == arch.wide_query_scale_layers else 0.0),
         logit_scale=float(get(Keys.LLM.LOGIT_SCALE, 0.0)),
     )

@@ -149,21 +149,22 @@ class CpuBackend:
         ops.rms_norm(x, weight, np.float32(eps), out)
         return self._recorded(out, "rms_norm", x, weight, eps)
 
-    def rope(self, x, positions, n_rot, base, pos_scale, neox, freq_factors):
+    def rope(self, x, positions, n_rot, base, pos_scale, neox, freq_factors, magnitude=1.0):
         if self.recorder is not None:
-            cos, sin = self.recorder.rope_table(positions, n_rot, base, pos_scale, freq_factors)
+            cos, sin = self.recorder.rope_table(positions, n_rot, base, pos_scale, freq_factors, magnitude)
             self.recorder.rope(x, cos, sin, neox)
         else:
-            cos, sin = self._rope_table(positions, n_rot, base, pos_scale, freq_factors)
+            cos, sin = self._rope_table(positions, n_rot, base, pos_scale, freq_factors, magnitude)
         ops.rope(x, cos, sin, neox)
 
-    def _rope_table(self, positions, n_rot, base, pos_scale, freq_factors):
+    def _rope_table(self, positions, n_rot, base, pos_scale, freq_factors, magnitude):
         """cos/sin tables, kept for the few most recent position sets: every layer of a forward
         pass rotates its queries and keys at the same positions, with one or two RoPE bases."""
-        key = (positions.tobytes(), n_rot, base, pos_scale, None if freq_factors is None else freq_factors.tobytes())
+        key = (positions.tobytes(), n_rot, base, pos_scale, None if freq_factors is None else freq_factors.tobytes(),
+               magnitude)
         table = self._rope_tables.pop(key, None)
         if table is None:
-            table = ops.rope_table(positions, ops.rope_frequencies(n_rot, base, freq_factors), pos_scale)
+            table = ops.rope_table(positions, ops.rope_frequencies(n_rot, base, freq_factors), pos_scale, magnitude)
         self._rope_tables[key] = table
         while len(self._rope_tables) > 4:
             del self._rope_tables[next(iter(self._rope_tables))]

@@ -34,22 +34,22 @@ def rope_frequencies(n_rot, base, freq_factors):
 
 
 @njit(cache=True)
-def rope_angles(positions, inv_freq, pos_scale, cos, sin):
+def rope_angles(positions, inv_freq, pos_scale, magnitude, cos, sin):
     """cos and sin (tokens, n_rot / 2) float32 of each position's rotation angles, computed in
-    float64."""
+    float64, times magnitude (LongRoPE's and YaRN's scaling of the rotated dimensions)."""
     for t in range(positions.shape[0]):
         p = np.float64(positions[t]) / pos_scale
         for i in range(inv_freq.shape[0]):
             theta = p * inv_freq[i]
-            cos[t, i] = np.float32(math.cos(theta))
-            sin[t, i] = np.float32(math.sin(theta))
+            cos[t, i] = np.float32(magnitude * math.cos(theta))
+            sin[t, i] = np.float32(magnitude * math.sin(theta))
 
 
-def rope_table(positions, inv_freq, pos_scale):
+def rope_table(positions, inv_freq, pos_scale, magnitude=1.0):
     """cos and sin, (tokens, n_rot / 2) float32, of the positions' rotation angles at the
-    frequencies inv_freq (rope_frequencies)."""
+    frequencies inv_freq (rope_frequencies), times magnitude."""
     cos, sin = (np.empty((len(positions), len(inv_freq)), dtype=np.float32) for _ in range(2))
-    rope_angles(positions, inv_freq, np.float64(pos_scale), cos, sin)
+    rope_angles(positions, inv_freq, np.float64(pos_scale), np.float64(magnitude), cos, sin)
     return cos, sin
 
 

@@ -82,7 +82,8 @@ RmsNorm, RmsNormParams = _operation("RmsNorm", ("eps",), x="f32", weight="f32", 
                                     width="count")
 Products, _ = _operation("Products", x="f32", out="f32", tokens="count", k="count", n="count", first="tasks",
                          last="tasks", formats="formats")
-RopeTable, RopeTableParams = _operation("RopeTable", ("position_scale",), positions="input", frequencies="f64",
+RopeTable, RopeTableParams = _operation("RopeTable", ("position_scale", "magnitude"), positions="input",
+                                        frequencies="f64",
                                         n="count", cos="f32", sin="f32")
 Rope, _ = _operation("Rope", x="f32", tokens="count", heads="count", dim="count", cos="f32", sin="f32",
                      n="count", neox="flag")
@@ -162,7 +163,8 @@ def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, st
             positions = _input(inputs, a[RopeTable.POSITIONS], np.int32)
             shape = (positions.shape[0], a[RopeTable.N])
             ops.rope_angles(positions, carray(pointer_at(a[RopeTable.FREQUENCIES], np.float64), (shape[1],)),
-                            f[RopeTableParams.POSITION_SCALE], _f32(a[RopeTable.COS], shape),
+                            f[RopeTableParams.POSITION_SCALE], f[RopeTableParams.MAGNITUDE],
+                            _f32(a[RopeTable.COS], shape),
                             _f32(a[RopeTable.SIN], shape))
         elif op == Op.ROPE:
             shape = (a[Rope.TOKENS], a[Rope.N])
@@ -400,17 +402,17 @@ class Recorder:
                  k=x.shape[1], n=out.shape[1], first=self.n_tasks - len(tasks), last=self.n_tasks,
                  formats=stack.formats)
 
-    def rope_table(self, positions, n_rot, base, pos_scale, freq_factors):
+    def rope_table(self, positions, n_rot, base, pos_scale, freq_factors, magnitude):
         """The step's cos/sin tables for one rotation, made once per step and recorded."""
-        key = (n_rot, base, pos_scale, None if freq_factors is None else freq_factors.tobytes())
+        key = (n_rot, base, pos_scale, None if freq_factors is None else freq_factors.tobytes(), magnitude)
         if key not in self.rope_tables:
             frequencies = ops.rope_frequencies(n_rot, base, freq_factors)
             self.keep[id(frequencies)] = frequencies
             self._memory.add(frequencies.ctypes.data)
-            cos, sin = (self.traced(table) for table in ops.rope_table(positions, frequencies, pos_scale))
+            cos, sin = (self.traced(table) for table in ops.rope_table(positions, frequencies, pos_scale, magnitude))
             self.add(Op.ROPE_TABLE, positions=self.input(positions, np.int32), frequencies=frequencies.ctypes.data,
                      n=cos.shape[1], cos=self.address(cos, cos.size), sin=self.address(sin, sin.size),
-                     position_scale=pos_scale)
+                     position_scale=pos_scale, magnitude=magnitude)
             self.rope_tables[key] = cos, sin
         return self.rope_tables[key]
 

@@ -96,8 +96,8 @@ class TorchBackend:
     def rms_norm(self, x, weight, eps):
         return ops.rms_norm(x, weight, eps)
 
-    def rope(self, x, positions, n_rot, base, pos_scale, neox, freq_factors):
-        ops.rope(x, self._tensor(positions), n_rot, base, pos_scale, neox, freq_factors)
+    def rope(self, x, positions, n_rot, base, pos_scale, neox, freq_factors, magnitude=1.0):
+        ops.rope(x, self._tensor(positions), n_rot, base, pos_scale, neox, freq_factors, magnitude)
 
     def new_kv(self, n_kv, key_dim, value_dim, slots, kv_type):
         return kv_layout.new_kv(n_kv, key_dim, value_dim, slots, kv_type, self.device)

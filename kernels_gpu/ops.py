@@ -16,8 +16,9 @@ def rms_norm(x, weight, eps: float):
     return x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps) * weight
 
 
-def rope(x, positions, n_rot: int, base: float, pos_scale: float, neox: bool, freq_factors):
-    """Rotate the first n_rot dimensions of every head of x (tokens, heads, dim) in place; the
+def rope(x, positions, n_rot: int, base: float, pos_scale: float, neox: bool, freq_factors, magnitude: float = 1.0):
+    """Rotate the first n_rot dimensions of every head of x (tokens, heads, dim) in place, scaling
+    them by magnitude (LongRoPE's and YaRN's factor); the
     angles are computed in float64 as the CPU table is. NeoX pairs (i, i + n_rot/2), the other
     pairing (2i, 2i + 1). The angles are recomputed on every call rather than cached across
     layers: a cached table would be baked into a recorded CUDA graph and go stale on replay."""
@@ -25,7 +26,7 @@ def rope(x, positions, n_rot: int, base: float, pos_scale: float, neox: bool, fr
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors.to(torch.float64)
     theta = positions.to(torch.float64)[:, None] / pos_scale * inv_freq
-    cos, sin = theta.cos().to(torch.float32)[:, None], theta.sin().to(torch.float32)[:, None]
+    cos, sin = ((magnitude * f(theta)).to(torch.float32)[:, None] for f in (torch.cos, torch.sin))
     if neox:
         a, b = x[..., :n_rot // 2], x[..., n_rot // 2:n_rot]
     else:

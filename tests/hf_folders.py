@@ -2,6 +2,7 @@
 randomly initialized models of every supported architecture (made with transformers)."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -42,13 +43,15 @@ def _gemma_tokenizer_model(gemma_gguf: Path, folder: Path, n_pieces: int) -> Non
         piece.piece, piece.score = vocab.tokens[i], float(vocab.scores[i])
         piece.type = {1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 6}.get(int(vocab.token_types[i]), 1)
     proto.trainer_spec.model_type = sp.TrainerSpec.BPE
+    proto.trainer_spec.byte_fallback = True  # (its byte pieces; sentencepiece refuses them otherwise)
     proto.normalizer_spec.add_dummy_prefix = False
     (folder / "tokenizer.model").write_bytes(proto.SerializeToString())
     (folder / "tokenizer_config.json").write_text('{"bos_token": "<bos>", "eos_token": "<eos>", "add_bos_token": true}')
 
 
 # the dense architectures random_folder builds
-RANDOM_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "granite", "olmo2", "smollm3", "ernie4_5")
+RANDOM_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "smollm3", "ernie4_5", "phi3")
+GEMMAS = ("gemma2", "gemma3")  # (their norms are stored as w - 1, and they read a SentencePiece tokenizer)
 
 
 def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) -> Path:
@@ -61,6 +64,10 @@ def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) ->
         config = tf.Gemma3TextConfig(vocab_size=1024, num_hidden_layers=7, head_dim=64, query_pre_attn_scalar=64,
                                      sliding_window=16, **common)
         model_class = tf.Gemma3ForCausalLM
+    elif arch == "gemma2":  # caps that bite, a query scalar other than the head size
+        config = tf.Gemma2Config(vocab_size=1024, num_hidden_layers=4, head_dim=64, query_pre_attn_scalar=32,
+                                 sliding_window=16, attn_logit_softcapping=5.0, final_logit_softcapping=10.0, **common)
+        model_class = tf.Gemma2ForCausalLM
     else:
         config_class, model_class = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
                                      "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
@@ -68,13 +75,20 @@ def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) ->
                                      "granite": (tf.GraniteConfig, tf.GraniteForCausalLM),
                                      "olmo2": (tf.Olmo2Config, tf.Olmo2ForCausalLM),
                                      "smollm3": (tf.SmolLM3Config, tf.SmolLM3ForCausalLM),
-                                     "ernie4_5": (tf.Ernie4_5Config, tf.Ernie4_5ForCausalLM)}[arch]
+                                     "ernie4_5": (tf.Ernie4_5Config, tf.Ernie4_5ForCausalLM),
+                                     "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM)}[arch]
         extra = {"head_dim": 64} if arch == "qwen3" else {}
         if arch == "smollm3":  # layer 3 of 4 attends without RoPE
             extra = dict(num_hidden_layers=4, pad_token_id=None)
         if arch == "granite":  # its multipliers, none of them 1
             extra = dict(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.05,
                          logits_scaling=4.0)
+        if arch == "phi3":  # a window shorter than the test input, a partial rotary share, LongRoPE
+            rng = np.random.default_rng(0)
+            extra = dict(sliding_window=16, partial_rotary_factor=0.75, pad_token_id=None,
+                         original_max_position_embeddings=64, rope_parameters=dict(
+                rope_type="longrope", rope_theta=10000.0,
+                short_factor=(1 + rng.random(24)).tolist(), long_factor=(2 + 4 * rng.random(24)).tolist()))
         config = config_class(**{"vocab_size": 49152, "num_hidden_layers": 3, "tie_word_embeddings": False, **common,
                                  **extra})
     torch.manual_seed(0)
@@ -82,14 +96,17 @@ def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) ->
     with torch.no_grad():  # random norms too, so that a missed +1 or permutation shows
         for name, p in model.named_parameters():
             if p.dim() == 1:
-                p.copy_(torch.randn_like(p) * 0.3 + (0.0 if arch == "gemma3" else 1.0))
+                p.copy_(torch.randn_like(p) * 0.3 + (0.0 if arch in GEMMAS else 1.0))
     model.save_pretrained(folder)
-    if arch == "gemma3":
+    if arch in GEMMAS:
         _gemma_tokenizer_model(gemma_gguf, folder, 1024)
     else:
         for name in TOKENIZER_FILES:
             if (smollm_hf / name).exists():
                 shutil.copy(smollm_hf / name, folder / name)
+        if arch == "phi3":  # a byte-level BPE tokenizer, as Phi-4's folders declare it for llama.cpp's converter
+            config = json.loads((folder / "tokenizer_config.json").read_text())
+            (folder / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "GPT2Tokenizer"}))
     return folder
 
 

@@ -53,7 +53,7 @@ def test_distances_stay_below_the_context_after_many_wraps(smollm):
     # and the cached pinned keys really are rotated to their shifted positions
     want = pinned_as_written.copy()
     be.rope(want, np.full(cache.pinned, cache.shift, np.int32), p.rope_dim, p.rope_base, p.rope_scale,
-            smollm.model.rope_neox, smollm.model.rope_factors)
+            smollm.model.rope_neox, smollm.model.rope_factors[False])
     assert np.allclose(be.read_kv(cache.keys[0], cache.values[0], cache.pinned)[0], want, atol=1e-5)
 
 

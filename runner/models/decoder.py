@@ -24,10 +24,11 @@ MAX_BATCH = 512
 
 @dataclass
 class Attention:
-    wq: object
+    wq: object             # (None where the file holds Q, K and V as one matrix: wqkv)
     wk: object
     wv: object
     wo: object
+    wqkv: object = None
     q_norm: object = None  # per-head RMSNorm of queries and keys (Gemma 3, Qwen 3)
     k_norm: object = None
     bq: object = None      # projection biases (Qwen 2)
@@ -40,8 +41,8 @@ class Attention:
 
 @dataclass
 class FeedForward:
-    """A dense gated feed-forward: down(act(gate x) * up x). (A layer's feed-forward slot, which a
-    mixture of experts will also fill.)"""
+    """A dense gated feed-forward: down(act(gate x) * up x); where gate is None, up holds both,
+    gate rows first (Phi-3, GLM-4)."""
     gate: object
     up: object
     down: object
@@ -76,6 +77,7 @@ class Decoder:
     qk_norm_per_head = True  # the Q/K norms normalize each head; else the whole projection (OLMoE, OLMo 2)
     nope_interval = 0       # every nope_interval-th layer attends without RoPE (SmolLM3's NoPE layers); 0: none
     gated_activation = "silu"  # of the feed-forward's gate: "silu" (SwiGLU) or "gelu" (GeGLU)
+    fused_gate_up = False   # the dense feed-forward's gate and up are one matrix, ffn_up (Phi-3, GLM-4)
     kv_type = "f32"         # KV cache precision of new caches: "f32" (exact), "f16" or "q8_0" (less memory)
 
     def __init__(self, params: ModelParams, weights: WeightLoader, backend):
@@ -85,7 +87,11 @@ class Decoder:
         self.output_norm = weights.vector(T.OUTPUT_NORM, p.n_embd)
         self.output = (weights.matrix(T.OUTPUT, p.n_embd, p.vocab_size) if weights.has(T.OUTPUT)
                        else self.tok_embd)
-        self.rope_factors = weights.optional_vector(T.ROPE_FREQS, p.rope_dim // 2)
+        # RoPE frequency factors, by whether the context is longer than the trained one: one table
+        # for both (Llama 3's), or LongRoPE's short and long tables (Phi-3), or none
+        freqs = weights.optional_vector(T.ROPE_FREQS, p.rope_dim // 2)
+        short, long = (weights.optional_vector(t, p.rope_dim // 2) for t in (T.ROPE_FACTORS_SHORT, T.ROPE_FACTORS_LONG))
+        self.rope_factors = (freqs, freqs) if freqs is not None or long is None else (short, long)
         self.layers = [self.load_layer(weights, i) for i in range(p.n_layer)]
 
     def load_layer(self, weights: WeightLoader, i: int):
@@ -106,9 +112,14 @@ class Decoder:
                       tensor, sizes[key], layer=i, suffix=suffix)
                   for key, (tensor, suffix) in _ATTENTION_EXTRAS.items()}
         window = p.layer_windows[i]
-        return Attention(weights.matrix(T.ATTN_Q, p.n_embd, q_dim, i), weights.matrix(T.ATTN_K, p.n_embd, kv_dim, i),
-                         weights.matrix(T.ATTN_V, p.n_embd, v_dim, i),
-                         weights.matrix(T.ATTN_OUT, p.n_head * p.value_dim, p.n_embd, i),
+        # Q, K and V as one matrix where the file has them so (as llama.cpp takes either)
+        if weights.has(T.ATTN_QKV, i):
+            projections = (None, None, None, weights.matrix(T.ATTN_QKV, p.n_embd, q_dim + kv_dim + v_dim, i))
+        else:
+            projections = (weights.matrix(T.ATTN_Q, p.n_embd, q_dim, i), weights.matrix(T.ATTN_K, p.n_embd, kv_dim, i),
+                           weights.matrix(T.ATTN_V, p.n_embd, v_dim, i), None)
+        wq, wk, wv, wqkv = projections
+        return Attention(wq, wk, wv, weights.matrix(T.ATTN_OUT, p.n_head * p.value_dim, p.n_embd, i), wqkv,
                          # position scaling applies to the global layers only
                          rope_base=p.rope_base_swa if window else p.rope_base,
                          rope_scale=1.0 if window else p.rope_scale, window=window, **extras)
@@ -118,7 +129,10 @@ class Decoder:
         p = self.params
         if p.n_expert and weights.has(T.FFN_GATE_INP, i):
             return self.load_experts(weights, i)
-        gate, up = (weights.matrix(t, p.n_embd, p.n_ff, i) for t in (T.FFN_GATE, T.FFN_UP))
+        if self.fused_gate_up:
+            gate, up = None, weights.matrix(T.FFN_UP, p.n_embd, 2 * p.n_ff, i)
+        else:
+            gate, up = (weights.matrix(t, p.n_embd, p.n_ff, i) for t in (T.FFN_GATE, T.FFN_UP))
         return FeedForward(gate, up, weights.matrix(T.FFN_DOWN, p.n_ff, p.n_embd, i))
 
     def load_experts(self, weights: WeightLoader, i: int) -> MixtureOfExperts:
@@ -179,7 +193,12 @@ class Decoder:
         """Self-attention of h (T, n_embd) through layer i's cache, output projection included."""
         be, p = self.backend, self.params
         n = h.shape[0]
-        q, k, v = be.matmuls([a.wq, a.wk, a.wv], h)
+        if a.wqkv is not None:
+            qkv = be.matmul(a.wqkv, h)
+            q_end, k_end = p.n_head * p.head_dim, (p.n_head + p.n_head_kv) * p.head_dim
+            q, k, v = qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:]
+        else:
+            q, k, v = be.matmuls([a.wq, a.wk, a.wv], h)
         q, k, v = (x if bias is None else x + bias for x, bias in ((q, a.bq), (k, a.bk), (v, a.bv)))
         norm_width = p.head_dim if self.qk_norm_per_head else None  # (None: a row's whole projection)
         if a.q_norm is not None:
@@ -193,9 +212,10 @@ class Decoder:
             rotate = _no_rotation  # (a NoPE layer's pinned keys stay as they are in the ring too)
         else:
             rotate = partial(be.rope, n_rot=p.rope_dim, base=a.rope_base, pos_scale=a.rope_scale,
-                             neox=self.rope_neox, freq_factors=self.rope_factors)
-            rotate(q, batch.positions)
-            rotate(k, batch.positions)
+                             neox=self.rope_neox, freq_factors=self.rope_factors[cache.n_ctx > p.rope_orig_context])
+            # (the magnitude scales the rotated dimensions once: not again where the ring moves keys)
+            rotate(q, batch.positions, magnitude=p.rope_attn_factor)
+            rotate(k, batch.positions, magnitude=p.rope_attn_factor)
         keys, values, key_pos = cache.store(i, k, v, batch, rotate)
         out = be.attention(q, keys, values, batch.positions, key_pos, p.attention_scale or 1.0 / math.sqrt(p.head_dim),
                            a.window, p.attn_softcap)
@@ -205,7 +225,11 @@ class Decoder:
         be = self.backend
         if isinstance(ffn, MixtureOfExperts):
             return self.mixture_of_experts(ffn, h)
-        gate, up = be.matmuls([ffn.gate, ffn.up], h)
+        if ffn.gate is None:
+            gate_up = be.matmul(ffn.up, h)
+            gate, up = gate_up[:, :self.params.n_ff], gate_up[:, self.params.n_ff:]
+        else:
+            gate, up = be.matmuls([ffn.gate, ffn.up], h)
         return be.matmul(ffn.down, self.activation(gate, up))
 
     def activation(self, gate, up):
