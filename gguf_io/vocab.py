@@ -10,14 +10,19 @@ from .errors import GGUFError
 from .file import GGUFFile
 
 # Texts that end a turn in common chat formats. llama.cpp adds tokens with these texts to its
-# end-of-generation set even when the file names no EOT id; so do we.
-END_OF_TURN_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                               "<|eom_id|>", "<EOT>", "<|end_of_text|>", "<｜end▁of▁sentence｜>"})
+# end-of-generation set even when the file names no EOT id; so do we (its list).
+END_OF_TURN_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~["})
+# tokenizer.ggml.model values: byte-level BPE, SentencePiece, and Gemma 4's BPE over UTF-8 text
+# whose spaces are written as ▁ (SentencePiece-style, with merges)
+TOKENIZER_MODELS = ("gpt2", "llama", "gemma4")
 
 
 @dataclass
 class Vocab:
-    model: str                      # "gpt2" (byte-level BPE) or "llama" (SentencePiece)
+    model: str                      # one of TOKENIZER_MODELS
     pre: str                        # pre-tokenizer name, gpt2 model only
     tokens: list[str]
     token_types: np.ndarray         # gguf.TokenType per token
@@ -45,8 +50,9 @@ def read_vocab(f: GGUFFile) -> Vocab:
     tokens = f.get("tokenizer.ggml.tokens")
     if model is None or tokens is None:
         raise GGUFError(f"{f.path.name}: the file has no tokenizer (tokenizer.ggml.model / tokens missing)")
-    if model not in ("gpt2", "llama"):
-        raise GGUFError(f"{f.path.name}: tokenizer model {model!r} is not supported (gpt2 and llama are)")
+    if model not in TOKENIZER_MODELS:
+        raise GGUFError(f"{f.path.name}: tokenizer model {model!r} is not supported "
+                        f"({', '.join(TOKENIZER_MODELS)} are)")
     n = len(tokens)
     types = f.get("tokenizer.ggml.token_type")
     types = np.asarray(types, dtype=np.int32) if types is not None else np.full(n, TokenType.NORMAL, np.int32)
@@ -78,7 +84,8 @@ def read_vocab(f: GGUFFile) -> Vocab:
         bos_id=bos,
         eos_id=eos,
         unk_id=token_id("tokenizer.ggml.unknown_token_id"),
-        add_bos=bool(f.get("tokenizer.ggml.add_bos_token", model == "llama")),
+        # (llama.cpp always adds BOS for Gemma 4, whatever the file says)
+        add_bos=bool(f.get("tokenizer.ggml.add_bos_token", model == "llama")) or model == "gemma4",
         add_eos=bool(f.get("tokenizer.ggml.add_eos_token", False)),
         add_space_prefix=bool(f.get("tokenizer.ggml.add_space_prefix", model == "llama")),
         end_of_generation=frozenset(eog),

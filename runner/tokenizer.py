@@ -1,14 +1,17 @@
 """Text to token ids and back, from a GGUF vocabulary, following llama.cpp's tokenizers.
 
 `gpt2` vocabularies are byte-level BPE over pre-tokenized pieces; `llama` vocabularies are
-SentencePiece: greedy highest-score merges over characters with byte fallback. In both, the
-texts of control and user-defined tokens in the input are matched first and become those tokens.
+SentencePiece: greedy highest-score merges over characters with byte fallback; `gemma4` is BPE
+over the UTF-8 text itself, spaces written as ▁, split only at newlines, with byte fallback. In both, the
+texts of control tokens (where special tokens are parsed) and of user-defined ones (always, as in
+llama.cpp) are matched in the input first and become those tokens.
 """
 from __future__ import annotations
 
 import codecs
 import heapq
 
+import numpy as np
 from gguf import TokenType
 
 from gguf_io import GGUFError, Vocab
@@ -87,31 +90,36 @@ class SpecialTokens:
     tokens, most of them HTML tags; as one regex alternation they took 0.1-0.4 s of start-up to
     compile and ~8 µs per character of text to match.)"""
 
-    def __init__(self, texts):
+    def __init__(self, texts, always=()):
+        """texts: the special tokens' texts; always: those matched in literal spans too (llama.cpp
+        splits user-defined tokens out of any text, control tokens only when parsing special)."""
         self._trie: dict = {}
-        for text in texts:
+        for text, anywhere in [(t, False) for t in texts] + [(t, True) for t in always]:
             if text:
                 node = self._trie
                 for ch in text:
                     node = node.setdefault(ch, {})
-                node[""] = True  # a token ends here (no character is "")
+                node[""] = anywhere or node.get("", False)  # a token ends here (no character is "")
+        self._anywhere = any(always)
 
     def split(self, text: str, literal=()):
         """(fragment, is_special) for the pieces of text in order. `literal`: sorted, disjoint
-        (start, end) spans of text whose special-token texts stay plain text (what a user typed)."""
+        (start, end) spans of text whose control-token texts stay plain text (what a user typed)."""
         root, n = self._trie, len(text)
         spans = iter(literal)
         lit_start, lit_end = next(spans, (n, n))
         start = i = 0
         while i < n:
-            if i >= lit_start:  # inside a literal span: jump to its end
+            in_literal = i >= lit_start
+            if in_literal and (i >= lit_end or not self._anywhere):  # past, or nothing to find in it
                 i = max(i, lit_end)
                 lit_start, lit_end = next(spans, (n, n))
                 continue
-            node, end, j = root, 0, i
-            while j < lit_start and (node := node.get(text[j])) is not None:
+            # (a token may not straddle a span's boundary)
+            node, end, j, limit = root, 0, i, lit_end if in_literal else lit_start
+            while j < limit and (node := node.get(text[j])) is not None:
                 j += 1
-                if "" in node:
+                if node.get("") is True or ("" in node and not in_literal):
                     end = j
             if not end:
                 i += 1
@@ -128,14 +136,17 @@ class Tokenizer:
     def __init__(self, vocab: Vocab):
         self.vocab = vocab
         self.token_to_id = {t: i for i, t in enumerate(vocab.tokens)}
-        self._specials = SpecialTokens(vocab.tokens[i] for i in vocab.special_ids())
+        types = vocab.token_types
+        self._specials = SpecialTokens([vocab.tokens[i] for i in np.flatnonzero(types == TokenType.CONTROL)],
+                                       [vocab.tokens[i] for i in np.flatnonzero(types == TokenType.USER_DEFINED)])
         self._cache: dict[str, list[int]] = {}
-        if vocab.model == "gpt2":
-            pre = canonical_name(vocab.pre)
+        if vocab.model in ("gpt2", "gemma4"):
+            pre = "gemma4" if vocab.model == "gemma4" else canonical_name(vocab.pre)
             if pre is None:
                 raise GGUFError(f"pre-tokenizer {vocab.pre!r} is not supported")
             self._pre = PreTokenizer(pre)
             self._ignore_merges = pre in IGNORE_MERGES
+            self._byte_level = vocab.model == "gpt2"  # (pieces as GPT-2's byte characters, else as text)
             # keyed by the merge's own "left right" text; reversed so the first occurrence wins
             n = len(vocab.merges)
             self._ranks = dict(zip(reversed(vocab.merges), range(n - 1, -1, -1)))
@@ -158,7 +169,9 @@ class Tokenizer:
         for fragment, is_special in self._specials.split(text, literal):
             if is_special:
                 ids.append(self.token_to_id[fragment])
-            elif v.model == "gpt2":
+            elif v.model in ("gpt2", "gemma4"):
+                if not self._byte_level:
+                    fragment = fragment.replace(" ", SPM_SPACE)
                 for piece in self._pre.split(fragment):
                     ids.extend(self._bpe_piece(piece))
             else:
@@ -182,8 +195,9 @@ class Tokenizer:
         cached = self._cache.get(piece)
         if cached is not None:
             return cached
-        word = "".join(BYTE_TO_UNICODE[b] for b in piece.encode("utf-8"))
-        if self._ignore_merges and word in self.token_to_id:
+        word = "".join(BYTE_TO_UNICODE[b] for b in piece.encode("utf-8")) if self._byte_level else piece
+        # (Gemma 4 takes a run of newlines whole where the vocabulary has it)
+        if (self._ignore_merges or not word.strip("\n")) and word in self.token_to_id:
             ids = [self.token_to_id[word]]
         else:
             ranks = self._ranks
@@ -192,8 +206,10 @@ class Tokenizer:
                 tid = self.token_to_id.get(sym)
                 if tid is not None:
                     ids.append(tid)
-                else:  # llama.cpp falls back to the symbol's single characters
+                elif self._byte_level:  # llama.cpp falls back to the symbol's single characters
                     ids.extend(self.token_to_id[c] for c in sym if c in self.token_to_id)
+                else:  # or its bytes' <0xXX> tokens
+                    ids.extend(self._byte_tokens[b] for b in sym.encode("utf-8") if self._byte_tokens[b] >= 0)
         if len(self._cache) < 100_000:
             self._cache[piece] = ids
         return ids
@@ -227,7 +243,7 @@ class Tokenizer:
         text, ttype = v.tokens[token_id], v.token_types[token_id]
         if ttype == TokenType.CONTROL:
             return text.encode("utf-8") if render_special else b""
-        if v.model == "gpt2":
+        if v.model == "gpt2" or ttype == TokenType.USER_DEFINED:
             if ttype == TokenType.USER_DEFINED:
                 return text.encode("utf-8")
             return bytes(UNICODE_TO_BYTE.get(c, 0x3F) for c in text)

@@ -98,3 +98,41 @@ def test_special_tokens_split_as_the_longest_match_leftmost(gemma_path):
                          else "".join(rnd.choices(alphabet, k=rnd.randint(0, 6))))
         text = "".join(parts)
         assert list(specials.split(text)) == list(reference(text)), text
+
+
+# llama.cpp's own tokenizer suite (b11434's models/ggml-vocab-*.gguf with their .inp/.out cases):
+# every vocabulary ggrun accepts gives llama.cpp's ids on every case (tokenized as its
+# test-tokenizer-0 does: no BOS/EOS, special tokens not parsed); the embedding models' vocabularies
+# are refused by name. (aquila, baichuan and gpt-neox come without cases.)
+VOCAB_SUITE = ["command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2", "llama-bpe", "llama-spm",
+               "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder"]
+REFUSED_VOCABS = {"bert-bge": "tokenizer model 'bert' is not supported",
+                  "nomic-bert-moe": "tokenizer model 't5' is not supported"}
+
+
+@pytest.mark.parametrize("name", VOCAB_SUITE)
+def test_llama_cpp_tokenizer_suite(llama_cpp_source, name):
+    path = llama_cpp_source / "models" / f"ggml-vocab-{name}.gguf"
+    tok = Tokenizer(read_vocab(GGUFFile(path)))
+    cases = path.with_suffix(".gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    expected = path.with_suffix(".gguf.out").read_text(encoding="utf-8").split("\n")
+    assert len(expected) >= len(cases) > 40
+    for text, ids in zip(cases, expected):
+        assert tok.encode(text, add_special=False, parse_special=False) == [int(i) for i in ids.split()], text
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_VOCABS))
+def test_llama_cpp_suite_vocabularies_ggrun_cannot_run_are_refused_by_name(llama_cpp_source, name):
+    from gguf_io import GGUFError
+    with pytest.raises(GGUFError, match=REFUSED_VOCABS[name]):
+        read_vocab(GGUFFile(llama_cpp_source / "models" / f"ggml-vocab-{name}.gguf"))
+
+
+def test_every_vocabulary_of_the_suite_is_covered(llama_cpp_source):
+    """Those with cases are above; those without load (and make a tokenizer) or are refused."""
+    paths = {p.name[len("ggml-vocab-"):-len(".gguf")]: p
+             for p in (llama_cpp_source / "models").glob("ggml-vocab-*.gguf")}
+    with_cases = {name for name, p in paths.items() if p.with_suffix(".gguf.inp").exists()}
+    assert with_cases <= set(VOCAB_SUITE) | set(REFUSED_VOCABS) and set(VOCAB_SUITE) <= with_cases
+    for name in set(paths) - with_cases - set(REFUSED_VOCABS):
+        assert Tokenizer(read_vocab(GGUFFile(paths[name]))).encode("Hello world") != []
