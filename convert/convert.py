@@ -31,7 +31,9 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True) -
         raise ConversionError(f"{folder} is not a folder")
     file_type = _file_type(type_name)
     hf = read_hf_model(folder)
-    tok, special = read_tokenizer(folder, hf.vocab_size, prefer_sentencepiece=hf.arch.sentencepiece_first)
+    tok, special = read_tokenizer(folder, hf.vocab_size, hf.arch.sentencepiece_first, hf.arch.special_tokens)
+    if hf.vocab_size == hf.arch.no_bos_vocab_size:
+        special["add_bos"] = False
     from .safetensors_io import Checkpoint
     ckpt = Checkpoint(folder)
 
@@ -107,7 +109,7 @@ def _tokenizer_metadata(tok, special: dict, arch) -> list:
     md.append(("tokenizer.ggml.token_type", [int(t) for t in tok.token_types], arr, GGUFValueType.INT32))
     if tok.merges is not None:
         md.append(("tokenizer.ggml.merges", tok.merges, arr, GGUFValueType.STRING))
-    for name in ("bos", "eos", "unk", "pad"):
+    for name in ("bos", "eos", "eot", "unk", "pad"):
         if name in special:
             key = "unknown" if name == "unk" else "padding" if name == "pad" else name
             md.append((f"tokenizer.ggml.{key}_token_id", special[name], GGUFValueType.UINT32, None))

@@ -53,7 +53,12 @@ class Summary:
 
 
 def typed_value(value) -> tuple[object, GGUFValueType, GGUFValueType | None]:
-    """GGUF value type for a plain Python value (ints are u32, floats f32, as llama.cpp writes)."""
+    """GGUF value type for a plain Python value (ints are u32, floats f32, as llama.cpp writes;
+    a list of one such type is an array of it)."""
+    if isinstance(value, list) and value:
+        items = {typed_value(v)[1] for v in value}
+        if len(items) == 1 and GGUFValueType.ARRAY not in items:
+            return value, GGUFValueType.ARRAY, items.pop()
     if isinstance(value, bool):
         return value, GGUFValueType.BOOL, None
     if isinstance(value, int):

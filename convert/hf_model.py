@@ -123,22 +123,24 @@ def model_from_config(cfg: dict) -> HFModel:
         md["rope.scaling.factor"] = float(scaling["factor"])
     if arch.writes_vocab_size:
         md["vocab_size"] = vocab_size
-    # a rotary share of each head below 1 (Phi-4-mini) is counted over the model's width, as llama.cpp does
-    rotary = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+    # a rotary share of each head below 1 (Phi-4-mini, GLM-4)
+    rotary = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", arch.rotary_share)))
     if arch.writes_rope_dims or rotary != 1.0:
-        md["rope.dimension_count"] = int(rotary * n_embd) // n_head if rotary != 1.0 else head_dim
-    if arch.writes_head_dims or head_dim != n_embd // n_head:
+        md["rope.dimension_count"] = int(head_dim * rotary)
+    if arch.writes_head_dims or "head_dim" in cfg or head_dim != n_embd // n_head:
         md["attention.key_length"] = head_dim
         md["attention.value_length"] = head_dim
     extra_tensors = _long_rope(cfg, rope, md, rope_type) if arch.long_rope else {}
     if arch.swa_pattern is not None:
         md["attention.sliding_window"] = int(cfg.get("sliding_window") or 0)
     if arch.swa_pattern:  # interleaved sliding and global layers (Gemma)
-        local_theta = float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0)))
-        if local_theta != 10_000.0:
-            md["rope.freq_base_swa"] = local_theta
+        local_theta = local.get("rope_theta", cfg.get("rope_local_base_freq"))
+        if local_theta is not None:
+            md["rope.freq_base_swa"] = float(local_theta)
         pattern = _sliding_window_pattern(cfg, n_layer, arch.swa_pattern)
-        if pattern != arch.swa_pattern:
+        if arch.writes_swa_layers:
+            md["attention.sliding_window_pattern"] = [i % pattern < pattern - 1 for i in range(n_layer)]
+        elif pattern != arch.swa_pattern:
             md["attention.sliding_window_pattern"] = pattern
     md.update({key: float(cfg[key]) for key in ("attn_logit_softcapping", "final_logit_softcapping") if cfg.get(key)})
     # Gemma's query scale, where llama.cpp's rule for the architecture (which files rely on) would miss it

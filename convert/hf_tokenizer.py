@@ -145,8 +145,10 @@ def _spm_from_model(path: Path, vocab_size: int) -> TokenizerData:
     return TokenizerData("llama", tokens, types, scores=scores, pre="default", add_space_prefix=add_dummy_prefix)
 
 
-def read_tokenizer(folder: Path, vocab_size: int, prefer_sentencepiece: bool) -> tuple[TokenizerData, dict]:
-    """The vocabulary and the special-token settings (ids, add_bos, chat template)."""
+def read_tokenizer(folder: Path, vocab_size: int, prefer_sentencepiece: bool,
+                   special_tokens: tuple = ()) -> tuple[TokenizerData, dict]:
+    """The vocabulary and the special-token settings (ids, add_bos, chat template);
+    special_tokens: (name, token text) pairs for ids the folder's files do not set."""
     spm, tj = folder / "tokenizer.model", folder / "tokenizer.json"
     if spm.exists() and (prefer_sentencepiece or not tj.exists()):
         tok = _spm_from_model(spm, vocab_size)
@@ -154,7 +156,12 @@ def read_tokenizer(folder: Path, vocab_size: int, prefer_sentencepiece: bool) ->
         tok = _bpe_from_json(load_json(tj), vocab_size)
     else:
         raise ConversionError("no tokenizer.json or tokenizer.model in the folder")
-    return tok, _special_settings(folder, tok)
+    special = _special_settings(folder, tok)
+    ids = {t: i for i, t in enumerate(tok.tokens)}
+    for name, text in special_tokens:  # (where the folder's files leave them unset, as llama.cpp's converter)
+        if text in ids and name not in special:
+            special[name] = ids[text]
+    return tok, special
 
 
 def _special_settings(folder: Path, tok: TokenizerData) -> dict:

@@ -31,6 +31,10 @@ class Architecture:
     norm_plus_one: bool = False       # the checkpoint stores RMSNorm weights as w - 1
     tied_by_default: bool = False     # tie_word_embeddings when config.json does not say
     rope_theta_default: float = 10000.0
+    rotary_share: float = 1.0         # the share of each head RoPE rotates, where config.json does not say
+    writes_swa_layers: bool = False   # sliding_window_pattern as one flag per layer, always
+    special_tokens: tuple[tuple[str, str], ...] = ()  # special token ids the converter sets by the token's text
+    no_bos_vocab_size: int = 0        # llama.cpp's Llama converter writes add_bos_token false at this vocabulary size
     long_rope: bool = False           # LongRoPE: short and long frequency factors, chosen by context (Phi-3)
     # the layer count of the model whose queries llama.cpp scales by 1/sqrt(n_embd / n_head), not by
     # 1/sqrt(head size) (Gemma 2 and 3 27B's query_pre_attn_scalar, which their files do not hold)
@@ -60,7 +64,8 @@ class Architecture:
 
 
 ARCHITECTURES = {a.name: a for a in (
-    Architecture("llama", MODEL_ARCH.LLAMA, ("llama", "mistral", "mixtral"), permute_qk=True,
+    # (Granite's and SmolLM's 49152-token vocabularies: llama.cpp's Llama converter adds no BOS for that size)
+    Architecture("llama", MODEL_ARCH.LLAMA, ("llama", "mistral", "mixtral"), permute_qk=True, no_bos_vocab_size=49152,
                  writes_vocab_size=True, writes_rope_dims=True, expert_weights_norm=True),
     Architecture("qwen2", MODEL_ARCH.QWEN2, ("qwen2",)),
     Architecture("qwen3", MODEL_ARCH.QWEN3, ("qwen3",), writes_head_dims=True),
@@ -69,14 +74,22 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("olmoe", MODEL_ARCH.OLMOE, ("olmoe",)),
     Architecture("olmo2", MODEL_ARCH.OLMO2, ("olmo2",)),
     Architecture("ernie4_5", MODEL_ARCH.ERNIE4_5, ("ernie4_5",)),
-    Architecture("smollm3", MODEL_ARCH.SMOLLM3, ("smollm3",), permute_qk=True, writes_vocab_size=True,
-                 writes_rope_dims=True),
-    Architecture("granite", MODEL_ARCH.GRANITE, ("granite",), permute_qk=True, writes_vocab_size=True,
-                 writes_rope_dims=True),
+    Architecture("smollm3", MODEL_ARCH.SMOLLM3, ("smollm3",), permute_qk=True, no_bos_vocab_size=49152,
+                 writes_vocab_size=True, writes_rope_dims=True),
+    Architecture("granite", MODEL_ARCH.GRANITE, ("granite",), permute_qk=True, no_bos_vocab_size=49152,
+                 writes_vocab_size=True, writes_rope_dims=True),
     Architecture("granitemoe", MODEL_ARCH.GRANITE_MOE, ("granitemoe", "granitemoeshared"), permute_qk=True,
-                 writes_vocab_size=True, writes_rope_dims=True, expert_weights_norm=True, fused_gate_up=(
+                 no_bos_vocab_size=49152, writes_vocab_size=True, writes_rope_dims=True, expert_weights_norm=True,
+                 fused_gate_up=(
                      ("block_sparse_moe.input_linear.weight", MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP),
                      ("shared_mlp.input_linear.weight", MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP))),
+    Architecture("glm4", MODEL_ARCH.GLM4, ("glm4",), rotary_share=0.5, writes_rope_dims=True, writes_head_dims=True,
+                 special_tokens=(("eos", "<|endoftext|>"), ("eot", "<|user|>"), ("unk", "<|endoftext|>"),
+                                 ("bos", "<|endoftext|>"))),
+    # (llama.cpp's graph slides EXAONE 4's layers only in its 64-layer model; ggrun wherever the file says)
+    Architecture("exaone4", MODEL_ARCH.EXAONE4, ("exaone4",), swa_pattern=4, writes_swa_layers=True,
+                 writes_vocab_size=True, writes_head_dims=True),
+    Architecture("seed_oss", MODEL_ARCH.SEED_OSS, ("seed_oss",), writes_head_dims=True),
     # (llama.cpp's graph ignores Phi-3's window, which transformers applies to every layer: ggrun follows
     # the model's definition)
     Architecture("phi3", MODEL_ARCH.PHI3, ("phi3",), swa_pattern=0, long_rope=True, writes_rope_dims=True,

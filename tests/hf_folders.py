@@ -50,7 +50,8 @@ def _gemma_tokenizer_model(gemma_gguf: Path, folder: Path, n_pieces: int) -> Non
 
 
 # the dense architectures random_folder builds
-RANDOM_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "smollm3", "ernie4_5", "phi3")
+RANDOM_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "smollm3", "ernie4_5", "phi3",
+                "glm4", "exaone4", "seed_oss")
 GEMMAS = ("gemma2", "gemma3")  # (their norms are stored as w - 1, and they read a SentencePiece tokenizer)
 
 
@@ -76,8 +77,11 @@ def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) ->
                                      "olmo2": (tf.Olmo2Config, tf.Olmo2ForCausalLM),
                                      "smollm3": (tf.SmolLM3Config, tf.SmolLM3ForCausalLM),
                                      "ernie4_5": (tf.Ernie4_5Config, tf.Ernie4_5ForCausalLM),
-                                     "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM)}[arch]
-        extra = {"head_dim": 64} if arch == "qwen3" else {}
+                                     "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM),
+                                     "glm4": (tf.Glm4Config, tf.Glm4ForCausalLM),
+                                     "exaone4": (tf.Exaone4Config, tf.Exaone4ForCausalLM),
+                                     "seed_oss": (tf.SeedOssConfig, tf.SeedOssForCausalLM)}[arch]
+        extra = {"head_dim": 64} if arch in ("qwen3", "seed_oss") else {}
         if arch == "smollm3":  # layer 3 of 4 attends without RoPE
             extra = dict(num_hidden_layers=4, pad_token_id=None)
         if arch == "granite":  # its multipliers, none of them 1
@@ -89,6 +93,11 @@ def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) ->
                          original_max_position_embeddings=64, rope_parameters=dict(
                 rope_type="longrope", rope_theta=10000.0,
                 short_factor=(1 + rng.random(24)).tolist(), long_factor=(2 + 4 * rng.random(24)).tolist()))
+        if arch == "glm4":  # RoPE on half of each head; two added tokens (below)
+            extra = dict(head_dim=64, partial_rotary_factor=0.5, vocab_size=49216, pad_token_id=None)
+        if arch == "exaone4":  # three sliding layers, then a global one without RoPE
+            extra = dict(head_dim=64, num_hidden_layers=4, sliding_window=16, sliding_window_pattern=4,
+                         pad_token_id=None)
         config = config_class(**{"vocab_size": 49152, "num_hidden_layers": 3, "tie_word_embeddings": False, **common,
                                  **extra})
     torch.manual_seed(0)
@@ -107,6 +116,11 @@ def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) ->
         if arch == "phi3":  # a byte-level BPE tokenizer, as Phi-4's folders declare it for llama.cpp's converter
             config = json.loads((folder / "tokenizer_config.json").read_text())
             (folder / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "GPT2Tokenizer"}))
+        if arch == "glm4":  # the special tokens llama.cpp's converter looks up by their text
+            from transformers import AutoTokenizer
+            tok = AutoTokenizer.from_pretrained(folder)
+            tok.add_special_tokens({"additional_special_tokens": ["<|endoftext|>", "<|user|>"]})
+            tok.save_pretrained(folder)
     return folder
 
 

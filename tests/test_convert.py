@@ -114,7 +114,8 @@ def test_long_rope_takes_its_long_factors_past_the_original_context(random_model
 # test_mixes)
 @pytest.mark.parametrize("arch", [a for a in RANDOM_ARCHS if a not in ("qwen2", "ernie4_5")])
 def test_random_models_convert_as_llama_cpp_does(random_models, llama_cpp_source, llama_cpp_tools, tmp_path, arch):
-    """F32 and Q4_K_M, tensor by tensor, as convert_hf_to_gguf.py and llama-quantize (b11434) write them."""
+    """F32 and Q4_K_M, tensor by tensor, as convert_hf_to_gguf.py and llama-quantize (b11434) write them;
+    the metadata too, but for the name and size label llama.cpp makes up and LLAMA_CPP_LACKS."""
     import os
     import subprocess
 
@@ -129,6 +130,14 @@ def test_random_models_convert_as_llama_cpp_does(random_models, llama_cpp_source
         ours = tmp_path / f"ours-{file_type}.gguf"
         convert_hf(folder, ours, file_type, progress=False)
         assert sorted(tensor_digests(ours)) == sorted(tensor_digests(reference)), file_type
+        a, b = GGUFFile(ours), GGUFFile(reference)
+        differ = {k for k in set(a.metadata) | set(b.metadata) if str(a.get(k)) != str(b.get(k))}
+        assert differ - {"general.name", "general.size_label"} == LLAMA_CPP_LACKS.get(arch, set()), file_type
+
+
+# keys ggrun writes that llama.cpp's converter leaves out: Gemma 2's query scale where
+# query_pre_attn_scalar differs from what llama.cpp's graph assumes, and its RoPE base
+LLAMA_CPP_LACKS = {"gemma2": {"gemma2.attention.scale", "gemma2.rope.freq_base"}}
 
 
 def test_a_file_with_tensors_the_graph_does_not_take_is_refused(random_models, tmp_path):

@@ -1,9 +1,10 @@
-"""What every decoder-only architecture shares: embedding, attention over the KV cache, a gated
-feed-forward, output.
+"""What every decoder-only architecture shares: embedding, blocks of attention over the KV cache
+and a gated feed-forward (dense or a mixture of experts), each branch normalized before, after or
+on both sides, output.
 
-An architecture subclasses Decoder, loads its layers from these pieces and writes `block`, the one
-place where architectures really differ. Everything else is declared: as class attributes here,
-and in its gguf_io.architectures entry (hyperparameter defaults, tensor names, conversion).
+An architecture subclasses Decoder and declares how it differs, as class attributes here and in
+its gguf_io.architectures entry (hyperparameter defaults, tensor names, conversion); a block
+that these declarations cannot describe would override `block`.
 """
 from __future__ import annotations
 
@@ -61,6 +62,19 @@ class MixtureOfExperts:
     shared_gate: object = None  # n_embd -> 1
 
 
+@dataclass
+class Layer:
+    """One block's weights. Its branches' norms (RMSNorm; None where the architecture has none):
+    before attention and the feed-forward (the Llama family), on their outputs before these join
+    the residual stream (OLMo 2, EXAONE 4), or both (Gemma 2 and 3, GLM-4)."""
+    attn: Attention
+    ffn: FeedForward | MixtureOfExperts
+    attn_norm: object = None
+    ffn_norm: object = None
+    post_attn_norm: object = None
+    post_ffn_norm: object = None
+
+
 # Attention's optional tensors: field -> (tensor, suffix)
 _ATTENTION_EXTRAS = {"bq": (T.ATTN_Q, "bias"), "bk": (T.ATTN_K, "bias"), "bv": (T.ATTN_V, "bias"),
                      "q_norm": (T.ATTN_Q_NORM, "weight"), "k_norm": (T.ATTN_K_NORM, "weight")}
@@ -71,11 +85,15 @@ def _no_rotation(x, positions) -> None:
 
 
 class Decoder:
+    pre_norms = True        # RMSNorm before attention and before the feed-forward
+    post_norms = False      # RMSNorm on each branch's output, before it joins the residual stream
+    ffn_norm_tensor = T.FFN_NORM  # the pre-feed-forward norm (gguf names it differently by architecture)
     rope_neox = False       # rotary pairing: (i, i + d/2) when True, (2i, 2i + 1) when False
     embed_scale = False     # multiply embeddings by sqrt(hidden size)
     extra_attention_tensors: tuple[str, ...] = ()  # required, of "bq", "bk", "bv", "q_norm", "k_norm"
     qk_norm_per_head = True  # the Q/K norms normalize each head; else the whole projection (OLMoE, OLMo 2)
     nope_interval = 0       # every nope_interval-th layer attends without RoPE (SmolLM3's NoPE layers); 0: none
+    nope_global_layers = False  # where some layers slide, the global ones attend without RoPE (EXAONE 4)
     gated_activation = "silu"  # of the feed-forward's gate: "silu" (SwiGLU) or "gelu" (GeGLU)
     fused_gate_up = False   # the dense feed-forward's gate and up are one matrix, ffn_up (Phi-3, GLM-4)
     kv_type = "f32"         # KV cache precision of new caches: "f32" (exact), "f16" or "q8_0" (less memory)
@@ -94,11 +112,36 @@ class Decoder:
         self.rope_factors = (freqs, freqs) if freqs is not None or long is None else (short, long)
         self.layers = [self.load_layer(weights, i) for i in range(p.n_layer)]
 
-    def load_layer(self, weights: WeightLoader, i: int):
-        raise NotImplementedError
+    def load_layer(self, weights: WeightLoader, i: int) -> Layer:
+        n = self.params.n_embd
 
-    def block(self, layer, x, batch: Batch, cache: KVCache, i: int):
-        raise NotImplementedError
+        def norm(tensor, present: bool):
+            return weights.vector(tensor, n, i) if present else None
+        return Layer(self.load_attention(weights, i), self.load_feed_forward(weights, i),
+                     attn_norm=norm(T.ATTN_NORM, self.pre_norms), ffn_norm=norm(self.ffn_norm_tensor, self.pre_norms),
+                     post_attn_norm=norm(T.ATTN_POST_NORM, self.post_norms),
+                     post_ffn_norm=norm(T.FFN_POST_NORM, self.post_norms))
+
+    def block(self, layer: Layer, x, batch: Batch, cache: KVCache, i: int):
+        a = self.attention(layer.attn, self.norm(x, layer.attn_norm), batch, cache, i)
+        x = x + self.branch(a, layer.post_attn_norm)
+        f = self.feed_forward(layer.ffn, self.norm(x, layer.ffn_norm))
+        return x + self.branch(f, layer.post_ffn_norm)
+
+    def norm(self, x, weight):
+        return x if weight is None else self.backend.rms_norm(x, weight, self.params.rms_eps)
+
+    def branch(self, y, post_norm):
+        """A branch's output as it joins the residual stream: normalized where the block has
+        post-norms, scaled where the file gives a residual multiplier (Granite)."""
+        y = self.norm(y, post_norm)
+        return y * np.float32(self.params.residual_scale) if self.params.residual_scale else y
+
+    def rotates(self, i: int) -> bool:
+        """Whether layer i applies RoPE (not on NoPE layers)."""
+        if self.nope_interval and (i + 1) % self.nope_interval == 0:
+            return False
+        return not (self.nope_global_layers and self.params.layer_windows[i] == 0 and any(self.params.layer_windows))
 
     def load_attention(self, weights: WeightLoader, i: int) -> Attention:
         """Layer i's attention, with the extras the architecture declares, at its sliding window
@@ -208,7 +251,7 @@ class Decoder:
         q = q.reshape(n, p.n_head, p.head_dim)
         k = k.reshape(n, p.n_head_kv, p.head_dim)
         v = v.reshape(n, p.n_head_kv, p.value_dim)
-        if self.nope_interval and (i + 1) % self.nope_interval == 0:
+        if not self.rotates(i):
             rotate = _no_rotation  # (a NoPE layer's pinned keys stay as they are in the ring too)
         else:
             rotate = partial(be.rope, n_rot=p.rope_dim, base=a.rope_base, pos_scale=a.rope_scale,
