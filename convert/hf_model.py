@@ -106,7 +106,7 @@ def model_from_config(cfg: dict) -> HFModel:
         local = {}
     scaling = cfg.get("rope_scaling") or rope
     rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
-    if rope_type not in ("default", "linear") + (("longrope", "su") if arch.long_rope else ()):
+    if rope_type not in ("default", "linear", "yarn") + (("longrope", "su") if arch.long_rope else ()):
         raise ConversionError(f"RoPE scaling {rope_type!r} is not supported")
     md = {
         "context_length": int(cfg.get("max_position_embeddings", 2048)),
@@ -121,6 +121,8 @@ def model_from_config(cfg: dict) -> HFModel:
     if rope_type == "linear":
         md["rope.scaling.type"] = "linear"
         md["rope.scaling.factor"] = float(scaling["factor"])
+    if rope_type == "yarn" and scaling.get("factor") is not None:
+        md.update(_yarn(scaling, arch))
     if arch.writes_vocab_size:
         md["vocab_size"] = vocab_size
     # a rotary share of each head below 1 (Phi-4-mini, GLM-4)
@@ -156,6 +158,22 @@ def model_from_config(cfg: dict) -> HFModel:
     tied = bool(cfg.get("tie_word_embeddings", arch.tied_by_default))
     return HFModel(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, vocab_size, tied, md, n_expert,
                    extra_tensors)
+
+
+def _yarn(rope: dict, arch: Architecture) -> dict:
+    """YaRN's keys, as llama.cpp's converter writes them (and, for Ministral 3, its log multiplier
+    and Llama 4's query temperature)."""
+    md = {"rope.scaling.type": "yarn", "rope.scaling.factor": float(rope["factor"]),
+          "rope.scaling.original_context_length": int(rope["original_max_position_embeddings"])}
+    for name, key in (("extrapolation_factor", "yarn_ext_factor"), ("attention_factor", "yarn_attn_factor"),
+                      ("attn_factor", "yarn_attn_factor"), ("beta_fast", "yarn_beta_fast"),
+                      ("beta_slow", "yarn_beta_slow")):
+        if rope.get(name) is not None and f"rope.scaling.{key}" not in md:
+            md[f"rope.scaling.{key}"] = float(rope[name])
+    if arch.llama4_temperature:
+        md["rope.scaling.yarn_log_multiplier"] = float(rope["mscale_all_dim"])
+        md["attention.temperature_scale"] = float(rope["llama_4_scaling_beta"])
+    return md
 
 
 def _long_rope(cfg: dict, rope: dict, md: dict, rope_type: str) -> dict:

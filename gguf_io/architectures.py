@@ -35,6 +35,7 @@ class Architecture:
     writes_swa_layers: bool = False   # sliding_window_pattern as one flag per layer, always
     special_tokens: tuple[tuple[str, str], ...] = ()  # special token ids the converter sets by the token's text
     no_bos_vocab_size: int = 0        # llama.cpp's Llama converter writes add_bos_token false at this vocabulary size
+    llama4_temperature: bool = False  # YaRN's log multiplier and Llama 4's query temperature (Ministral 3)
     long_rope: bool = False           # LongRoPE: short and long frequency factors, chosen by context (Phi-3)
     # the layer count of the model whose queries llama.cpp scales by 1/sqrt(n_embd / n_head), not by
     # 1/sqrt(head size) (Gemma 2 and 3 27B's query_pre_attn_scalar, which their files do not hold)
@@ -67,6 +68,8 @@ ARCHITECTURES = {a.name: a for a in (
     # (Granite's and SmolLM's 49152-token vocabularies: llama.cpp's Llama converter adds no BOS for that size)
     Architecture("llama", MODEL_ARCH.LLAMA, ("llama", "mistral", "mixtral"), permute_qk=True, no_bos_vocab_size=49152,
                  writes_vocab_size=True, writes_rope_dims=True, expert_weights_norm=True),
+    Architecture("mistral3", MODEL_ARCH.MISTRAL3, ("ministral3",), permute_qk=True, no_bos_vocab_size=49152,
+                 writes_vocab_size=True, writes_rope_dims=True, llama4_temperature=True),
     Architecture("qwen2", MODEL_ARCH.QWEN2, ("qwen2",)),
     Architecture("qwen3", MODEL_ARCH.QWEN3, ("qwen3",), writes_head_dims=True),
     Architecture("qwen2moe", MODEL_ARCH.QWEN2MOE, ("qwen2_moe",)),

@@ -26,7 +26,7 @@ class ModelParams:
     rope_dim: int          # leading dimensions of each head that RoPE rotates
     rope_base: float
     rope_scale: float      # linear position scaling: positions are divided by this
-    rope_attn_factor: float  # RoPE's magnitude scaling of queries and keys (LongRoPE's long-context factor)
+    rope_attn_factor: float  # RoPE's magnitude scaling of the rotated dimensions (LongRoPE's and YaRN's)
     rope_orig_context: int   # the context the model was trained at before RoPE scaling
     rms_eps: float
     context_length: int
@@ -44,6 +44,13 @@ class ModelParams:
     expert_gating: str = "softmax"  # router logits -> probabilities: "softmax" or "sigmoid"
     expert_weights_norm: bool = False  # renormalize the chosen experts' probabilities to sum to 1
     expert_weights_scale: float = 1.0
+    # YaRN (yarn_factor 0: none): frequencies between interpolation by the factor and extrapolation,
+    # ramped over the dimensions between the beta_fast and beta_slow rotation counts
+    yarn_factor: float = 0.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_ext_factor: float = 1.0
+    attn_temp_scale: float = 0.0  # Llama 4's query temperature per position (Ministral 3; 0: none)
     # Granite's multipliers (0: none; attention_scale 0: 1 / sqrt(head_dim); Gemma's query scale is one)
     embedding_scale: float = 0.0
     residual_scale: float = 0.0
@@ -86,6 +93,10 @@ def _sliding_layers(value, n_layer: int, where: str) -> tuple[bool, ...]:
     return tuple(n == 0 or i % n < n - 1 for i in range(n_layer))
 
 
+def _yarn_mscale(factor: float, mul: float = 1.0) -> float:
+    return 1.0 if factor <= 1.0 else 0.1 * mul * math.log(factor) + 1.0
+
+
 def read_params(f: GGUFFile) -> ModelParams:
     """The hyperparameters of any architecture's file (info and quantize read those ggrun does not
     run), with the defaults of the options its declaration sets, where ggrun knows it."""
@@ -111,9 +122,20 @@ def read_params(f: GGUFFile) -> ModelParams:
                         f"heads {n_head}/{n_head_kv}, ffn {n_ff})")
     head_dim = int(get(Keys.Attention.KEY_LENGTH, n_embd // n_head))
     scaling = get(Keys.Rope.SCALING_TYPE, "none")
-    if scaling not in ("none", "linear"):
+    if scaling not in ("none", "linear", "yarn"):
         raise GGUFError(f"{f.path.name}: RoPE scaling {scaling!r} is not supported")
-    rope_scale = float(get(Keys.Rope.SCALING_FACTOR, 1.0)) if scaling == "linear" else 1.0
+    factor = float(get(Keys.Rope.SCALING_FACTOR, 1.0)) or 1.0
+    rope_scale = factor if scaling == "linear" else 1.0
+    yarn_factor = factor if scaling == "yarn" else 0.0
+    # the magnitude RoPE gives the rotated dimensions, as llama.cpp's context derives it
+    magnitude = float(get(Keys.Rope.SCALING_ATTN_FACTOR, 1.0))
+    ext_factor = float(get(Keys.Rope.SCALING_YARN_EXT_FACTOR, -1.0))  # (negative: unset, 1 under YaRN)
+    ext_factor = (1.0 if ext_factor < 0 else ext_factor) if yarn_factor else 0.0
+    if yarn_factor:
+        log_mul = float(get(Keys.Rope.SCALING_YARN_LOG_MUL, 0.0))
+        magnitude *= _yarn_mscale(yarn_factor) / (_yarn_mscale(yarn_factor, log_mul) if log_mul else 1.0)
+    else:
+        magnitude *= float(get(Keys.Rope.SCALING_YARN_ATTN_FACTOR, 1.0))
     rope_base = float(get(Keys.Rope.FREQ_BASE, 10000.0))
     n_expert = int(get(Keys.LLM.EXPERT_COUNT, 0))
     n_expert_used = int(get(Keys.LLM.EXPERT_USED_COUNT, 0)) if n_expert else 0
@@ -135,7 +157,7 @@ def read_params(f: GGUFFile) -> ModelParams:
         rope_dim=int(get(Keys.Rope.DIMENSION_COUNT, head_dim)),
         rope_base=rope_base,
         rope_scale=rope_scale or 1.0,
-        rope_attn_factor=float(get(Keys.Rope.SCALING_ATTN_FACTOR, 1.0)),
+        rope_attn_factor=magnitude,
         rope_orig_context=int(get(Keys.Rope.SCALING_ORIG_CTX_LEN, 0)) or context_length,
         rms_eps=float(get(Keys.Attention.LAYERNORM_RMS_EPS, 1e-5)),
         context_length=context_length,
@@ -154,6 +176,11 @@ def read_params(f: GGUFFile) -> ModelParams:
         expert_weights_scale=float(get(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0)) or 1.0,
         embedding_scale=float(get(Keys.LLM.EMBEDDING_SCALE, 0.0)),
         residual_scale=float(get(Keys.LLM.RESIDUAL_SCALE, 0.0)),
+        yarn_factor=yarn_factor,
+        yarn_beta_fast=float(get(Keys.Rope.SCALING_YARN_BETA_FAST, 32.0)),
+        yarn_beta_slow=float(get(Keys.Rope.SCALING_YARN_BETA_SLOW, 1.0)),
+        yarn_ext_factor=ext_factor,
+        attn_temp_scale=float(get(Keys.Attention.TEMPERATURE_SCALE, 0.0)),
         attention_scale=float(get(Keys.Attention.SCALE, 0.0)) or (
             1.0 / math.sqrt(n_embd // n_head) if arch and n_layer == arch.wide_query_scale_layers else 0.0),
         logit_scale=float(get(Keys.LLM.LOGIT_SCALE, 0.0)),

@@ -51,7 +51,7 @@ def _gemma_tokenizer_model(gemma_gguf: Path, folder: Path, n_pieces: int) -> Non
 
 # the dense architectures random_folder builds
 RANDOM_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "smollm3", "ernie4_5", "phi3",
-                "glm4", "exaone4", "seed_oss")
+                "glm4", "exaone4", "seed_oss", "mistral3")
 GEMMAS = ("gemma2", "gemma3")  # (their norms are stored as w - 1, and they read a SentencePiece tokenizer)
 
 
@@ -80,7 +80,8 @@ def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) ->
                                      "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM),
                                      "glm4": (tf.Glm4Config, tf.Glm4ForCausalLM),
                                      "exaone4": (tf.Exaone4Config, tf.Exaone4ForCausalLM),
-                                     "seed_oss": (tf.SeedOssConfig, tf.SeedOssForCausalLM)}[arch]
+                                     "seed_oss": (tf.SeedOssConfig, tf.SeedOssForCausalLM),
+                                     "mistral3": (tf.Ministral3Config, tf.Ministral3ForCausalLM)}[arch]
         extra = {"head_dim": 64} if arch in ("qwen3", "seed_oss") else {}
         if arch == "smollm3":  # layer 3 of 4 attends without RoPE
             extra = dict(num_hidden_layers=4, pad_token_id=None)
@@ -98,6 +99,10 @@ def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) ->
         if arch == "exaone4":  # three sliding layers, then a global one without RoPE
             extra = dict(head_dim=64, num_hidden_layers=4, sliding_window=16, sliding_window_pattern=4,
                          pad_token_id=None)
+        if arch == "mistral3":  # YaRN with a magnitude other than 1, query temperatures past position 16
+            extra = dict(head_dim=64, pad_token_id=None, rope_parameters=dict(
+                rope_type="yarn", rope_theta=1_000_000.0, factor=16.0, original_max_position_embeddings=16,
+                beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=0.5, llama_4_scaling_beta=0.1))
         config = config_class(**{"vocab_size": 49152, "num_hidden_layers": 3, "tie_word_embeddings": False, **common,
                                  **extra})
     torch.manual_seed(0)

@@ -140,6 +140,35 @@ def test_random_models_convert_as_llama_cpp_does(random_models, llama_cpp_source
 LLAMA_CPP_LACKS = {"gemma2": {"gemma2.attention.scale", "gemma2.rope.freq_base"}}
 
 
+# where llama.cpp's graph computes another function than the model's definition, which ggrun follows:
+# it ignores Phi-3's window, slides EXAONE 4's layers only in the 64-layer model, and scales Gemma 2's
+# queries by the head size whatever query_pre_attn_scalar says (the test model's differs)
+LLAMA_CPP_DIFFERS = ("phi3", "exaone4", "gemma2")
+
+
+@pytest.mark.parametrize("arch", [a for a in RANDOM_ARCHS if a not in LLAMA_CPP_DIFFERS])
+def test_llama_cpp_computes_ggruns_files_alike(random_models, llama_cpp_tools, tmp_path, arch):
+    """llama.cpp loads ggrun's F32 file of each architecture and its perplexity over 128-token
+    windows (past every sliding window, YaRN's original context and the query temperature's
+    period of the test models) is ggrun's: both exact (F32 cache, no flash attention's float16)."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    from runner.load import load_model
+    from runner.perplexity import perplexity
+    out, text = tmp_path / f"{arch}.gguf", (Path(__file__).parent.parent / "README.md").read_text()[:6000]
+    convert_hf(random_models[arch], out, "F32", progress=False)
+    (tmp_path / "text.txt").write_text(text)
+    r = subprocess.run([llama_cpp_tools / "llama-perplexity", "-m", out, "-f", tmp_path / "text.txt", "-c", "128",
+                        "-t", "2", "-fa", "off", "-ctk", "f32", "-ctv", "f32"], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    theirs = float(re.search(r"Final estimate: PPL = ([0-9.]+)", r.stderr + r.stdout).group(1))
+    ours = perplexity(load_model(out), text, 128, progress=False).ppl
+    assert abs(ours / theirs - 1) < 1e-4, (ours, theirs)
+
+
 def test_a_file_with_tensors_the_graph_does_not_take_is_refused(random_models, tmp_path):
     """ERNIE 4.5 with biases on every projection converts, but neither llama.cpp's graph nor
     ggrun's takes the feed-forward's biases: the file is refused, naming one, not run without them."""

@@ -17,4 +17,5 @@ from .smollm3 import SmolLM3
 # "llama") runs its model: the decoder loads a mixture wherever a layer has a router.
 MODELS = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3, "gemma3": Gemma3, "qwen2moe": Qwen2, "qwen3moe": Qwen3,
           "olmoe": OLMoE, "olmo2": OLMo2, "smollm3": SmolLM3, "ernie4_5": Llama, "granite": Llama, "granitemoe": Llama,
-          "phi3": Phi3, "gemma2": Gemma2, "glm4": GLM4, "exaone4": EXAONE4, "seed_oss": SeedOSS}
+          "phi3": Phi3, "gemma2": Gemma2, "glm4": GLM4, "exaone4": EXAONE4, "seed_oss": SeedOSS,
+          "mistral3": Llama}

@@ -80,6 +80,19 @@ _ATTENTION_EXTRAS = {"bq": (T.ATTN_Q, "bias"), "bk": (T.ATTN_K, "bias"), "bv": (
                      "q_norm": (T.ATTN_Q_NORM, "weight"), "k_norm": (T.ATTN_K_NORM, "weight")}
 
 
+def yarn_frequency_factors(p: ModelParams) -> np.ndarray:
+    """YaRN as divisors of RoPE's frequencies (one per rotated pair), as ggml's rope computes it:
+    interpolated (divided by the factor) below the dimensions that turn beta_slow times over the
+    original context, extrapolated (unchanged) above those that turn beta_fast times, ramped between."""
+    def dimension(rotations):
+        return p.rope_dim * math.log(p.rope_orig_context / (rotations * 2 * math.pi)) / (2 * math.log(p.rope_base))
+    low = max(0.0, math.floor(dimension(p.yarn_beta_fast)))
+    high = min(p.rope_dim - 1.0, math.ceil(dimension(p.yarn_beta_slow)))
+    ramp = 1 - np.clip((np.arange(p.rope_dim // 2) - low) / max(0.001, high - low), 0, 1)
+    mix = ramp * p.yarn_ext_factor
+    return (1 / ((1 - mix) / p.yarn_factor + mix)).astype(np.float32)
+
+
 def _no_rotation(x, positions) -> None:
     """The rotation of a layer without positional encoding."""
 
@@ -110,6 +123,9 @@ class Decoder:
         freqs = weights.optional_vector(T.ROPE_FREQS, p.rope_dim // 2)
         short, long = (weights.optional_vector(t, p.rope_dim // 2) for t in (T.ROPE_FACTORS_SHORT, T.ROPE_FACTORS_LONG))
         self.rope_factors = (freqs, freqs) if freqs is not None or long is None else (short, long)
+        if p.yarn_factor:  # (YaRN's interpolation is a factor per frequency too)
+            yarn = backend.asarray(yarn_frequency_factors(p))
+            self.rope_factors = tuple(yarn if f is None else f * yarn for f in self.rope_factors)
         self.layers = [self.load_layer(weights, i) for i in range(p.n_layer)]
 
     def load_layer(self, weights: WeightLoader, i: int) -> Layer:
@@ -136,6 +152,14 @@ class Decoder:
         post-norms, scaled where the file gives a residual multiplier (Granite)."""
         y = self.norm(y, post_norm)
         return y * np.float32(self.params.residual_scale) if self.params.residual_scale else y
+
+    def query_temperature(self, positions):
+        """Llama 4's attention temperature (Ministral 3): each query scaled by
+        1 + scale * ln(1 + floor(position / original context)); None where that is 1 for all."""
+        p = self.params
+        if not p.attn_temp_scale or positions.max() < p.rope_orig_context:
+            return None
+        return (1 + p.attn_temp_scale * np.log1p(np.floor(positions / p.rope_orig_context))).astype(np.float32)
 
     def rotates(self, i: int) -> bool:
         """Whether layer i applies RoPE (not on NoPE layers)."""
@@ -211,8 +235,10 @@ class Decoder:
         batch = cache.reserve(tokens)
         # A one-token step is the same computation every time, up to the batch's values, so a
         # backend may record it once and replay it; not while the ring moves the pinned keys,
-        # which the host drives.
-        replayable = len(tokens) == 1 and not all_logits and not cache.rotates_pinned
+        # which the host drives, nor where queries get a temperature other than 1 (a recorded
+        # step has none).
+        replayable = (len(tokens) == 1 and not all_logits and not cache.rotates_pinned
+                      and self.query_temperature(batch.positions) is None)
         compute = partial(self._compute, cache=cache, all_logits=all_logits)
         return self.backend.to_numpy(self.backend.run(compute, batch, cache.replays if replayable else None))
 
@@ -259,6 +285,10 @@ class Decoder:
             # (the magnitude scales the rotated dimensions once: not again where the ring moves keys)
             rotate(q, batch.positions, magnitude=p.rope_attn_factor)
             rotate(k, batch.positions, magnitude=p.rope_attn_factor)
+        # (the batch's positions from the cache's count: the host's, where the batch's may be a device's)
+        temperature = self.query_temperature(np.arange(cache.used - n, cache.used)) if p.attn_temp_scale else None
+        if temperature is not None:
+            q = q * be.asarray(temperature[:, None, None])
         keys, values, key_pos = cache.store(i, k, v, batch, rotate)
         out = be.attention(q, keys, values, batch.positions, key_pos, p.attention_scale or 1.0 / math.sqrt(p.head_dim),
                            a.window, p.attn_softcap)
