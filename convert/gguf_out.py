@@ -87,7 +87,7 @@ def write_gguf(path: Path, arch: str, metadata: list[tuple[str, object, GGUFValu
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        if progress and any(t.type in BLOCK_TYPES and not t.quantized for t in tensors) and not quantizers_compiled():
+        if progress and not quantizers_compiled({t.type for t in tensors if t.type in BLOCK_TYPES and not t.quantized}):
             print("compiling the Numba quantizers (first conversion only; cached for later runs)...", file=sys.stderr)
         for t in tqdm(tensors, desc="quantizing", unit="tensor", disable=not progress):
             if t.quantized:

@@ -5,12 +5,11 @@ Byte equality needs llama.cpp's float32 arithmetic step by step: every constant 
 integer operands are converted where C converts them, nothing runs with fastmath, and rounding
 follows C (nearest_int: to even; roundf: half away from zero; casts: toward zero).
 """
-from pathlib import Path
-
 import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
-from numba import njit, prange
+from numba import literally, njit, prange, types
+from numba.extending import overload
 
 from gguf_io.quant_types import BLOCK_TYPES
 from kernels_cpu.blocks import F16_TABLE, quantize_q8_0
@@ -479,45 +478,43 @@ def _q6_k(x, out):  # ql[128] qh[64] scales[16] d
                                                 | ((L[j + l + 64] >> 4) << 4) | ((L[j + l + 96] >> 4) << 6))
 
 
-_Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0 = int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1), int(T.Q8_0)
-_Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = int(T.Q2_K), int(T.Q3_K), int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
+# block quantizer by type: compiled only into the row loops of the types a conversion writes
+_BLOCK_QUANTIZERS = {int(T.Q4_0): _q4_0, int(T.Q4_1): _q4_1, int(T.Q5_0): _q5_0, int(T.Q5_1): _q5_1,
+                     int(T.Q8_0): _q8_0, int(T.Q2_K): _q2_k, int(T.Q3_K): _q3_k, int(T.Q4_K): _q4_k,
+                     int(T.Q5_K): _q5_k, int(T.Q6_K): _q6_k}
+
+
+def _quantize_block(qtype, x, out):
+    """x (one block) into out as qtype, in compiled code only: resolved as _quantize_rows is
+    compiled for one type (qtype a literal there)."""
+    raise NotImplementedError
+
+
+@overload(_quantize_block)
+def _typed_quantize_block(qtype, x, out):
+    if not isinstance(qtype, types.IntegerLiteral):
+        return None  # (Numba asks again with the literal type)
+    quantize_block = _BLOCK_QUANTIZERS[qtype.literal_value]
+    return lambda qtype, x, out: quantize_block(x, out)
 
 
 @njit(cache=True, parallel=True)
 def _quantize_rows(qtype, x, out, block, block_bytes):
+    literally(qtype)  # (one compiled loop per type, each cached on its own)
     for r in prange(x.shape[0]):
         for b in range(x.shape[1] // block):
-            xb = x[r, b * block:(b + 1) * block]
-            ob = out[r, b * block_bytes:(b + 1) * block_bytes]
-            if qtype == _Q4_0:
-                _q4_0(xb, ob)
-            elif qtype == _Q4_1:
-                _q4_1(xb, ob)
-            elif qtype == _Q5_0:
-                _q5_0(xb, ob)
-            elif qtype == _Q5_1:
-                _q5_1(xb, ob)
-            elif qtype == _Q8_0:
-                _q8_0(xb, ob)
-            elif qtype == _Q2_K:
-                _q2_k(xb, ob)
-            elif qtype == _Q3_K:
-                _q3_k(xb, ob)
-            elif qtype == _Q4_K:
-                _q4_k(xb, ob)
-            elif qtype == _Q5_K:
-                _q5_k(xb, ob)
-            elif qtype == _Q6_K:
-                _q6_k(xb, ob)
+            _quantize_block(qtype, x[r, b * block:(b + 1) * block], out[r, b * block_bytes:(b + 1) * block_bytes])
 
 
-def quantizers_compiled() -> bool:
-    """False when quantizing to a block type would compile the quantizers first (~40 s: no cache
-    index of _quantize_rows on disk yet)."""
+def quantizers_compiled(qtypes) -> bool:
+    """False when quantizing to one of qtypes would compile its quantizer first (seconds each: no
+    entry for that type in Numba's cache index of _quantize_rows yet)."""
     try:
-        return Path(_quantize_rows._cache._cache_file._index_path).exists()  # (Numba's own cache index)
-    except AttributeError:
+        index = _quantize_rows._cache._cache_file._load_index()  # (Numba's own cache index)
+    except (AttributeError, OSError, EOFError, ValueError):
         return True
+    compiled = {getattr(key[0][0], "literal_value", None) for key in index}
+    return all(int(t) in compiled for t in qtypes)
 
 
 def quantize(x: np.ndarray, qtype: T) -> np.ndarray:

@@ -196,9 +196,13 @@ def test_ring_prefill_keeps_batches(smollm):
     assert cache.batch_limit(100) == 31
 
 
-def test_first_conversion_says_it_compiles(tmp_path):
-    code = "from convert.quants import quantizers_compiled as q; print(q())"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+def test_first_conversion_says_it_compiles_and_compiles_only_its_types(tmp_path):
+    """A fresh cache has no quantizer; quantizing to Q8_0 compiles Q8_0's alone (and caches it)."""
+    code = ("import numpy as np; from gguf import GGMLQuantizationType as T;"
+            "from convert.quants import quantize, quantizers_compiled as q;"
+            "print(q([T.Q8_0])); quantize(np.ones((2, 64), np.float32), T.Q8_0);"
+            "print(q([T.Q8_0]), q([T.Q4_K]), q([T.Q8_0, T.Q4_K]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={"NUMBA_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin",
                             "PYTHONPATH": str(Path(__file__).parents[1])})
-    assert r.stdout.split() == ["False"], r.stderr
+    assert r.stdout.split() == ["False", "True", "False", "False"], r.stderr
