@@ -124,7 +124,10 @@ def _tokenizer_metadata(tok, special: dict, arch) -> list:
     return md
 
 
-def requantize(src: Path, out: Path, type_name: str, progress: bool = True) -> Summary:
+def requantize(src: Path, out: Path, type_name: str, progress: bool = True, allow_requantize: bool = False) -> Summary:
+    """src's weights as type_name. A quantized tensor is widened back to a float type, or, with
+    allow_requantize (llama-quantize's --allow-requantize), quantized again from its values (a
+    loss on top of the first: a self-draft's weights, not a file to publish)."""
     from gguf.quants import dequantize
     file_type = _file_type(type_name)
     if Path(out).exists() and Path(out).samefile(src):  # also through another path or a link
@@ -137,7 +140,8 @@ def requantize(src: Path, out: Path, type_name: str, progress: bool = True) -> S
     for name in llama_quantize_order(f.tensors):  # written in that order too, as llama-quantize writes
         t, new_type = f.tensors[name], types[name]
         # (a quantized tensor may be widened back to a float type, not quantized again)
-        if t.type != new_type and t.type.name not in ("F32", "F16", "BF16") and new_type.name not in ("F32", "F16", "BF16"):
+        if (t.type != new_type and t.type.name not in ("F32", "F16", "BF16")
+                and new_type.name not in ("F32", "F16", "BF16") and not allow_requantize):
             raise GGUFError(f"tensor {name} is already quantized ({t.type.name}); requantize from F32, F16 or BF16")
         load = (lambda n=name, tt=t: dequantize(f.tensor_bytes(n).reshape(-1), tt.type)
                 .astype(np.float32).reshape(tuple(reversed(tt.shape))))

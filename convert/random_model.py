@@ -6,7 +6,8 @@ Tensor types come from the same mix chooser as `ggrun convert` (Q4_K_M: Q6_K out
 some attn_v and ffn_down, Q4_K elsewhere). Quantizing billions of random weights would take
 minutes and say nothing more, so each (row length, type) is quantized once for ROWS rows and
 those blocks are repeated down the tensor: every byte is a valid block, the model runs, and its
-text is noise.
+text is noise. (Small test models take tiled=False: repeated output rows would give tokens equal
+logits, and greedy choices between them would rest on rounding.)
 """
 from __future__ import annotations
 
@@ -82,11 +83,13 @@ def _tensor_shapes(s: LlamaShape) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def write_random_llama(path: Path, shape: LlamaShape = SHAPE_7B, type_name: str = "Q4_K_M",
-                       seed: int = 0, progress: bool = True) -> Summary:
+                       seed: int = 0, progress: bool = True, tiled: bool = True) -> Summary:
     rng = np.random.default_rng(seed)
     blocks: dict = {}  # (row length, type) -> ROWS quantized rows
 
     def quantized_rows(n_cols, qtype, n_rows):
+        if not tiled:
+            return quantize(rng.standard_normal((n_rows, n_cols), dtype=np.float32) * 0.02, qtype)
         key = (n_cols, qtype)
         if key not in blocks:
             blocks[key] = quantize(rng.standard_normal((ROWS, n_cols), dtype=np.float32) * 0.02, qtype)

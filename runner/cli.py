@@ -19,6 +19,7 @@ from .chat_template import ChatTemplateError
 from .generate import ModelOutputError, PromptError
 from .kv_cache import DEFAULT_CONTEXT, ContextFullError
 from .registry import MODELS, RegistryError
+from .speculative import DraftError
 
 
 class InputError(Exception):
@@ -26,7 +27,7 @@ class InputError(Exception):
 
 
 USER_ERRORS = (GGUFError, ContextFullError, RegistryError, ConversionError, ChatTemplateError, BackendError,
-               ModelOutputError, PromptError, InputError, OSError)
+               ModelOutputError, PromptError, InputError, DraftError, OSError)
 
 
 class Command(click.Command):
@@ -147,10 +148,30 @@ def _system_text(system: str | None, system_file: str | None) -> str | None:
     return _read_text(system_file) if system_file is not None else system
 
 
+draft_options = _options(
+    click.option("-md", "--draft", "draft", help="Speculative decoding with a draft model of the same vocabulary "
+                                                 "(a GGUF path or a registry name), or self:TYPE (e.g. self:Q4_0): "
+                                                 "this model's own weights quantized to TYPE, made once and cached."),
+    click.option("--lookup", type=click.IntRange(0), default=0,
+                 help="Speculative decoding without a second model: draft what followed the last N tokens "
+                      "where they occurred before in the prompt or output."),
+    click.option("--draft-max", type=click.IntRange(1), default=16, show_default=True,
+                 help="Most tokens drafted per target pass (the CPU verifies up to 8 tokens at once: 7 at most)."),
+    click.option("--draft-min", type=click.IntRange(0), default=0, show_default=True,
+                 help="Fewest tokens drafted per target pass (where a draft is made at all)."),
+    click.option("--draft-p-min", type=click.FloatRange(0, 1), default=0.75, show_default=True,
+                 help="A draft model stops drafting where its top probability falls below this."))
+
 system_options = _options(
     click.option("-sys", "--system-prompt", "--system", "system", help="System prompt."),
     click.option("--system-prompt-file", "system_file", type=click.Path(dir_okay=False),
                  help="Read the system prompt from a file."))
+
+
+def speculation_line(s) -> str:
+    return (f"draft: {s.accepted} of {s.proposed} drafted tokens accepted (acceptance {s.acceptance:.3f}), "
+            f"{s.tokens_per_pass:.2f} tokens per target pass over {s.passes} passes "
+            f"(expected at draft length {s.draft_max}: {s.expected_tokens_per_pass():.2f})")
 
 
 @click.group()
@@ -195,11 +216,12 @@ def _say_once(message: str):
 @threads_option
 @kv_type_option
 @device_option
+@draft_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
 @click.option("--timings", is_flag=True, help="Print where the time before the first token went.")
 def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k, top_p, min_p, repeat_penalty,
         repeat_last_n, presence_penalty, frequency_penalty, seed, stops, ignore_eos, special, ctx_size, ring,
-        threads, kv_type, device, precise, as_json, timings):
+        threads, kv_type, device, precise, draft, lookup, draft_max, draft_min, draft_p_min, as_json, timings):
     """Complete a prompt with MODEL (a GGUF path or a registry name)."""
     from .startup import StartupTimes
     times = StartupTimes()
@@ -212,6 +234,13 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k,
     system = _system_text(system, system_file)
     lm = _load(model, threads, kv_type, times, device, ctx_size, precise, prefill=False)
     session = Session.new(lm, ctx_size, ring=ring)
+    if draft or lookup:
+        from .registry import resolve
+        from .speculative import make_drafter
+        session.drafter = make_drafter(lm, draft, lookup, session.cache.n_ctx, ring, draft_p_min, lambda path: _load(
+            resolve(str(path)), threads, kv_type, None, device, ctx_size, precise))
+        session.draft_max, session.draft_min = draft_max, draft_min
+        times.mark("draft")
     ids = session.prompt_ids(prompt, system, special)
     if len(ids) > lm.backend.few_tokens and warm_prefill(lm, resolve_device(device), kv_type, _say_once):
         times.mark("prefill kernels")
@@ -237,12 +266,15 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k,
             "generated_tokens": stats.generated_tokens, "token_ids": stats.tokens,
             "token_logprobs": stats.logprobs, "stop_reason": stats.stop_reason,
             "time_to_first_token_s": stats.time_to_first_token_s,
-            "prefill_tok_s": stats.prefill_tok_s, "decode_tok_s": stats.decode_tok_s}))
+            "prefill_tok_s": stats.prefill_tok_s, "decode_tok_s": stats.decode_tok_s,
+            **(session.speculation.as_dict() if session.drafter else {})}))
     else:
         click.echo()
         click.echo(f"\nprompt: {stats.prompt_tokens} tokens, time to first token {stats.time_to_first_token_s:.3f} s, "
                    f"prefill {stats.prefill_tok_s:.1f} tok/s, decode {stats.decode_tok_s:.1f} tok/s "
                    f"({stats.generated_tokens} tokens, stop: {stats.stop_reason})", err=True)
+        if session.drafter and timings:
+            click.echo(speculation_line(session.speculation), err=True)
 
 
 @main.command(cls=Command)

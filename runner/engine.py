@@ -11,6 +11,7 @@ from .generate import GenerationStats, PromptError, generate, truncate_prompt
 from .kv_cache import SINK_TOKENS, ContextFullError, KVCache
 from .load import LoadedModel, load_model
 from .sampler import Sampler
+from .speculative import SpeculationStats, generate_speculative
 from .startup import StartupTimes, paused_gc
 from .tokenizer import StreamDecoder
 
@@ -97,16 +98,19 @@ def ring_pin(n_prompt: int, cache: KVCache) -> int:
 
 
 class Session:
-    """A model and one KV cache, taking prompts to generated text."""
+    """A model and one KV cache, taking prompts to generated text; with a drafter (speculative.py),
+    through drafted chunks of up to draft_max tokens (at least draft_min where one is drafted)."""
 
-    def __init__(self, lm: LoadedModel, cache: KVCache):
+    def __init__(self, lm: LoadedModel, cache: KVCache, drafter=None, draft_max: int = 16, draft_min: int = 0):
         self.lm, self.cache = lm, cache
+        self.drafter, self.draft_max, self.draft_min = drafter, draft_max, draft_min
+        self.speculation = SpeculationStats()  # (over the session's completions)
         self.stats = GenerationStats()
         self.notices: list[str] = []  # one-line messages for the user (what a prompt lost, a template's failure)
 
     @classmethod
-    def new(cls, lm: LoadedModel, n_ctx: int | None = None, ring: bool = True) -> Session:
-        return cls(lm, lm.model.new_cache(n_ctx or lm.default_context(), ring=ring))
+    def new(cls, lm: LoadedModel, n_ctx: int | None = None, ring: bool = True, **draft) -> Session:
+        return cls(lm, lm.model.new_cache(n_ctx or lm.default_context(), ring=ring), **draft)
 
     def prompt_ids(self, prompt: str, system: str | None = None, special: bool = False) -> list[int]:
         """The prompt's tokens: plain text (special-token text parsed only with special); with a
@@ -154,8 +158,12 @@ class Session:
         stop_ids = self.lm.tokenizer.vocab.end_of_generation if stop_ids is None else stop_ids
         stream = StreamDecoder(self.lm.tokenizer)
         tail = ""  # the end of the text, as long as the longest stop string needs
-        tokens = generate(self.lm.model, self.cache, ids, sampler, max_tokens, stop_ids, stats,
-                          pin=ring_pin(len(ids), self.cache), should_stop=should_stop, logprobs=logprobs)
+        common = dict(pin=ring_pin(len(ids), self.cache), should_stop=should_stop, logprobs=logprobs)
+        if self.drafter is None:
+            tokens = generate(self.lm.model, self.cache, ids, sampler, max_tokens, stop_ids, stats, **common)
+        else:
+            tokens = generate_speculative(self.lm.model, self.cache, ids, sampler, max_tokens, stop_ids, self.drafter,
+                                          self.draft_max, self.draft_min, stats, self.speculation, **common)
         try:
             for token in tokens:
                 piece = stream.push(token)

@@ -58,6 +58,22 @@ class GenerationStats:
         return self.generated_tokens / self.decode_s if self.generated_tokens and self.decode_s else 0.0
 
 
+def prefill(model, cache, prompt: list[int], stats: GenerationStats, pin: int = 0):
+    """The prompt into the cache (its first `pin` tokens pinned), timed into stats: the logits
+    after it. Without a ring, ContextFullError up front when it does not fit."""
+    if not cache.ring and len(prompt) > cache.n_ctx - cache.used:
+        raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds "
+                               f"{cache.n_ctx - cache.used}; use a larger -c, a shorter prompt or --ring")
+    stats.prompt_tokens = len(prompt)
+    start = time.perf_counter()
+    if pin:
+        model.forward(prompt[:pin], cache)
+        cache.pin()
+    logits = checked(model.forward(prompt[pin:], cache))
+    stats.prefill_s = time.perf_counter() - start
+    return logits
+
+
 def generate(model, cache, prompt: list[int], sampler: Sampler, max_tokens: int, stop_ids,
              stats: GenerationStats | None = None, history: list[int] | None = None, pin: int = 0,
              should_stop=None, logprobs: bool = False):
@@ -68,17 +84,9 @@ def generate(model, cache, prompt: list[int], sampler: Sampler, max_tokens: int,
     tokens are pinned in the cache, never overwritten by its ring. `should_stop` is polled between
     tokens (Ctrl-C sets it), so a forward pass is never cut in half."""
     stats = stats if stats is not None else GenerationStats()
-    if not cache.ring and len(prompt) > cache.n_ctx - cache.used:
-        raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds "
-                               f"{cache.n_ctx - cache.used}; use a larger -c, a shorter prompt or --ring")
-    stats.prompt_tokens = len(prompt)
     start = time.perf_counter()
-    if pin:
-        model.forward(prompt[:pin], cache)
-        cache.pin()
-    logits = checked(model.forward(prompt[pin:], cache))
+    logits = prefill(model, cache, prompt, stats, pin)
     history = list(history or []) + list(prompt)
-    stats.prefill_s = time.perf_counter() - start
     decode_start = None
     stats.stop_reason = "length"
     while stats.generated_tokens < max_tokens:
