@@ -98,9 +98,8 @@ class DraftModel:
         logits = self._forward(sequence[common:])
         while len(draft) < n:
             token = int(np.argmax(logits))
-            top = float(np.exp(logits[token] - logits.max() - np.log(np.exp(logits - logits.max()).sum())))
-            if len(draft) >= n_min and top < self.p_min:
-                break
+            if len(draft) >= n_min and self.p_min > 0 and 1 / np.exp(logits - logits[token]).sum() < self.p_min:
+                break  # (the top token's probability is below p_min)
             draft.append(token)
             if len(draft) < n:
                 logits = self._forward([token])
@@ -110,7 +109,7 @@ class DraftModel:
         if not self.cache.ring and self.cache.used + len(tokens) > self.cache.n_ctx:
             raise ContextFullError("the draft's context is full")
         self.tokens += tokens
-        return self.lm.model.forward(tokens, self.cache).astype(np.float64)
+        return self.lm.model.forward(tokens, self.cache)
 
 
 class PromptLookup:
@@ -182,6 +181,9 @@ def generate_speculative(model, cache, prompt: list[int], sampler: Sampler, max_
     decode_start = time.perf_counter()
     first = sampler.choose(logits, sequence)
     ready = [(first.token, first)]  # decided tokens; all but the last are in the cache already
+    # the draft length adapts: after a rejection, one more than was accepted; after a wholly
+    # accepted draft, two more (so that drafts that keep failing cost one drafted token a pass)
+    length = draft_max
     stats.stop_reason = "length"
     while True:
         for j, (token, choice) in enumerate(ready):
@@ -219,13 +221,16 @@ def generate_speculative(model, cache, prompt: list[int], sampler: Sampler, max_
         room = max_tokens - stats.generated_tokens
         if not cache.ring:
             room = min(room, cache.n_ctx - cache.used - 1)
-        draft = drafter.propose(sequence, min(draft_max, room), min(draft_min, room)) if room > 0 else []
+        draft = drafter.propose(sequence, min(length, room), min(draft_min, room)) if room > 0 else []
         # (without a draft, a plain step: one token's logits, which a backend may replay)
         rows = model.forward([last] + draft, cache, all_logits=True) if draft else model.forward([last], cache)[None]
         ready = verify(sampler, rows, draft, sequence)
         rejected = len(draft) - (len(ready) - 1)
         if rejected:
             cache.truncate(cache.used - rejected)
+            length = max(draft_min, 1, len(ready))
+        elif draft:
+            length = min(draft_max, length + 2)
         spec.passes += 1
         spec.proposed += len(draft)
         spec.accepted += len(ready) - 1
