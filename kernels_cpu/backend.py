@@ -145,6 +145,10 @@ class CpuBackend:
         return self._recorded(w.rows(ids), "embed", w, ids)
 
     def rms_norm(self, x, weight, eps):
+        # (rows of a strided view, as Q and K of a stacked product are for several tokens, would
+        # run another specialization whose sums round differently: a token's norm would then
+        # depend on how many tokens share the pass, and speculative decoding's checks on that)
+        x = np.ascontiguousarray(x)
         out = np.empty_like(x)
         ops.rms_norm(x, weight, np.float32(eps), out)
         return self._recorded(out, "rms_norm", x, weight, eps)

@@ -168,3 +168,20 @@ def test_run_reports_the_drafts(smollm_path):
     bad = subprocess.run([sys.executable, "-m", "runner", "run", smollm_path, "-p", "x", "-n", "2", "--draft",
                           "self:Q9_9"], capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and "self:Q9_9: unknown type" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("name", ["smollm_path", "gemma_path"])
+def test_a_pass_of_a_few_tokens_computes_them_as_single_steps(request, name):
+    """Bit for bit (what greedy verification rests on): Gemma 3's per-head K norms over a stacked
+    product's strided rows once rounded differently for several tokens than for one (0.17-0.8 in
+    the logits, past the 8-bit activations)."""
+    from runner.load import load_model
+    lm = load_model(request.getfixturevalue(name))
+    m = lm.model
+    for n_prompt in (20, 40):
+        prompt, chunk = list(range(1000, 1000 + n_prompt)), [2000, 2001, 2002, 2003, 2004, 2005, 2006]
+        a, b = m.new_cache(256), m.new_cache(256)
+        m.forward(prompt, a)
+        m.forward(prompt, b)
+        steps = np.stack([m.forward([t], a).copy() for t in chunk])
+        assert np.array_equal(m.forward(chunk, b, all_logits=True), steps)
