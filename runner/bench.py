@@ -127,3 +127,37 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
                        bandwidth_limit_vs_first_depth=first / (first + extra / bandwidth))
         rows.append(row)
     return rows
+
+
+# (a natural prompt: a draft agrees with a target on text, hardly on random tokens)
+SPECULATION_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def speculative_row(lm, new_drafter, n_gen: int, repetitions: int, draft_max: int = 16, draft_min: int = 0) -> dict:
+    """Greedy decode of n_gen tokens plainly and with speculation, alternating in this process
+    (repetitions each, after a warm-up of both): their speeds, the speed-up, and the drafts'
+    statistics (runner/speculative.py)."""
+    from .generate import GenerationStats, generate
+    from .sampler import Sampler, SamplingOptions
+    from .speculative import SpeculationStats, generate_speculative
+    prompt = lm.tokenizer.encode(SPECULATION_PROMPT)
+
+    def decode(drafter):
+        cache, stats = lm.model.new_cache(len(prompt) + n_gen + 1), GenerationStats()
+        sampler = Sampler(SamplingOptions(temperature=0))
+        if drafter is None:
+            list(generate(lm.model, cache, prompt, sampler, n_gen, (), stats))
+            return stats.decode_tok_s, None
+        spec = SpeculationStats()
+        list(generate_speculative(lm.model, cache, prompt, sampler, n_gen, (), drafter, draft_max, draft_min, stats,
+                                  spec))
+        return stats.decode_tok_s, spec
+    decode(None), decode(new_drafter())  # (warm-up)
+    plain, speculative, spec = [], [], None
+    for _ in range(repetitions):
+        plain.append(decode(None)[0])
+        speed, spec = decode(new_drafter())
+        speculative.append(speed)
+    return {"test": f"tg{n_gen} speculative", "plain_tok_s": float(np.mean(plain)),
+            "speculative_tok_s": float(np.mean(speculative)),
+            "speedup": float(np.mean(speculative) / np.mean(plain)), **spec.as_dict()}

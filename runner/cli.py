@@ -392,8 +392,10 @@ def pull(name):
 @threads_option
 @kv_type_option
 @device_option
+@draft_options
 @click.option("--json", "as_json", is_flag=True)
-def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device, precise, as_json):
+def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device, precise, draft, lookup, draft_max,
+          draft_min, draft_p_min, as_json):
     """Prefill and decode speed, like llama-bench: mean ± std over repetitions after a warm-up.
     Decode rows add the bytes a step reads and the share of the measured memory bandwidth."""
     from .bench import run_bench
@@ -406,8 +408,23 @@ def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device,
     lm = _load(model, threads, kv_type, device=device, n_ctx=max(n_prompt, max(depths) + n_gen + 1, 16),
                precise=precise)
     rows = run_bench(lm, n_prompt, n_gen, repetitions, depths)
+    speculation = None
+    if (draft or lookup) and n_gen:
+        from .bench import speculative_row
+        from .registry import resolve
+        from .speculative import make_drafter
+        loaded = {}  # (the draft model loaded once; a new drafter, with a fresh cache, per run)
+
+        def load_draft(path):
+            if path not in loaded:
+                loaded[path] = _load(resolve(str(path)), threads, kv_type, device=device, precise=precise)
+            return loaded[path]
+
+        def new_drafter():
+            return make_drafter(lm, draft, lookup, n_gen + 512, False, draft_p_min, load_draft)
+        speculation = speculative_row(lm, new_drafter, n_gen, repetitions, draft_max, draft_min)
     if as_json:
-        click.echo(json.dumps(rows, indent=1))
+        click.echo(json.dumps(rows + ([speculation] if speculation else []), indent=1))
         return
     if rows:
         click.echo(f"cpu: {rows[0]['cpu']} · decode products: {rows[0]['decode_products']}")
@@ -418,6 +435,12 @@ def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device,
             line += (f"  {r['read_mib_per_token']:.0f} MiB/token = {r['bandwidth_fraction']:.2f} of "
                      f"{r['bandwidth_gb_s']:.1f} GB/s")
         click.echo(line)
+    if speculation:
+        s = speculation
+        click.echo(f"{s['test']}: {s['speculative_tok_s']:.1f} tok/s against {s['plain_tok_s']:.1f} plain, "
+                   f"{s['speedup']:.2f}x (same process, alternating); {s['draft_accepted']} of "
+                   f"{s['draft_proposed']} drafted tokens accepted, {s['tokens_per_pass']:.2f} tokens per target pass "
+                   f"(expected at draft length {s['draft_max']}: {s['expected_tokens_per_pass']:.2f})")
     compared = [r for r in rows if r["speed_vs_first_depth"] is not None]
     for r in compared[1:]:
         extra = r["read_mib_per_token"] - compared[0]["read_mib_per_token"]

@@ -185,3 +185,15 @@ def test_a_pass_of_a_few_tokens_computes_them_as_single_steps(request, name):
         m.forward(prompt, b)
         steps = np.stack([m.forward([t], a).copy() for t in chunk])
         assert np.array_equal(m.forward(chunk, b, all_logits=True), steps)
+
+
+def test_bench_measures_speculation_beside_plain_decoding(smollm_path):
+    import json
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "runner", "bench", smollm_path, "-p", "0", "-n", "12", "-r", "1",
+                        "--lookup", "2", "--json"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout)[-1]
+    assert row["test"] == "tg12 speculative" and row["plain_tok_s"] > 0 and row["speculative_tok_s"] > 0
+    assert row["speedup"] == pytest.approx(row["speculative_tok_s"] / row["plain_tok_s"])
