@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from gguf import MODEL_TENSOR
 
 from gguf_io.architectures import HF_MODEL_TYPES, Architecture
 
@@ -106,7 +107,8 @@ def model_from_config(cfg: dict) -> HFModel:
         local = {}
     scaling = cfg.get("rope_scaling") or rope
     rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
-    if rope_type not in ("default", "linear", "yarn") + (("longrope", "su") if arch.long_rope else ()):
+    llama3 = rope_type == "llama3" and MODEL_TENSOR.ROPE_FREQS in arch.tensors
+    if rope_type not in ("default", "linear", "yarn") + (("longrope", "su") if arch.long_rope else ()) and not llama3:
         raise ConversionError(f"RoPE scaling {rope_type!r} is not supported")
     md = {
         "context_length": int(cfg.get("max_position_embeddings", 2048)),
@@ -133,6 +135,8 @@ def model_from_config(cfg: dict) -> HFModel:
         md["attention.key_length"] = head_dim
         md["attention.value_length"] = head_dim
     extra_tensors = _long_rope(cfg, rope, md, rope_type) if arch.long_rope else {}
+    if llama3:
+        extra_tensors["rope_freqs.weight"] = _llama3_rope_factors(scaling, head_dim, md["rope.freq_base"])
     if arch.swa_pattern is not None:
         md["attention.sliding_window"] = int(cfg.get("sliding_window") or 0)
     if arch.swa_pattern:  # interleaved sliding and global layers (Gemma)
@@ -174,6 +178,24 @@ def _yarn(rope: dict, arch: Architecture) -> dict:
         md["rope.scaling.yarn_log_multiplier"] = float(rope["mscale_all_dim"])
         md["attention.temperature_scale"] = float(rope["llama_4_scaling_beta"])
     return md
+
+
+def _llama3_rope_factors(rope: dict, dim: int, base: float) -> np.ndarray:
+    """Llama 3.1's RoPE scaling as the frequency divisors llama.cpp stores (rope_freqs): 1 for
+    wavelengths under the original context / high_freq_factor, the factor above the original
+    context / low_freq_factor, smoothly between; in float32 step by step as the reference
+    computes it (powers rounded from float64, wavelengths as reciprocals times 2 pi), so that the
+    bytes are llama.cpp's."""
+    factor = np.float32(rope.get("factor", 8.0))
+    low, high = np.float32(rope.get("low_freq_factor", 1.0)), np.float32(rope.get("high_freq_factor", 4.0))
+    context = np.float32(rope.get("original_max_position_embeddings", 8192))
+    one = np.float32(1)
+    freqs = one / (np.float64(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))).astype(np.float32)
+    wavelengths = (one / freqs) * np.float32(2 * math.pi)
+    smooth = (context / wavelengths - low) / (high - low)
+    between = one / ((one - smooth) / factor + smooth)
+    return np.where(wavelengths < context / high, one,
+                    np.where(wavelengths > context / low, factor, between)).astype(np.float32)
 
 
 def _long_rope(cfg: dict, rope: dict, md: dict, rope_type: str) -> dict:

@@ -169,6 +169,37 @@ def test_llama_cpp_computes_ggruns_files_alike(random_models, llama_cpp_tools, t
     assert abs(ours / theirs - 1) < 1e-4, (ours, theirs)
 
 
+def test_llama_3_rope_scaling_converts_as_llama_cpp_does(random_models, llama_cpp_source, tmp_path):
+    """Llama 3.1's rope_type "llama3" becomes llama.cpp's rope_freqs tensor, its bytes equal to
+    what convert_hf_to_gguf.py writes (and the rest of the file too); the logits are transformers'
+    with the same scaling, on a context that takes the scaled band (original context 128)."""
+    import os
+    import subprocess
+
+    from runner.load import load_model
+
+    from .test_mixes import tensor_digests
+    folder = tmp_path / "llama3"
+    shutil.copytree(random_models["llama"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
+    (folder / "config.json").write_text(json.dumps(config))
+    ours, theirs = tmp_path / "ours.gguf", tmp_path / "theirs.gguf"
+    convert_hf(folder, ours, "F32", progress=False)
+    subprocess.run([sys.executable, llama_cpp_source / "convert_hf_to_gguf.py", folder, "--outtype", "f32",
+                    "--outfile", theirs], check=True, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(llama_cpp_source / "gguf-py")})
+    assert sorted(tensor_digests(ours)) == sorted(tensor_digests(theirs))
+    factors = GGUFFile(ours).tensor_bytes("rope_freqs.weight").view(np.float32).ravel()
+    assert factors.min() == 1 and factors.max() == 8 and ((factors > 1) & (factors < 8)).any()
+    lm = load_model(ours)
+    ids = np.random.default_rng(1).integers(0, lm.params.vocab_size, 40).tolist()
+    want = transformers_logits(folder, ids)
+    got = lm.model.forward(ids, lm.model.new_cache(64), all_logits=True)
+    assert np.array_equal(got.argmax(1), want.argmax(1)) and np.abs(got - want).max() < 1e-3 * np.abs(want).max()
+
+
 def test_a_file_with_tensors_the_graph_does_not_take_is_refused(random_models, tmp_path):
     """ERNIE 4.5 with biases on every projection converts, but neither llama.cpp's graph nor
     ggrun's takes the feed-forward's biases: the file is refused, naming one, not run without them."""
