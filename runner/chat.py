@@ -13,13 +13,18 @@ from .generate import GenerationStats
 from .kv_cache import ContextFullError
 from .kv_state import KVState, KVStateError
 from .sampler import Sampler, SamplingOptions
+from .speculative import SpeculationStats
 from .tokenizer import valid_utf8
 
 
 class ChatSession:
     def __init__(self, lm, n_ctx: int, options: SamplingOptions, system: str | None = None,
-                 template_name: str | None = None, max_reply: int = 4096, save_kv: bool = False):
+                 template_name: str | None = None, max_reply: int = 4096, save_kv: bool = False,
+                 drafter=None, draft_max: int = 16, draft_min: int = 0):
         self.lm, self.n_ctx, self.options, self.max_reply = lm, n_ctx, options, max_reply
+        # speculative decoding (speculative.py), its statistics over the conversation
+        self.drafter, self.draft_max, self.draft_min = drafter, draft_max, draft_min
+        self.speculation = SpeculationStats()
         self.save_kv = save_kv  # /save keeps the KV cache beside the messages
         self.template, self.warning = choose_template(lm.tokenizer.vocab, template_name)
         self.system = system
@@ -42,6 +47,7 @@ class ChatSession:
         self.cache = self.lm.model.new_cache(self.n_ctx, ring=True)
         self.fed_text = ""     # the rendered conversation as far as it is in the cache
         self.fed_tokens = 0
+        self.tokens = list(ids)  # those tokens, for a draft and the penalties (after a KV resume: the new ones)
         if ids:
             self.lm.model.forward(ids, self.cache)
             self.fed_text, self.fed_tokens = prefix, len(ids)
@@ -100,11 +106,12 @@ class ChatSession:
         self.messages.append({"role": "user", "content": user_text})
         rendered, spans = self._render(self.messages, add_generation_prompt=True)
         prompt = self._catch_up(rendered, spans)
-        session = Session(self.lm, self.cache)
+        session = Session(self.lm, self.cache, self.drafter, self.draft_max, self.draft_min)
+        session.speculation = self.speculation
         self.interrupted = False
         pieces = []
         for piece in session.complete(prompt, Sampler(self.options), self.max_reply,
-                                      should_stop=lambda: self.interrupted):
+                                      should_stop=lambda: self.interrupted, history=self.tokens):
             pieces.append(piece)
             if on_text:
                 on_text(piece)
@@ -112,6 +119,7 @@ class ChatSession:
         reply = "".join(pieces)
         self.fed_text = rendered + self.lm.tokenizer.decode(self.last.tokens)
         self.fed_tokens += len(prompt) + len(self.last.tokens)
+        self.tokens += prompt + self.last.tokens
         self.messages.append({"role": "assistant", "content": reply})
         if self.cache.evicted and not self._ring_noticed:
             self._ring_noticed = True
@@ -125,7 +133,8 @@ class ChatSession:
                 "pinned": self.cache.pinned, "tokens_evicted": self.cache.evicted,
                 "tokens_total": self.cache.used, "last_prompt_tokens": s.prompt_tokens,
                 "last_generated_tokens": s.generated_tokens, "time_to_first_token_s": s.time_to_first_token_s,
-                "prefill_tok_s": s.prefill_tok_s, "decode_tok_s": s.decode_tok_s}
+                "prefill_tok_s": s.prefill_tok_s, "decode_tok_s": s.decode_tok_s,
+                **(self.speculation.as_dict() if self.drafter else {})}
 
     # -- saving and loading --------------------------------------------------------------------
 
@@ -159,6 +168,7 @@ class ChatSession:
         if ids:
             self.lm.model.forward(ids, self.cache)
         self.fed_text, self.fed_tokens = rendered, self.fed_tokens + len(ids)
+        self.tokens += ids
 
     def _resume(self, system: str | None, messages: list[dict], state_path: Path) -> bool:
         """The conversation from its saved KV state, when that fits; False (and a notice) when not."""
@@ -175,7 +185,7 @@ class ChatSession:
             self.notices.append(f"{state_path.name} not used ({e}); prefilling the conversation instead")
             return False
         self.system, self.messages, self.cache = system, messages, cache
-        self.fed_text, self.fed_tokens = note["text"], note["tokens"]
+        self.fed_text, self.fed_tokens, self.tokens = note["text"], note["tokens"], []
         return True
 
 
@@ -191,7 +201,7 @@ HELP = """commands:
   /save FILE, /load FILE  keep a conversation, resume it later (with --save-kv: its KV cache
                         too, in FILE.kv.npz, so /load does not prefill it again)
   /set NAME VALUE       temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed
-  /stats                context use, evictions, last turn's speed
+  /stats                context use, evictions, last turn's speed, drafts
   /bye                  leave (so do Ctrl-D, and Ctrl-C at the prompt)
 end a line with \\ to continue it on the next; Ctrl-C during a reply stops it."""
 
@@ -205,7 +215,10 @@ def format_stats(s: dict) -> str:
             f"{s['tokens_evicted']} evicted so far, {s['tokens_total']} processed\n"
             f"last turn: {s['last_prompt_tokens']} prompt tokens prefilled at {s['prefill_tok_s']:.1f} tok/s, "
             f"time to first token {s['time_to_first_token_s']:.3f} s, "
-            f"{s['last_generated_tokens']} tokens at {s['decode_tok_s']:.1f} tok/s")
+            f"{s['last_generated_tokens']} tokens at {s['decode_tok_s']:.1f} tok/s"
+            + (f"\ndrafts: {s['draft_accepted']} of {s['draft_proposed']} accepted (acceptance {s['acceptance']:.3f}), "
+               f"{s['tokens_per_pass']:.2f} tokens per target pass (expected at draft length {s['draft_max']}: "
+               f"{s['expected_tokens_per_pass']:.2f})" if "draft_proposed" in s else ""))
 
 
 def command(session: ChatSession, line: str, echo) -> bool:

@@ -582,8 +582,10 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
 @threads_option
 @kv_type_option
 @device_option
+@draft_options
 def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv, temp, top_k, top_p, min_p,
-         repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, threads, kv_type, device, precise):
+         repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, threads, kv_type, device, precise,
+         draft, lookup, draft_max, draft_min, draft_p_min):
     """Talk with MODEL in the terminal; the context never runs out (ring window)."""
     from .chat import ChatSession, repl
     from .registry import cache_dir
@@ -592,8 +594,16 @@ def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv
     lm = _load(model, threads, kv_type, device=device, n_ctx=ctx_size, precise=precise)
     options = SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
                               presence_penalty, frequency_penalty)
-    session = ChatSession(lm, ctx_size or lm.default_context(), options, system, chat_template,
-                          max_reply=sys.maxsize if n_predict < 0 else n_predict, save_kv=save_kv)
+    n_ctx = ctx_size or lm.default_context()
+    drafter = None
+    if draft or lookup:
+        from .registry import resolve
+        from .speculative import make_drafter
+        drafter = make_drafter(lm, draft, lookup, n_ctx, True, draft_p_min, lambda path: _load(
+            resolve(str(path)), threads, kv_type, device=device, n_ctx=ctx_size, precise=precise))
+    session = ChatSession(lm, n_ctx, options, system, chat_template,
+                          max_reply=sys.maxsize if n_predict < 0 else n_predict, save_kv=save_kv, drafter=drafter,
+                          draft_max=draft_max, draft_min=draft_min)
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     repl(session, sys.stdout, cache_dir() / "chat_history", colour=colour)
 

@@ -149,7 +149,7 @@ class Session:
         return ids
 
     def complete(self, ids: list[int], sampler: Sampler, max_tokens: int, stop_ids=None, stops=(),
-                 should_stop=None, logprobs: bool = False) -> Iterator[str]:
+                 should_stop=None, logprobs: bool = False, history: list[int] | None = None) -> Iterator[str]:
         """Text pieces of the completion of ids, streamed; self.stats fills as it goes (tokens,
         their log-probabilities with logprobs, timings, why it stopped). Stops at the model's end of
         generation (stop_ids: those ids instead; () never), at max_tokens, at any of the `stops`
@@ -158,7 +158,8 @@ class Session:
         stop_ids = self.lm.tokenizer.vocab.end_of_generation if stop_ids is None else stop_ids
         stream = StreamDecoder(self.lm.tokenizer)
         tail = ""  # the end of the text, as long as the longest stop string needs
-        common = dict(pin=ring_pin(len(ids), self.cache), should_stop=should_stop, logprobs=logprobs)
+        # (history: the tokens already in the cache, for the penalties and a draft)
+        common = dict(pin=ring_pin(len(ids), self.cache), should_stop=should_stop, logprobs=logprobs, history=history)
         if self.drafter is None:
             tokens = generate(self.lm.model, self.cache, ids, sampler, max_tokens, stop_ids, stats, **common)
         else:

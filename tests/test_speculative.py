@@ -197,3 +197,19 @@ def test_bench_measures_speculation_beside_plain_decoding(smollm_path):
     row = json.loads(r.stdout)[-1]
     assert row["test"] == "tg12 speculative" and row["plain_tok_s"] > 0 and row["speculative_tok_s"] > 0
     assert row["speedup"] == pytest.approx(row["speculative_tok_s"] / row["plain_tok_s"])
+
+
+def test_chat_drafts_and_replies_as_without(smollm_path):
+    """Two greedy turns with a lookup draft (over the conversation's tokens): the replies of plain
+    chat, and /stats counts the drafts."""
+    from runner.chat import ChatSession, format_stats
+    from runner.load import load_model
+    lm = load_model(smollm_path)
+    greedy = SamplingOptions(temperature=0)
+    plain = ChatSession(lm, 512, greedy, max_reply=24)
+    drafted = ChatSession(lm, 512, greedy, max_reply=24, drafter=PromptLookup(2), draft_max=6)
+    for text in ("Name three colours.", "Now repeat exactly what you said."):
+        assert drafted.send(text) == plain.send(text)
+    stats = drafted.stats()
+    assert stats["draft_proposed"] > 0 and stats["target_passes"] > 0 and "drafts:" in format_stats(stats)
+    assert drafted.tokens and drafted.cache.used == plain.cache.used == len(drafted.tokens)
