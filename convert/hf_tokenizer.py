@@ -156,15 +156,10 @@ def read_tokenizer(folder: Path, vocab_size: int, prefer_sentencepiece: bool,
         tok = _bpe_from_json(load_json(tj), vocab_size)
     else:
         raise ConversionError("no tokenizer.json or tokenizer.model in the folder")
-    special = _special_settings(folder, tok)
-    ids = {t: i for i, t in enumerate(tok.tokens)}
-    for name, text in special_tokens:  # (where the folder's files leave them unset, as llama.cpp's converter)
-        if text in ids and name not in special:
-            special[name] = ids[text]
-    return tok, special
+    return tok, _special_settings(folder, tok, special_tokens)
 
 
-def _special_settings(folder: Path, tok: TokenizerData) -> dict:
+def _special_settings(folder: Path, tok: TokenizerData, special_tokens: tuple) -> dict:
     cfg = load_json(folder / "tokenizer_config.json", required=False)
     gen = load_json(folder / "generation_config.json", required=False)
     ids = {t: i for i, t in enumerate(tok.tokens)}
@@ -187,6 +182,9 @@ def _special_settings(folder: Path, tok: TokenizerData) -> dict:
                 value = value[0]
             if isinstance(value, int) and 0 <= value < len(tok.tokens) and name not in out:
                 out[name] = value
+    for name, text in special_tokens:  # (last, as llama.cpp's converter sets them by text)
+        if text in ids and name not in out:
+            out[name] = ids[text]
     if "add_bos_token" in cfg:
         out["add_bos"] = bool(cfg["add_bos_token"])
     if "add_eos_token" in cfg:

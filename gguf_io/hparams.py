@@ -156,7 +156,7 @@ def read_params(f: GGUFFile) -> ModelParams:
         value_dim=int(get(Keys.Attention.VALUE_LENGTH, head_dim)),
         rope_dim=int(get(Keys.Rope.DIMENSION_COUNT, head_dim)),
         rope_base=rope_base,
-        rope_scale=rope_scale or 1.0,
+        rope_scale=rope_scale,
         rope_attn_factor=magnitude,
         rope_orig_context=int(get(Keys.Rope.SCALING_ORIG_CTX_LEN, 0)) or context_length,
         rms_eps=float(get(Keys.Attention.LAYERNORM_RMS_EPS, 1e-5)),

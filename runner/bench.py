@@ -133,31 +133,34 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
 SPECULATION_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
-def speculative_row(lm, new_drafter, n_gen: int, repetitions: int, draft_max: int = 16, draft_min: int = 0) -> dict:
-    """Greedy decode of n_gen tokens plainly and with speculation, alternating in this process
-    (repetitions each, after a warm-up of both): their speeds, the speed-up, and the drafts'
-    statistics (runner/speculative.py)."""
+def speculative_row(lm, new_drafter, n_gen: int, repetitions: int, draft_max: int = 16, draft_min: int = 0,
+                    prompt: list[int] | None = None) -> dict:
+    """Greedy decode of n_gen tokens after prompt (default: SPECULATION_PROMPT's), plainly and with
+    speculation, alternating in this process (repetitions each, after a warm-up of both): their
+    speeds, the speed-up, whether the texts were the same, and the drafts' statistics
+    (runner/speculative.py)."""
     from .generate import GenerationStats, generate
     from .sampler import Sampler, SamplingOptions
     from .speculative import SpeculationStats, generate_speculative
-    prompt = lm.tokenizer.encode(SPECULATION_PROMPT)
+    prompt = prompt or lm.tokenizer.encode(SPECULATION_PROMPT)
 
     def decode(drafter):
-        cache, stats = lm.model.new_cache(len(prompt) + n_gen + 1), GenerationStats()
+        cache, stats, spec = lm.model.new_cache(len(prompt) + n_gen + 1), GenerationStats(), SpeculationStats()
         sampler = Sampler(SamplingOptions(temperature=0))
         if drafter is None:
             list(generate(lm.model, cache, prompt, sampler, n_gen, (), stats))
-            return stats.decode_tok_s, None
-        spec = SpeculationStats()
-        list(generate_speculative(lm.model, cache, prompt, sampler, n_gen, (), drafter, draft_max, draft_min, stats,
-                                  spec))
-        return stats.decode_tok_s, spec
+        else:
+            list(generate_speculative(lm.model, cache, prompt, sampler, n_gen, (), drafter, draft_max, draft_min,
+                                      stats, spec))
+        return stats, spec
     decode(None), decode(new_drafter())  # (warm-up)
-    plain, speculative, spec = [], [], None
+    plain, speculative = [], []
     for _ in range(repetitions):
         plain.append(decode(None)[0])
-        speed, spec = decode(new_drafter())
-        speculative.append(speed)
-    return {"test": f"tg{n_gen} speculative", "plain_tok_s": float(np.mean(plain)),
-            "speculative_tok_s": float(np.mean(speculative)),
-            "speedup": float(np.mean(speculative) / np.mean(plain)), **spec.as_dict()}
+        speculative.append(decode(new_drafter()))
+    stats, spec = speculative[-1]
+    plain_tok_s, speculative_tok_s = (float(np.mean([s.decode_tok_s for s in runs]))
+                                      for runs in (plain, [s for s, _ in speculative]))
+    return {"test": f"tg{n_gen} speculative", "plain_tok_s": plain_tok_s, "speculative_tok_s": speculative_tok_s,
+            "speedup": speculative_tok_s / plain_tok_s, "same_text": stats.tokens == plain[-1].tokens,
+            **spec.as_dict()}

@@ -13,7 +13,7 @@ from .generate import GenerationStats
 from .kv_cache import ContextFullError
 from .kv_state import KVState, KVStateError
 from .sampler import Sampler, SamplingOptions
-from .speculative import SpeculationStats
+from .speculative import SpeculationStats, describe_speculation
 from .tokenizer import valid_utf8
 
 
@@ -216,9 +216,7 @@ def format_stats(s: dict) -> str:
             f"last turn: {s['last_prompt_tokens']} prompt tokens prefilled at {s['prefill_tok_s']:.1f} tok/s, "
             f"time to first token {s['time_to_first_token_s']:.3f} s, "
             f"{s['last_generated_tokens']} tokens at {s['decode_tok_s']:.1f} tok/s"
-            + (f"\ndrafts: {s['draft_accepted']} of {s['draft_proposed']} accepted (acceptance {s['acceptance']:.3f}), "
-               f"{s['tokens_per_pass']:.2f} tokens per target pass (expected at draft length {s['draft_max']}: "
-               f"{s['expected_tokens_per_pass']:.2f})" if "draft_proposed" in s else ""))
+            + ("\n" + describe_speculation(s) if "draft_proposed" in s else ""))
 
 
 def command(session: ChatSession, line: str, echo) -> bool:

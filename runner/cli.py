@@ -19,7 +19,7 @@ from .chat_template import ChatTemplateError
 from .generate import ModelOutputError, PromptError
 from .kv_cache import DEFAULT_CONTEXT, ContextFullError
 from .registry import MODELS, RegistryError
-from .speculative import DraftError
+from .speculative import DraftError, describe_speculation
 
 
 class InputError(Exception):
@@ -170,10 +170,15 @@ system_options = _options(
                  help="Read the system prompt from a file."))
 
 
-def speculation_line(s) -> str:
-    return (f"draft: {s.accepted} of {s.proposed} drafted tokens accepted (acceptance {s.acceptance:.3f}), "
-            f"{s.tokens_per_pass:.2f} tokens per target pass over {s.passes} passes "
-            f"(expected at draft length {s.draft_max}: {s.expected_tokens_per_pass():.2f})")
+def _draft_loader(threads, kv_type, device, n_ctx, precise):
+    """load(path) for make_drafter: a draft model loaded as the target was, each file once."""
+    loaded = {}
+
+    def load(path):
+        if str(path) not in loaded:
+            loaded[str(path)] = _load(str(path), threads, kv_type, device=device, n_ctx=n_ctx, precise=precise)
+        return loaded[str(path)]
+    return load
 
 
 @click.group()
@@ -237,10 +242,9 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k,
     lm = _load(model, threads, kv_type, times, device, ctx_size, precise, prefill=False)
     session = Session.new(lm, ctx_size, ring=ring)
     if draft or lookup:
-        from .registry import resolve
         from .speculative import make_drafter
-        session.drafter = make_drafter(lm, draft, lookup, session.cache.n_ctx, ring, draft_p_min, lambda path: _load(
-            resolve(str(path)), threads, kv_type, None, device, ctx_size, precise))
+        session.drafter = make_drafter(lm, draft, lookup, session.cache.n_ctx, ring, draft_p_min,
+                                       _draft_loader(threads, kv_type, device, ctx_size, precise))
         session.draft_max, session.draft_min = draft_max, draft_min
         times.mark("draft")
     ids = session.prompt_ids(prompt, system, special)
@@ -276,7 +280,7 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k,
                    f"prefill {stats.prefill_tok_s:.1f} tok/s, decode {stats.decode_tok_s:.1f} tok/s "
                    f"({stats.generated_tokens} tokens, stop: {stats.stop_reason})", err=True)
         if session.drafter and timings:
-            click.echo(speculation_line(session.speculation), err=True)
+            click.echo(describe_speculation(session.speculation.as_dict()), err=True)
 
 
 @main.command(cls=Command)
@@ -411,16 +415,10 @@ def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device,
     speculation = None
     if (draft or lookup) and n_gen:
         from .bench import speculative_row
-        from .registry import resolve
         from .speculative import make_drafter
-        loaded = {}  # (the draft model loaded once; a new drafter, with a fresh cache, per run)
+        load_draft = _draft_loader(threads, kv_type, device, None, precise)
 
-        def load_draft(path):
-            if path not in loaded:
-                loaded[path] = _load(resolve(str(path)), threads, kv_type, device=device, precise=precise)
-            return loaded[path]
-
-        def new_drafter():
+        def new_drafter():  # (a fresh drafter, with a fresh cache, per run; the model loaded once)
             return make_drafter(lm, draft, lookup, n_gen + 512, False, draft_p_min, load_draft)
         speculation = speculative_row(lm, new_drafter, n_gen, repetitions, draft_max, draft_min)
     if as_json:
@@ -438,9 +436,7 @@ def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device,
     if speculation:
         s = speculation
         click.echo(f"{s['test']}: {s['speculative_tok_s']:.1f} tok/s against {s['plain_tok_s']:.1f} plain, "
-                   f"{s['speedup']:.2f}x (same process, alternating); {s['draft_accepted']} of "
-                   f"{s['draft_proposed']} drafted tokens accepted, {s['tokens_per_pass']:.2f} tokens per target pass "
-                   f"(expected at draft length {s['draft_max']}: {s['expected_tokens_per_pass']:.2f})")
+                   f"{s['speedup']:.2f}x (same process, alternating); {describe_speculation(s)}")
     compared = [r for r in rows if r["speed_vs_first_depth"] is not None]
     for r in compared[1:]:
         extra = r["read_mib_per_token"] - compared[0]["read_mib_per_token"]
@@ -597,10 +593,9 @@ def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv
     n_ctx = ctx_size or lm.default_context()
     drafter = None
     if draft or lookup:
-        from .registry import resolve
         from .speculative import make_drafter
-        drafter = make_drafter(lm, draft, lookup, n_ctx, True, draft_p_min, lambda path: _load(
-            resolve(str(path)), threads, kv_type, device=device, n_ctx=ctx_size, precise=precise))
+        drafter = make_drafter(lm, draft, lookup, n_ctx, True, draft_p_min,
+                               _draft_loader(threads, kv_type, device, ctx_size, precise))
     session = ChatSession(lm, n_ctx, options, system, chat_template,
                           max_reply=sys.maxsize if n_predict < 0 else n_predict, save_kv=save_kv, drafter=drafter,
                           draft_max=draft_max, draft_min=draft_min)

@@ -109,8 +109,8 @@ class Session:
         self.notices: list[str] = []  # one-line messages for the user (what a prompt lost, a template's failure)
 
     @classmethod
-    def new(cls, lm: LoadedModel, n_ctx: int | None = None, ring: bool = True, **draft) -> Session:
-        return cls(lm, lm.model.new_cache(n_ctx or lm.default_context(), ring=ring), **draft)
+    def new(cls, lm: LoadedModel, n_ctx: int | None = None, ring: bool = True) -> Session:
+        return cls(lm, lm.model.new_cache(n_ctx or lm.default_context(), ring=ring))
 
     def prompt_ids(self, prompt: str, system: str | None = None, special: bool = False) -> list[int]:
         """The prompt's tokens: plain text (special-token text parsed only with special); with a

@@ -48,6 +48,13 @@ class GenerationStats:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # each token's log-probability (generate's logprobs)
 
+    def hand_out(self, token: int, choice, logprobs: bool) -> None:
+        """Count a generated token (with its log-probability under the model, with logprobs)."""
+        self.generated_tokens += 1
+        self.tokens.append(token)
+        if logprobs:
+            self.logprobs.append(choice.model_logprob())
+
     @property
     def prefill_tok_s(self) -> float:
         return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
@@ -104,10 +111,7 @@ def generate(model, cache, prompt: list[int], sampler: Sampler, max_tokens: int,
         if not cache.ring and cache.used >= cache.n_ctx:
             stats.stop_reason = "context"
             break
-        stats.generated_tokens += 1
-        stats.tokens.append(token)
-        if logprobs:
-            stats.logprobs.append(choice.model_logprob())
+        stats.hand_out(token, choice, logprobs)
         history.append(token)
         yield token
         # every token handed out is also in the cache, so a caller can continue from it

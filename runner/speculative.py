@@ -60,6 +60,13 @@ class SpeculationStats:
                 "expected_tokens_per_pass": round(self.expected_tokens_per_pass(), 3), "draft_max": self.draft_max}
 
 
+def describe_speculation(s: dict) -> str:
+    """One line of SpeculationStats.as_dict(), as run --timings, chat's /stats and bench print it."""
+    return (f"drafts: {s['draft_accepted']} of {s['draft_proposed']} accepted (acceptance {s['acceptance']:.3f}), "
+            f"{s['tokens_per_pass']:.2f} tokens per target pass over {s['target_passes']} passes (expected at "
+            f"draft length {s['draft_max']}: {s['expected_tokens_per_pass']:.2f})")
+
+
 def check_vocabularies(target, draft) -> None:
     """As llama.cpp's speculative compatibility check: the same tokenizer kind, BOS/EOS, sizes
     within 128 tokens, and the same token texts from id 5 on."""
@@ -136,25 +143,36 @@ def verify(sampler: Sampler, rows: np.ndarray, draft: list[int], history: list[i
     """The tokens a target pass yields: rows[i] are the logits after the chunk's i-th token, the
     chunk being the last decided token and then the draft. Accepted drafted tokens, then one more
     (the correction at the first rejection, or the next token after a wholly accepted draft);
-    each with the Choice (the sampling distribution) it came from."""
+    each with the Choice (the sampling distribution) it came from. (history is lengthened by the
+    accepted tokens while they are checked, and given back as it came.)"""
     out: list[tuple[int, Choice]] = []
-    for i, row in enumerate(rows):
-        choice = sampler.choose(checked(row), history + [t for t, _ in out])
-        if i == len(draft):
-            out.append((choice.token, choice))
-            break
-        d = draft[i]
-        probs = np.exp(choice.logprobs)
-        p_d = float(probs[choice.ids == d].sum())
-        if p_d >= 1.0 or (p_d > 0.0 and sampler.rng.random() < p_d):
-            out.append((d, dataclasses.replace(choice, token=d)))
-            continue
-        residual = np.where(choice.ids == d, 0.0, probs)  # p - q, q all on d: p without d
-        token = choice.token if residual.sum() <= 0 else int(choice.ids[sampler.rng.choice(
-            len(residual), p=residual / residual.sum())])
-        out.append((token, dataclasses.replace(choice, token=token)))
-        break
+    n_history = len(history)
+    try:
+        for i, row in enumerate(rows):
+            choice = sampler.choose(checked(row), history)
+            token = _verify_one(sampler, choice, draft[i] if i < len(draft) else None)
+            out.append((token, dataclasses.replace(choice, token=token)))
+            if i == len(draft) or token != draft[i]:
+                return out
+            history.append(token)
+    finally:
+        del history[n_history:]
     return out
+
+
+def _verify_one(sampler: Sampler, choice: Choice, d: int | None) -> int:
+    """The token a row yields: the draft's d where accepted (with probability p(d)), else one
+    drawn from p without d; with no draft, the sampled one."""
+    if d is None:
+        return choice.token
+    probs = np.exp(choice.logprobs)
+    p_d = float(probs[choice.ids == d].sum())
+    if p_d >= 1.0 or (p_d > 0.0 and sampler.rng.random() < p_d):
+        return d
+    residual = np.where(choice.ids == d, 0.0, probs)  # p - q, q all on d: p without d
+    if residual.sum() <= 0:
+        return choice.token
+    return int(choice.ids[sampler.rng.choice(len(residual), p=residual / residual.sum())])
 
 
 def generate_speculative(model, cache, prompt: list[int], sampler: Sampler, max_tokens: int, stop_ids, drafter,
@@ -204,10 +222,7 @@ def generate_speculative(model, cache, prompt: list[int], sampler: Sampler, max_
             if stats.generated_tokens == 0:
                 stats.time_to_first_token_s = time.perf_counter() - start
                 decode_start = time.perf_counter()
-            stats.generated_tokens += 1
-            stats.tokens.append(token)
-            if logprobs:
-                stats.logprobs.append(choice.model_logprob())
+            stats.hand_out(token, choice, logprobs)
             sequence.append(token)
             yield token
             if stats.generated_tokens >= max_tokens:  # (the last one handed out is the cache's last too)

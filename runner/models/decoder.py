@@ -37,6 +37,7 @@ class Attention:
     bv: object = None
     rope_base: float = 10000.0
     rope_scale: float = 1.0
+    rotates: bool = True   # False: the layer attends without RoPE (NoPE layers)
     window: int = 0        # sliding window in positions; 0 attends to the whole context
 
 
@@ -162,7 +163,7 @@ class Decoder:
         return (1 + p.attn_temp_scale * np.log1p(np.floor(positions / p.rope_orig_context))).astype(np.float32)
 
     def rotates(self, i: int) -> bool:
-        """Whether layer i applies RoPE (not on NoPE layers)."""
+        """Whether layer i applies RoPE (not on NoPE layers); read once, into its Attention."""
         if self.nope_interval and (i + 1) % self.nope_interval == 0:
             return False
         return not (self.nope_global_layers and self.params.layer_windows[i] == 0 and any(self.params.layer_windows))
@@ -189,7 +190,8 @@ class Decoder:
         return Attention(wq, wk, wv, weights.matrix(T.ATTN_OUT, p.n_head * p.value_dim, p.n_embd, i), wqkv,
                          # position scaling applies to the global layers only
                          rope_base=p.rope_base_swa if window else p.rope_base,
-                         rope_scale=1.0 if window else p.rope_scale, window=window, **extras)
+                         rope_scale=1.0 if window else p.rope_scale, rotates=self.rotates(i), window=window,
+                         **extras)
 
     def load_feed_forward(self, weights: WeightLoader, i: int) -> FeedForward | MixtureOfExperts:
         """Layer i's feed-forward: a mixture of experts where the layer has a router, else dense."""
@@ -277,7 +279,7 @@ class Decoder:
         q = q.reshape(n, p.n_head, p.head_dim)
         k = k.reshape(n, p.n_head_kv, p.head_dim)
         v = v.reshape(n, p.n_head_kv, p.value_dim)
-        if not self.rotates(i):
+        if not a.rotates:
             rotate = _no_rotation  # (a NoPE layer's pinned keys stay as they are in the ring too)
         else:
             rotate = partial(be.rope, n_rot=p.rope_dim, base=a.rope_base, pos_scale=a.rope_scale,
