@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as T
 from numba import literally, njit, prange, types
 from numba.extending import overload
 
-from gguf_io.quant_types import BLOCK_TYPES
+from gguf_io.quant_types import BLOCK_TYPES, MXFP4_VALUES
 from kernels_cpu.blocks import F16_TABLE, quantize_q8_0
 from kernels_cpu.intrinsics import f16_bits
 
@@ -128,6 +128,32 @@ def _q5_1(x, out):
 @njit(cache=True)
 def _q8_0(x, out):
     _put_f16(out, 0, quantize_q8_0(x, out[2:34]))
+
+
+_FP4_VALUES = np.array(MXFP4_VALUES, dtype=np.float32)
+
+
+@njit(cache=True)
+def _nearest_fp4(x, d):
+    """The code of the MXFP4 value (kvalues_mxfp4 * d) nearest x, the first of equals."""
+    best, best_err = 0, abs(_FP4_VALUES[0] * d - x)
+    for i in range(1, 16):
+        err = abs(_FP4_VALUES[i] * d - x)
+        if err < best_err:
+            best, best_err = i, err
+    return best
+
+
+@njit(cache=True)
+def _mxfp4(x, out):
+    amax, _ = _absmax_signed(x)
+    e = 0
+    if amax > 0:  # floorf(log2f(amax)) - 2 + 127, cast to uint8 as x86 does (through int32)
+        e = np.int32(np.floor(F32(np.log2(np.float64(amax)))) - F32(2.0) + F32(127.0)) & 0xFF
+    d = F32(2.0 ** (e - 128))  # (GGML_E8M0_TO_FP32_HALF: a power of two, exact)
+    out[0] = np.uint8(e)
+    for j in range(16):
+        out[1 + j] = np.uint8(_nearest_fp4(x[j], d) | (_nearest_fp4(x[j + 16], d) << 4))
 
 
 # ---- K-quant helpers (make_qx_quants, make_q3_quants, make_qkx2_quants) -----------------------
@@ -480,7 +506,7 @@ def _q6_k(x, out):  # ql[128] qh[64] scales[16] d
 
 # block quantizer by type: compiled only into the row loops of the types a conversion writes
 _BLOCK_QUANTIZERS = {int(T.Q4_0): _q4_0, int(T.Q4_1): _q4_1, int(T.Q5_0): _q5_0, int(T.Q5_1): _q5_1,
-                     int(T.Q8_0): _q8_0, int(T.Q2_K): _q2_k, int(T.Q3_K): _q3_k, int(T.Q4_K): _q4_k,
+                     int(T.Q8_0): _q8_0, int(T.MXFP4): _mxfp4, int(T.Q2_K): _q2_k, int(T.Q3_K): _q3_k, int(T.Q4_K): _q4_k,
                      int(T.Q5_K): _q5_k, int(T.Q6_K): _q6_k}
 
 

@@ -29,10 +29,13 @@ class QuantType:
 QUANT_TYPES = {q.qtype: q for q in (
     QuantType(T.F32, "float"), QuantType(T.F16, "float"), QuantType(T.BF16, "float"),
     QuantType(T.Q4_0, "q8_0"), QuantType(T.Q4_1, "q8_0"), QuantType(T.Q5_0, "q8_0"), QuantType(T.Q5_1, "q8_0"),
-    QuantType(T.Q8_0, "q8_0"),
+    QuantType(T.Q8_0, "q8_0"), QuantType(T.MXFP4, "q8_0"),
     QuantType(T.Q2_K, "q8_k", fallback=T.Q4_0), QuantType(T.Q3_K, "q8_k", fallback=T.Q4_0),
     QuantType(T.Q4_K, "q8_k", fallback=T.Q5_0), QuantType(T.Q5_K, "q8_k", fallback=T.Q5_1),
     QuantType(T.Q6_K, "q8_k", fallback=T.Q8_0),
 )}
+# MXFP4's 4-bit codes (E2M1: a sign bit, then 0, 0.5, 1, 1.5, 2, 3, 4, 6) as twice their values, which
+# the block's E8M0 scale halves (ggml's kvalues_mxfp4; weight = value * 2^(e - 128))
+MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 FLOAT_TYPES = frozenset(t for t, q in QUANT_TYPES.items() if q.is_float)
 BLOCK_TYPES = frozenset(QUANT_TYPES) - FLOAT_TYPES

@@ -17,7 +17,10 @@ from dataclasses import dataclass
 from llvmlite import ir
 from gguf import GGMLQuantizationType as T
 
-from .ir import F32, I8, I16, I32, concat, const_vector, load_bytes, load_f16, load_u32, vector
+from gguf_io.quant_types import MXFP4_VALUES
+
+from .cpu_features import target_features
+from .ir import F32, I8, I16, I32, concat, const_vector, load_bytes, load_f16, load_u32, vector, x86_call
 
 
 @dataclass
@@ -120,6 +123,44 @@ def _q8_0(b, p):  # d:f16 qs[32] int8
     return Block([Group(load_f16(b, p, 0), None, [load_bytes(b, p, 2, 32)], True)])
 
 
+def fp4_values(b, codes):
+    """<16 x i8> or <32 x i8> of 4-bit codes -> their MXFP4_VALUES: one vpshufb where the target
+    has it, else the E2M1 arithmetic (magnitude m < 4 is itself, above it (2 + m % 2) * 2,
+    doubled again from 6 on)."""
+    n = codes.type.count
+    shuffle = {16: ("ssse3", "llvm.x86.ssse3.pshuf.b.128"), 32: ("avx2", "llvm.x86.avx2.pshuf.b")}.get(n)
+    if shuffle and shuffle[0] in target_features():
+        return x86_call(b, shuffle[1], codes.type, [const_vector(I8, MXFP4_VALUES * (n // 16)), codes])
+    m = _and(b, codes, 7)
+
+    def at_least(k):
+        return b.icmp_unsigned(">=", m, const_vector(I8, [k] * n))
+    wide = _shl(b, b.add(_and(b, m, 1), const_vector(I8, [2] * n)), 1)
+    magnitude = b.select(at_least(4), b.select(at_least(6), _shl(b, wide, 1), wide), m)
+    negative = b.icmp_unsigned("!=", _and(b, codes, 8), const_vector(I8, [0] * n))
+    return b.select(negative, b.sub(const_vector(I8, [0] * n), magnitude), magnitude)
+
+
+def e8m0_half(b, e):
+    """Half of the power of two 2^(e - 127) that E8M0 bytes e (i8 or a vector of them) encode, as
+    float32 (ggml's GGML_E8M0_TO_FP32_HALF: exponent e - 1, subnormal below 2)."""
+    lanes = e.type.count if isinstance(e.type, ir.VectorType) else None
+    i32, f32 = (I32, F32) if lanes is None else (vector(I32, lanes), vector(F32, lanes))
+
+    def const(v):
+        return ir.Constant(i32, v if lanes is None else [v] * lanes)
+    e = b.zext(e, i32)
+    normal = b.shl(b.sub(e, const(1)), const(23))
+    subnormal = b.shl(const(0x00200000), e)
+    return b.bitcast(b.select(b.icmp_unsigned("<", e, const(2)), subnormal, normal), f32)
+
+
+def _mxfp4(b, p):  # e:E8M0 qs[16]: codes j (low nibble) and j + 16 (high nibble)
+    lo, hi = _nibble_halves(b, p, 1)
+    scale = e8m0_half(b, b.load(b.bitcast(p, I8.as_pointer()), align=1))
+    return Block([Group(scale, None, [fp4_values(b, lo), fp4_values(b, hi)], True)])
+
+
 def _k4_groups(b, p, values):
     """Q4_K/Q5_K: eight 32-weight groups under d, dmin and the 12 bytes at p + 4 that pack their
     6-bit scales and mins: scale j < 4 is byte j & 63, min j < 4 byte j + 4 & 63; for j >= 4 the
@@ -217,7 +258,7 @@ def _q3_k(b, p):  # hmask[32], qs[64], scales[12] (6-bit, packed, offset 32), d
     return Block(_two_bit_planes(b, p, 32, group), load_f16(b, p, 108), scales=scales)
 
 
-DECODERS = {T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0,
+DECODERS = {T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0, T.MXFP4: _mxfp4,
             T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k}
 # Where the 32-weight affine types keep their float16 min m (weight = d * q + m) in a block: the
 # dot products read the mins of a row from a copy of them laid side by side (see rowdot.py).

@@ -29,6 +29,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
+from .block_ir import e8m0_half, fp4_values
 from .cpu_features import int8_isa, target_features
 from .rowdot import switch_on_type
 from .threads import in_parallel
@@ -55,6 +56,7 @@ LAYOUTS = {
     T.Q5_0: [(0, 2), (2, 4)] + _words(6, 16, 4),                             # d, qh, qs
     T.Q5_1: [(0, 2), (2, 2), (4, 4)] + _words(8, 16, 4),                     # d, m, qh, qs
     T.Q8_0: [(0, 2)] + _words(2, 32, 4),                                     # d, qs
+    T.MXFP4: [(0, 1)] + _words(1, 16, 4),                                    # e, qs
     T.Q2_K: [(80, 2), (82, 2)] + _words(0, 16, 1) + _words(16, 64, 4),     # d, dmin, scales, qs
     T.Q3_K: [(108, 2)] + _words(96, 12, 1) + _words(0, 32, 4) + _words(32, 64, 4),  # d, scales, hmask, qs
     T.Q4_K: [(0, 2), (2, 2)] + _words(4, 12, 1) + _words(16, 128, 4),       # d, dmin, scales, qs
@@ -336,6 +338,20 @@ class _Q8_0(_Kind):  # d, qs: signed
         yield _Unit([(blk.bytes(2 + 4 * w, 32), 4 * w) for w in range(8)], 2)
 
 
+class _MXFP4(_Kind):  # e, qs: 4-bit codes of signed values
+    activations = "q32"
+    signed = True
+
+    @staticmethod
+    def scales(b, blk, i, act):
+        e = blk.bytes(0, GROUP)
+        return b.fmul(e8m0_half(b, e), splat(b, _scalar(b, act["d32"], i, F32), GROUP), flags=FAST)
+
+    @staticmethod
+    def units(b, blk, step, scale):
+        yield _Unit([(fp4_values(b, codes), first) for codes, first in _nibbles(b, blk, 1)], 2)
+
+
 class _Q2_K(_Kind):
     """scales (byte g: group g's scale in the low nibble, its min in the high one), qs, d, dmin.
     Byte l of chunk c's 32 holds weights 128c + 32j + l in bits 2j, 2j + 1; group g is weights
@@ -518,7 +534,7 @@ class _Q6_K(_Kind):
         return b.shl(sums, const_vector(I32, [5] * GROUP))
 
 
-KINDS = {T.Q4_0: _Q4_0, T.Q4_1: _Q4_1, T.Q5_0: _Q5_0, T.Q5_1: _Q5_1, T.Q8_0: _Q8_0, T.Q2_K: _Q2_K,
+KINDS = {T.Q4_0: _Q4_0, T.Q4_1: _Q4_1, T.Q5_0: _Q5_0, T.Q5_1: _Q5_1, T.Q8_0: _Q8_0, T.MXFP4: _MXFP4, T.Q2_K: _Q2_K,
          T.Q3_K: _Q3_K, T.Q4_K: _Q4_K, T.Q5_K: _Q5_K, T.Q6_K: _Q6_K}
 
 

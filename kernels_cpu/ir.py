@@ -112,7 +112,7 @@ def pair_products_into(b, isa, acc, a, c):
     intrinsic so that LLVM does not re-associate sums of them into one chain of vpdpwssd (4-5
     cycles each: a K-quant super-block then waited ~36 cycles on its own sum)."""
     if isa == "vnni":
-        return _x86(b, "llvm.x86.avx512.vpdpwssd.256", acc.type, [acc, b.bitcast(a, acc.type), b.bitcast(c, acc.type)])
+        return x86_call(b, "llvm.x86.avx512.vpdpwssd.256", acc.type, [acc, b.bitcast(a, acc.type), b.bitcast(c, acc.type)])
     return b.add(acc, pair_products(b, a, c))
 
 
@@ -174,7 +174,7 @@ def horizontal_sum(b, v):
 # 8-bit dot products, by the instructions the target has (cpu_features.int8_isa): LLVM selects
 # vpmaddubsw and vpdpbusd only from their intrinsics (vpmaddubsw saturates, so no plain integer
 # IR means it), and asking for one the target lacks stops the process.
-def _x86(b, name, ret, args):  # (or any LLVM intrinsic)
+def x86_call(b, name, ret, args):  # (or any LLVM intrinsic)
     fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(ret, [a.type for a in args]), name)
     return b.call(fn, args)
 
@@ -188,7 +188,7 @@ def byte_pair_sums(b, isa, u, s):
         n = u.type.count
         return b.add(b.shuffle_vector(p, p, const_vector(I32, range(0, n, 2))),
                      b.shuffle_vector(p, p, const_vector(I32, range(1, n, 2))))
-    return _x86(b, "llvm.x86.avx2.pmadd.ub.sw", vector(I16, 16), [u, s])
+    return x86_call(b, "llvm.x86.avx2.pmadd.ub.sw", vector(I16, 16), [u, s])
 
 
 def word_picks(b, isa, v, lanes):
@@ -205,7 +205,7 @@ def word_picks(b, isa, v, lanes):
         raise ValueError("word_picks reads one half of its vector")
     source = b.shuffle_vector(v, v, const_vector(I32, [8 * half + i % 8 for i in range(16)]))
     control = const_vector(I8, [2 * (lane % 8) + byte for lane in lanes for byte in (0, 1)])
-    picked = _x86(b, "llvm.x86.avx2.pshuf.b", vector(I8, 32), [b.bitcast(source, vector(I8, 32)), control])
+    picked = x86_call(b, "llvm.x86.avx2.pshuf.b", vector(I8, 32), [b.bitcast(source, vector(I8, 32)), control])
     return b.bitcast(picked, vector(I16, 16))
 
 
@@ -214,7 +214,7 @@ def byte_quad_sums(b, isa, acc, u, s):
     unsigned u and signed s (u <= 128, |s| <= 127): one vpdpbusd with VNNI, else vpmaddubsw and
     vpmaddwd by ones."""
     if isa == "vnni":
-        return _x86(b, "llvm.x86.avx512.vpdpbusd.256", acc.type, [acc, u, s])
+        return x86_call(b, "llvm.x86.avx512.vpdpbusd.256", acc.type, [acc, u, s])
     return b.add(acc, pair_products(b, byte_pair_sums(b, isa, u, s), const_vector(I16, [1] * 16)))
 
 
@@ -226,5 +226,5 @@ def signed_byte_quad_sums(b, isa, acc, w, s):
         p = b.mul(b.sext(w, wide), b.sext(s, wide))
         quads = [b.shuffle_vector(p, p, const_vector(I32, range(j, w.type.count, 4))) for j in range(4)]
         return b.add(acc, b.add(b.add(quads[0], quads[1]), b.add(quads[2], quads[3])))
-    magnitude = _x86(b, f"llvm.abs.v{w.type.count}i8", w.type, [w, ir.Constant(ir.IntType(1), 0)])
-    return byte_quad_sums(b, isa, acc, magnitude, _x86(b, "llvm.x86.avx2.psign.b", s.type, [s, w]))
+    magnitude = x86_call(b, f"llvm.abs.v{w.type.count}i8", w.type, [w, ir.Constant(ir.IntType(1), 0)])
+    return byte_quad_sums(b, isa, acc, magnitude, x86_call(b, "llvm.x86.avx2.psign.b", s.type, [s, w]))

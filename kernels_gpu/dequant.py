@@ -14,6 +14,8 @@ import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
+from gguf_io.quant_types import MXFP4_VALUES
+
 
 def _blocks(raw: torch.Tensor, qtype) -> torch.Tensor:
     """(N, row bytes) -> (N, blocks per row, block bytes)."""
@@ -77,6 +79,16 @@ def q8_0(raw):
     b = _blocks(raw, T.Q8_0)
     q = b[..., 2:34].view(torch.int8).to(torch.float32)
     return _weights(_f16(b[..., 0:2])[..., None] * q, raw.shape[0])
+
+
+def mxfp4(raw):
+    """E8M0 scale e, 16 bytes of 4-bit E2M1 codes (low nibbles first): weight = code's value *
+    2^(e - 127), the values doubled in the table and the scale halved, as ggml writes them."""
+    b = _blocks(raw, T.MXFP4)
+    values = torch.tensor(MXFP4_VALUES, dtype=torch.float32, device=raw.device)[_nibbles(b[..., 1:17]).long()]
+    e = b[..., 0].to(torch.int32)
+    half_scale = torch.where(e < 2, 0x00200000 << e, (e - 1) << 23).view(torch.float32)
+    return _weights(half_scale[..., None, None] * values, raw.shape[0])
 
 
 def _scaled(d, scales, q, group):
@@ -158,5 +170,5 @@ def bf16(raw):
 
 
 DEQUANTIZE = {T.F32: f32, T.F16: f16, T.BF16: bf16, T.Q4_0: q4_0, T.Q4_1: q4_1, T.Q5_0: q5_0,
-              T.Q5_1: q5_1, T.Q8_0: q8_0, T.Q2_K: q2_k, T.Q3_K: q3_k, T.Q4_K: q4_k, T.Q5_K: q5_k,
+              T.Q5_1: q5_1, T.Q8_0: q8_0, T.MXFP4: mxfp4, T.Q2_K: q2_k, T.Q3_K: q3_k, T.Q4_K: q4_k, T.Q5_K: q5_k,
               T.Q6_K: q6_k}
