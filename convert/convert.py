@@ -5,9 +5,11 @@ import re
 from pathlib import Path
 
 import numpy as np
+from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType
 
 from gguf_io import GGUFError, GGUFFile, read_params
+from gguf_io.quant_types import FLOAT_TYPES
 
 from .errors import ConversionError
 from .gguf_out import PlannedTensor, Summary, typed_value, write_gguf
@@ -41,25 +43,63 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True) -
     # experts, stacked), or half of one (gate and up held as one); first those the config holds
     planned: list[tuple[str, tuple[int, ...], object]] = [
         (name, values.shape, lambda v=values: v) for name, values in hf.extra_tensors.items()]
-    for hf_name, parts in _stacked_experts(ckpt.names(), hf.n_expert).items():
-        shape = ckpt.shape(parts[0]) if parts[0] == hf_name else (len(parts), *ckpt.shape(parts[0]))
+    carried = _mxfp4_tensors(ckpt, hf)  # (and MXFP4 experts as the checkpoint holds them)
+    names = [n for n in ckpt.names() if not n.endswith(("_blocks", "_scales")) or n.rsplit("_", 1)[0] not in carried]
+    for hf_name, parts in _stacked_experts(names, hf.n_expert).items():
+        shape = hf.oriented_shape(hf_name, ckpt.shape(parts[0]) if parts[0] == hf_name
+                                  else (len(parts), *ckpt.shape(parts[0])))
         halves = hf.fused_halves(hf_name)
-        if halves:
-            half = (*shape[:-2], shape[-2] // 2, shape[-1])
-            planned += [(name, tuple(reversed(half)), lambda h=parts, j=j: np.split(_read(ckpt, h), 2, axis=-2)[j])
-                        for j, name in enumerate(halves)]
+        if halves:  # (a bias's values, else a matrix's rows)
+            axis = -1 if halves[0].endswith(".bias") else -2
+            half = list(shape)
+            half[axis] //= 2
+            planned += [(name, tuple(reversed(half)), lambda h=parts, n=hf_name, a=axis, j=j:
+                         hf.gate_up_halves(hf.orient(n, _read(ckpt, h)), a)[j]) for j, name in enumerate(halves)]
             continue
         name = hf.gguf_name(hf_name)
         if name is not None:
-            planned.append((name, tuple(reversed(shape)), lambda n=name, h=parts: hf.transform(n, _read(ckpt, h))))
+            planned.append((name, tuple(reversed(shape)),
+                            lambda n=name, h=parts, hn=hf_name: hf.transform(n, hf.orient(hn, _read(ckpt, h)))))
     if not any(p[0] == "token_embd.weight" for p in planned):
         raise ConversionError("the checkpoint has no token embedding (model.embed_tokens.weight)")
     types = mix_types(file_type, {name: shape for name, shape, _ in planned}, hf.n_layer, hf.n_head, hf.n_head_kv,
                       hf.n_expert)
     tensors = [PlannedTensor(name, shape, types[name], load) for name, shape, load in planned]
+    tensors += [t for ts in carried.values() for t in ts]
 
-    metadata = model_metadata(folder.resolve().name, hf, file_type, tok, special)
+    # (a float conversion that carries MXFP4 experts is an MXFP4_MOE file, as llama.cpp names it)
+    written_type = "MXFP4_MOE" if carried and FILE_TYPES[file_type][0] in FLOAT_TYPES else file_type
+    metadata = model_metadata(folder.resolve().name, hf, written_type, tok, special)
     return write_gguf(out, hf.arch.name, metadata, tensors, progress)
+
+
+def _mxfp4_tensors(ckpt, hf: HFModel) -> dict[str, list[PlannedTensor]]:
+    """An MXFP4 checkpoint's expert tensors (gpt-oss: x_blocks and x_scales), carried through as
+    llama.cpp's MXFP4 blocks: checkpoint name x -> its GGUF tensors (gate and up apart)."""
+    carried = {}
+    for blocks_name in (n for n in ckpt.names() if n.endswith("_blocks")):
+        base = blocks_name[:-len("_blocks")]
+        shape, scales_shape = ckpt.shape(blocks_name), ckpt.shape(base + "_scales") if base + "_scales" in ckpt.location else None
+        if len(shape) != 4 or shape[-1] != 16 or scales_shape != shape[:-1]:
+            raise ConversionError(f"{blocks_name}: MXFP4 blocks must be [experts, rows, blocks, 16] with "
+                                  f"[experts, rows, blocks] scales beside them")
+        halves = hf.fused_halves(base)
+        names = halves or (hf.gguf_name(base),)
+        n_rows = shape[1] // len(names)
+        carried[base] = [PlannedTensor(name, (shape[2] * 32, n_rows, shape[0]), T.MXFP4,
+                                       lambda b=base, j=j, n=len(names): _ggml_mxfp4(ckpt, b)[:, j::n], quantized=True)
+                         for j, name in enumerate(names)]
+    return carried
+
+
+def _ggml_mxfp4(ckpt, base: str) -> np.ndarray:
+    """MXFP4 blocks as a checkpoint holds them (two E2M1 codes a byte, element 2i in the low
+    nibble; the E8M0 scales apart) as ggml's blocks: the scale byte, then 16 bytes whose byte j
+    holds element j (low nibble) and j + 16 (high). The codes and the scale byte are the same
+    numbers in both; (experts, rows, blocks, 17)."""
+    blocks, scales = ckpt.bytes(base + "_blocks"), ckpt.bytes(base + "_scales")
+    codes = np.stack([blocks & 15, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], 32)
+    return np.concatenate([scales[..., None], codes[..., :16] | (codes[..., 16:] << 4)], axis=-1)
 
 
 _EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(.*)")

@@ -42,19 +42,40 @@ class HFModel:
         hf_name = hf_name.replace("model.language_model.", "model.").replace("language_model.model.", "model.")
         if (hf_name == "lm_head.weight" and self.tied) or hf_name.endswith("rotary_emb.inv_freq"):
             return None
-        name = self._names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        # (parameters named x_bias are x's bias; bare parameters, such as gpt-oss's experts and
+        # sinks, are weights: as llama.cpp's converter renames them)
+        name = self._names.get_name(re.sub(r"_bias$", ".bias", hf_name), try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ConversionError(f"tensor {hf_name!r} is not part of a supported {self.arch.name} checkpoint")
-        return name
+        return name if name.endswith((".weight", ".bias")) else name + ".weight"
 
     def fused_halves(self, hf_name: str) -> tuple[str, str] | None:
-        """The GGUF names of the gate and up halves of a checkpoint tensor holding both (in that
-        order along its rows), where the architecture declares one; else None."""
+        """The GGUF names of the gate and up halves of a checkpoint tensor holding both, where the
+        architecture declares one; else None."""
         layer = re.search(r"layers\.(\d+)\.", hf_name)
-        for suffix, gate, up in self.arch.fused_gate_up:
+        for suffix, gate, up, gguf_suffix in self.arch.fused_gate_up:
             if hf_name.endswith(suffix) and layer:
-                return self.arch.tensor_name(gate, int(layer[1])), self.arch.tensor_name(up, int(layer[1]))
+                return tuple(self.arch.tensor_name(t, int(layer[1]), gguf_suffix) for t in (gate, up))
         return None
+
+    def _in_out(self, hf_name: str, shape: tuple[int, ...]) -> bool:
+        """Whether a checkpoint tensor is stacked experts held as [experts, in, out]."""
+        return self.arch.experts_in_out and len(shape) == 3 and ".experts." in hf_name
+
+    def oriented_shape(self, hf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """A checkpoint tensor's shape as GGUF takes it (numpy order): [experts, out, in]."""
+        return (*shape[:-2], shape[-1], shape[-2]) if self._in_out(hf_name, shape) else shape
+
+    def orient(self, hf_name: str, w: np.ndarray) -> np.ndarray:
+        return w.swapaxes(-1, -2) if self._in_out(hf_name, w.shape) else w
+
+    def gate_up_halves(self, w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+        """Gate and up of a fused tensor (oriented), along its rows (axis -2) or a bias's values
+        (axis -1): the first half and the second, or alternating ones (gate_up_interleaved)."""
+        n = w.shape[axis]
+        if self.arch.gate_up_interleaved:
+            return tuple(np.take(w, np.arange(j, n, 2), axis=axis) for j in (0, 1))
+        return tuple(np.split(w, 2, axis=axis))
 
     def transform(self, gguf_name: str, w: np.ndarray) -> np.ndarray:
         if self.arch.norm_plus_one and gguf_name.endswith("norm.weight"):
@@ -157,7 +178,7 @@ def model_from_config(cfg: dict) -> HFModel:
     if rope_layers is not None and list(rope_layers) != [int((i + 1) % 4 != 0) for i in range(n_layer)]:
         raise ConversionError("no_rope_layers other than every fourth layer without RoPE are not supported "
                               "(llama.cpp fixes that interval)")
-    n_expert = _experts(cfg, md)
+    n_expert = _experts(cfg, md, arch)
     md.update({key: float(cfg[name]) for name, key in _MULTIPLIERS.items() if cfg.get(name)})
     tied = bool(cfg.get("tie_word_embeddings", arch.tied_by_default))
     return HFModel(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, vocab_size, tied, md, n_expert,
@@ -217,7 +238,7 @@ def _long_rope(cfg: dict, rope: dict, md: dict, rope_type: str) -> dict:
             "rope_factors_short.weight": np.asarray(short, np.float32)}
 
 
-def _experts(cfg: dict, md: dict) -> int:
+def _experts(cfg: dict, md: dict, arch: Architecture) -> int:
     """A mixture's hyperparameters into md (as llama.cpp's converter names them); its expert count."""
     n_expert = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
     if not n_expert:
@@ -227,8 +248,8 @@ def _experts(cfg: dict, md: dict) -> int:
                               "decoder_sparse_step) are not supported")
     md["expert_count"] = n_expert
     md["expert_used_count"] = int(cfg["num_experts_per_tok"])
-    if cfg.get("moe_intermediate_size"):
-        md["expert_feed_forward_length"] = int(cfg["moe_intermediate_size"])
+    if cfg.get("moe_intermediate_size") or arch.writes_expert_ff_length:
+        md["expert_feed_forward_length"] = int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
     shared = cfg.get("shared_expert_intermediate_size") or cfg.get("shared_intermediate_size")
     if shared:
         md["expert_shared_feed_forward_length"] = int(shared)

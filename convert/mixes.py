@@ -35,6 +35,7 @@ FILE_TYPES: dict[str, tuple[T, LlamaFileType]] = {
     "Q5_K_S": (T.Q5_K, LlamaFileType.MOSTLY_Q5_K_S),
     "Q5_K_M": (T.Q5_K, LlamaFileType.MOSTLY_Q5_K_M),
     "Q6_K": (T.Q6_K, LlamaFileType.MOSTLY_Q6_K),
+    "MXFP4_MOE": (T.MXFP4, LlamaFileType.MOSTLY_MXFP4_MOE),  # a mixture's experts MXFP4, the rest Q8_0 (gpt-oss)
 }
 
 
@@ -85,14 +86,16 @@ class _TypeChooser:
             return T.F32
         if default in FLOAT_TYPES:
             return default
-        return self._fallback(self._mix(name, shape[0], default), shape[0])
+        return self._fallback(self._mix(name, shape, default), shape[0])
 
-    def _mix(self, name: str, n_cols: int, t: T) -> T:
+    def _mix(self, name: str, shape: tuple[int, ...], t: T) -> T:
         ft, cat = self.file_type, _category(name)
         if cat == "output" or (cat == "token_embd" and self.tied_embeddings):
-            if n_cols % GGML_QUANT_SIZES[t][0]:
+            if ft == "MXFP4_MOE" or shape[0] % GGML_QUANT_SIZES[t][0]:
                 return T.Q8_0
             return t if t == T.Q8_0 else T.Q6_K
+        if ft == "MXFP4_MOE":  # (experts are the 3-D tensors)
+            return T.MXFP4 if len(ggml_dims(shape)) > 2 else T.Q8_0
         if cat == "token_embd":
             return t
         if cat == "attn_k" and self.n_expert == 8:

@@ -15,7 +15,8 @@ import numpy as np
 
 from .errors import ConversionError
 
-_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+# (U8: the blocks and scales of an MXFP4 checkpoint, carried through as bytes)
+_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "U8": np.dtype("u1")}
 MAX_HEADER = 100 * 2**20
 
 
@@ -46,7 +47,7 @@ class SafetensorsFile:
                 raise ConversionError(f"{path.name}: corrupt entry for tensor {name!r}") from None
             if dtype not in _DTYPES:
                 raise ConversionError(f"{path.name}: tensor {name!r} has dtype {dtype}; "
-                                      "F32, F16 and BF16 are supported")
+                                      "F32, F16, BF16 and U8 (MXFP4 blocks) are supported")
             count = int(np.prod(shape, dtype=np.int64))
             if end - begin != count * _DTYPES[dtype].itemsize or begin < 0 or 8 + n + end > size:
                 raise ConversionError(f"{path.name}: tensor {name!r} has inconsistent or out-of-file data offsets")
@@ -54,6 +55,8 @@ class SafetensorsFile:
 
     def float32(self, name: str) -> np.ndarray:
         dtype, shape, offset, count = self.entries[name]
+        if dtype == "U8":
+            raise ConversionError(f"{self.path.name}: tensor {name!r} holds bytes (U8), not weights")
         raw = np.frombuffer(self._map, _DTYPES[dtype], count, offset)
         if dtype == "BF16":
             out = (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
@@ -65,6 +68,13 @@ class SafetensorsFile:
         start = offset - offset % mmap.PAGESIZE
         self._map.madvise(mmap.MADV_DONTNEED, start, offset + count * _DTYPES[dtype].itemsize - start)
         return out
+
+    def bytes(self, name: str) -> np.ndarray:
+        """A U8 tensor's bytes (a copy)."""
+        dtype, shape, offset, count = self.entries[name]
+        if dtype != "U8":
+            raise ConversionError(f"{self.path.name}: tensor {name!r} is {dtype}, not bytes (U8)")
+        return np.frombuffer(self._map, np.uint8, count, offset).reshape(shape).copy()
 
 
 class Checkpoint:
@@ -108,3 +118,6 @@ class Checkpoint:
 
     def float32(self, name: str) -> np.ndarray:
         return self.location[name].float32(name)
+
+    def bytes(self, name: str) -> np.ndarray:
+        return self.location[name].bytes(name)

@@ -26,6 +26,7 @@ class Architecture:
     rope_base_swa: float | None = None  # RoPE base of the sliding layers (None: the global layers')
     # mixtures of experts: llama.cpp fixes these per architecture in its graph
     expert_weights_norm: bool = False  # the chosen experts' weights are renormalized to sum to 1
+    expert_gating: int = 1            # router logits -> weights (hparams.GATING: llama.cpp's gating function ids)
     # how llama.cpp's converter writes it from a checkpoint:
     permute_qk: bool = False          # Q/K rows permuted for the interleaved rotary pairing of llama.cpp's graph
     norm_plus_one: bool = False       # the checkpoint stores RMSNorm weights as w - 1
@@ -43,8 +44,13 @@ class Architecture:
     writes_vocab_size: bool = False   # {arch}.vocab_size, always
     writes_rope_dims: bool = False    # rope.dimension_count, also when it is the head size
     writes_head_dims: bool = False    # attention.key_length / value_length, also when implied
-    # checkpoint tensors (by name suffix) holding gate and up as one, that llama.cpp writes apart
-    fused_gate_up: tuple[tuple[str, MODEL_TENSOR, MODEL_TENSOR], ...] = ()
+    # checkpoint tensors (by name suffix) holding gate and up as one, that llama.cpp writes apart:
+    # (suffix, gate tensor, up tensor, GGUF suffix), gate rows first or, if gate_up_interleaved,
+    # alternating (gpt-oss)
+    fused_gate_up: tuple[tuple[str, MODEL_TENSOR, MODEL_TENSOR, str], ...] = ()
+    gate_up_interleaved: bool = False
+    experts_in_out: bool = False      # the checkpoint's stacked expert matrices are [experts, in, out] (gpt-oss)
+    writes_expert_ff_length: bool = False  # expert_feed_forward_length, from intermediate_size where no other says
     sentencepiece_first: bool = False  # a tokenizer.model wins over tokenizer.json
     space_prefix: bool | None = None  # tokenizer.ggml.add_space_prefix, when the architecture fixes it
 
@@ -84,8 +90,17 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("granitemoe", MODEL_ARCH.GRANITE_MOE, ("granitemoe", "granitemoeshared"), permute_qk=True,
                  no_bos_vocab_size=49152, writes_vocab_size=True, writes_rope_dims=True, expert_weights_norm=True,
                  fused_gate_up=(
-                     ("block_sparse_moe.input_linear.weight", MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP),
-                     ("shared_mlp.input_linear.weight", MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP))),
+                     ("block_sparse_moe.input_linear.weight", MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP,
+                      "weight"),
+                     ("shared_mlp.input_linear.weight", MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP,
+                      "weight"))),
+    # gpt-oss: attention sinks and biases, experts picked by their logits (llama.cpp's softmax_weight
+    # gating), sliding layers alternating with global ones from the first, YaRN from the file
+    Architecture("gpt-oss", MODEL_ARCH.GPT_OSS, ("gpt_oss",), swa_pattern=2, expert_gating=3,
+                 fused_gate_up=(
+                     ("mlp.experts.gate_up_proj", MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP, "weight"),
+                     ("mlp.experts.gate_up_proj_bias", MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP, "bias")),
+                 gate_up_interleaved=True, experts_in_out=True, writes_expert_ff_length=True),
     Architecture("glm4", MODEL_ARCH.GLM4, ("glm4",), rotary_share=0.5, writes_rope_dims=True, writes_head_dims=True,
                  special_tokens=(("eos", "<|endoftext|>"), ("eot", "<|user|>"), ("unk", "<|endoftext|>"),
                                  ("bos", "<|endoftext|>"))),

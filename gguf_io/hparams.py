@@ -41,7 +41,7 @@ class ModelParams:
     n_expert_used: int = 0
     n_ff_exp: int = 0      # hidden size of one expert
     n_ff_shexp: int = 0    # hidden size of the shared expert (Qwen2-MoE)
-    expert_gating: str = "softmax"  # router logits -> probabilities: "softmax" or "sigmoid"
+    expert_gating: str = "softmax"  # router logits -> weights: "softmax", "sigmoid" or "softmax_weight"
     expert_weights_norm: bool = False  # renormalize the chosen experts' probabilities to sum to 1
     expert_weights_scale: float = 1.0
     # YaRN (yarn_factor 0: none): frequencies between interpolation by the factor and extrapolation,
@@ -69,8 +69,8 @@ class ModelParams:
         return [self.sliding_window if slides else 0 for slides in self.swa_layers]
 
 
-# gguf's ExpertGatingFuncType
-_GATING = {1: "softmax", 2: "sigmoid"}
+# gguf's ExpertGatingFuncType, and llama.cpp's own 3 (the softmax over the chosen experts' logits)
+GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
 
 
 def _int_array_or_scalar(value, n_layer: int, key: str) -> int:
@@ -142,8 +142,8 @@ def read_params(f: GGUFFile) -> ModelParams:
     if n_expert and not 0 < n_expert_used <= n_expert:
         raise GGUFError(f"{f.path.name}: {n_expert_used} experts used of {n_expert}")
     n_ff_exp = (int(get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, 0)) or n_ff) if n_expert else 0
-    gating = int(get(Keys.LLM.EXPERT_GATING_FUNC, 1))
-    if gating not in _GATING:
+    gating = int(get(Keys.LLM.EXPERT_GATING_FUNC, arch.expert_gating if arch else 1))
+    if gating not in GATING:
         raise GGUFError(f"{f.path.name}: expert gating function {gating} is not supported")
     context_length = int(get(Keys.LLM.CONTEXT_LENGTH, 2048))
     vocab = get(Keys.LLM.VOCAB_SIZE)
@@ -171,7 +171,7 @@ def read_params(f: GGUFFile) -> ModelParams:
         attn_softcap=float(get(Keys.LLM.ATTN_LOGIT_SOFTCAPPING, 0.0)),
         n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
         n_ff_shexp=int(get(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, n_ff_exp)),
-        expert_gating=_GATING[gating],
+        expert_gating=GATING[gating],
         expert_weights_norm=bool(get(Keys.LLM.EXPERT_WEIGHTS_NORM, arch.expert_weights_norm if arch else False)),
         expert_weights_scale=float(get(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0)) or 1.0,
         embedding_scale=float(get(Keys.LLM.EMBEDDING_SCALE, 0.0)),

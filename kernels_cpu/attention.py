@@ -3,6 +3,10 @@
 Every slot carries the position it holds, and the mask is computed from positions, never from
 slot indices, so any slot order works (the ring of kv_cache.py, sliding windows).
 A few queries (decode) run a Numba kernel; many (prefill) run BLAS products per head.
+
+Attention sinks (gpt-oss): each head's learned logit joins its softmax's denominator, taking a
+share of the weight that no value carries. A head without one has a sink at MASKED, whose
+exp is exactly 0: the same arithmetic, bit for bit.
 """
 import math
 
@@ -57,12 +61,16 @@ def _exp_scores(row, qp, k_pos, window, softcap):
 
 
 @njit(cache=True, nogil=True, fastmath=True)
-def softmax_visible(scores, q_pos, k_pos, window, softcap):
-    """Attention weights from scores (queries, slots), in place; see _exp_scores for the mask."""
+def softmax_visible(scores, q_pos, k_pos, window, softcap, sink):
+    """Attention weights from scores (queries, slots), in place, beside the head's sink logit;
+    see _exp_scores for the mask."""
     for t in range(scores.shape[0]):
-        _, total = _exp_scores(scores[t], q_pos[t], k_pos, window, softcap)
+        best, total = _exp_scores(scores[t], q_pos[t], k_pos, window, softcap)
+        top = max_f32(best, sink)
+        shift = exp_f32(best - top)
+        total = total * shift + exp_f32(sink - top)
         if total > 0:
-            scores[t] *= np.float32(1.0) / total
+            scores[t] *= shift / total
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
@@ -102,9 +110,10 @@ def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, m
 
 
 @njit(cache=True, parallel=True, fastmath=True)
-def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, out, group_tag):
+def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, sinks, out, group_tag):
     """Grouped-query attention of a few queries q (T, heads, dim) over the first len(k_pos) slots
-    of the cache, keys and values as new_cache lays them out; group_tag is
+    of the cache, keys and values as new_cache lays them out, with each head's sink logit
+    (sinks, MASKED where none); group_tag is
     intrinsics.rows_tag(heads per KV head).
 
     Jobs are (token, kv head, chunk of slots), run on all threads (one parallel region costs
@@ -122,22 +131,23 @@ def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, out, gr
     # region of its own, a few microseconds apiece)
     for job in prange(n_jobs):
         _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, maxima, sums, partial, group_tag)
-    _combine_chunks(maxima, sums, partial, n_kv, n_chunks, out)
+    _combine_chunks(maxima, sums, partial, sinks, n_kv, n_chunks, out)
 
 
 @njit(cache=True, fastmath=True, inline="always")
-def _combine_chunks(maxima, sums, partial, n_kv, n_chunks, out):
-    """out[t, h] from the per-chunk softmax maxima, sums and weighted values of attention_few."""
+def _combine_chunks(maxima, sums, partial, sinks, n_kv, n_chunks, out):
+    """out[t, h] from the per-chunk softmax maxima, sums and weighted values of attention_few,
+    and the head's sink."""
     n_tokens, n_head, value_dim = out.shape
     group = n_head // n_kv
     for t in range(n_tokens):
         for h in range(n_head):
             kv, g = h // group, h % group
             first_job = (t * n_kv + kv) * n_chunks
-            best = MASKED
+            best = sinks[h]
             for job in range(first_job, first_job + n_chunks):
                 best = max(best, maxima[job, g])
-            total = np.float32(0.0)
+            total = exp_f32(sinks[h] - best)
             row = out[t, h]
             row[:] = 0.0
             for job in range(first_job, first_job + n_chunks):
@@ -151,14 +161,15 @@ def _combine_chunks(maxima, sums, partial, n_kv, n_chunks, out):
                 row[i] *= inv
 
 
-def attention(q, keys, values, q_pos, k_pos, scale, window, softcap):
+def attention(q, keys, values, q_pos, k_pos, scale, window, softcap, sinks):
     """Attention of queries q (T, heads, dim) at positions q_pos over the cache's first len(k_pos)
-    slots; returns (T, heads, value dim)."""
+    slots, beside each head's sink logit (sinks (heads,), MASKED where none); returns (T, heads,
+    value dim)."""
     n_tokens, n_head, _ = q.shape
     out = np.empty((n_tokens, n_head, head_dims(keys, values)[1]), dtype=np.float32)
     args = (np.float32(scale), int(window), np.float32(softcap))
     if n_tokens <= FEW_QUERIES:
-        attention_few(q, as_kernel_array(keys), as_kernel_array(values), q_pos, k_pos, *args, out,
+        attention_few(q, as_kernel_array(keys), as_kernel_array(values), q_pos, k_pos, *args, sinks, out,
                       rows_tag(n_head // keys.shape[0]))
         return out
     group = n_head // keys.shape[0]
@@ -175,7 +186,7 @@ def attention(q, keys, values, q_pos, k_pos, scale, window, softcap):
             k, v = converted[kv]
             for (a, b), (begin, end) in zip(chunks, spans):
                 scores = (q[a:b, h, :] * args[0]) @ k[:, begin:end]
-                softmax_visible(scores, q_pos[a:b], k_pos[begin:end], args[1], args[2])
+                softmax_visible(scores, q_pos[a:b], k_pos[begin:end], args[1], args[2], sinks[h])
                 np.matmul(scores, v[begin:end], out=out[a:b, h, :])
     in_parallel(heads, n_head)
     return out

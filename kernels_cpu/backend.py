@@ -9,13 +9,13 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from . import amx, ops
-from .attention import attention
+from .attention import MASKED, attention
 from .bandwidth import read_bandwidth
 from .blocks import SUPPORTED_TYPES
 from .activations import rounding_kind
 from .cpu_features import int8_isa, memory_streams
-from .experts import (GATING, ExpertStack, check_expert_ids, combine, expert_products, grouped_products, route,
-                      sigmoid_gate)
+from .experts import (GATING, ExpertStack, check_expert_ids, combine, expert_products, expert_rows,
+                      grouped_products, route, sigmoid_gate)
 from .kv_layout import ELEMENTS, as_kernel_array, cached_rows, export_rows, import_rows, new_cache, store_kv
 from .matmul import FEW_TOKENS, decode_stack, load_matrix, matmuls, stacked
 from .step_program import Op, run_step
@@ -37,6 +37,7 @@ class CpuBackend:
         # beside them (prefill tiles) then fights them for the cores and runs ~10x slower.
         threadpool_limits(1, user_api="blas")
         self._rope_tables: dict = {}
+        self._no_sinks: dict = {}  # heads -> sink logits that take no weight
         self.constants = weakref.WeakValueDictionary()  # id -> weight vector (a step program reads them)
         self.recorder = None  # a step_program.Recorder while a decode step is being recorded
         self.replay_checked = False  # a replay agreed with an eager step (step_program.run_step)
@@ -129,6 +130,13 @@ class CpuBackend:
         out = self._recorded(out, "expert_products", stack, x, ids)
         return [out[m] for m in range(len(ws))]
 
+    def expert_rows(self, table, ids):
+        slots = ids.view(np.ndarray).reshape(-1)  # (the backend's own check, not a read of the model's)
+        check_expert_ids(slots, table.shape[0])
+        out = np.empty((slots.size, table.shape[1]), dtype=np.float32)
+        expert_rows(table, slots, out)
+        return self._recorded(out, "expert_rows", table, ids)
+
     def expert_combine(self, y, weights):
         y = np.ascontiguousarray(y)
         out = np.empty((weights.shape[0], y.shape[1]), dtype=np.float32)
@@ -195,10 +203,14 @@ class CpuBackend:
         if self.recorder is not None:
             self.recorder.store_kv(keys, values, slots, k, v)
 
-    def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap):
+    def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap, sinks=None):
         q = np.ascontiguousarray(q)
-        out = attention(q, keys, values, q_pos, k_pos, scale, window, softcap)
-        return self._recorded(out, "attention", q, keys, values, q_pos, k_pos, scale, window, softcap)
+        if sinks is None:  # (a sink at MASKED takes no weight)
+            sinks = self._no_sinks.get(q.shape[1])
+            if sinks is None:
+                sinks = self._no_sinks[q.shape[1]] = self.load_vector(np.full(q.shape[1], MASKED))
+        out = attention(q, keys, values, q_pos, k_pos, scale, window, softcap, sinks)
+        return self._recorded(out, "attention", q, keys, values, q_pos, k_pos, scale, window, softcap, sinks)
 
     def silu_mul(self, gate, up):
         ops.silu_mul(gate, up)
@@ -210,4 +222,11 @@ class CpuBackend:
         ops.gelu_mul(gate, up)
         if self.recorder is not None:
             self.recorder.gated(Op.GELU_MUL, gate, up)
+        return gate
+
+    def clamped_swiglu(self, gate, up, alpha, limit):
+        gate, up = np.ascontiguousarray(gate), np.ascontiguousarray(up)
+        ops.clamped_swiglu(gate, up, np.float32(alpha), np.float32(limit))
+        if self.recorder is not None:
+            self.recorder.clamped_swiglu(gate, up, alpha, limit)
         return gate

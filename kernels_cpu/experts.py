@@ -20,8 +20,8 @@ from numba.extending import overload
 from .activations import quantize_activations
 from .matmul import TASK_ROWS, _formats, _table, matmuls, matrix_arrays, rows_product, stacked, streamed_task
 
-SOFTMAX, SIGMOID = 0, 1
-GATING = {"softmax": SOFTMAX, "sigmoid": SIGMOID}
+SOFTMAX, SIGMOID, SOFTMAX_WEIGHT = 0, 1, 2
+GATING = {"softmax": SOFTMAX, "sigmoid": SIGMOID, "softmax_weight": SOFTMAX_WEIGHT}
 # the smallest sum renormalized weights divide by (llama.cpp clamps to float16's smallest normal)
 MIN_WEIGHT_SUM = np.float32(6.103515625e-5)
 
@@ -29,9 +29,10 @@ MIN_WEIGHT_SUM = np.float32(6.103515625e-5)
 @njit(cache=True, fastmath=False, error_model="numpy")
 def route(logits, gating, norm, scale, ids, weights):
     """Each token's top experts: ids[t] (k,) the k highest-probability experts of logits[t]
-    (probabilities by `gating`: SOFTMAX over the experts, or SIGMOID each), best first, ties to
-    the lower id; weights[t] their probabilities, renormalized to sum to 1 if `norm`, times
-    `scale`. A NaN logit still yields k distinct valid ids."""
+    (probabilities by `gating`: SOFTMAX over the experts, or SIGMOID each; SOFTMAX_WEIGHT picks
+    by the logits and takes the softmax over the chosen ones: gpt-oss), best first, ties to the
+    lower id; weights[t] their probabilities, renormalized to sum to 1 if `norm`, times `scale`.
+    A NaN logit still yields k distinct valid ids."""
     n_tokens, n_expert = logits.shape
     k = ids.shape[1]
     probs = np.empty(n_expert, np.float32)
@@ -40,6 +41,8 @@ def route(logits, gating, norm, scale, ids, weights):
         if gating == SIGMOID:
             for e in range(n_expert):
                 probs[e] = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-logits[t, e])))
+        elif gating == SOFTMAX_WEIGHT:
+            probs[:] = logits[t]
         else:
             top = logits[t, 0]
             for e in range(1, n_expert):
@@ -59,6 +62,8 @@ def route(logits, gating, norm, scale, ids, weights):
             taken[best] = True
             ids[t, j] = best
             weights[t, j] = probs[best]
+        if gating == SOFTMAX_WEIGHT:
+            _softmax(weights[t])
         if norm:
             total = np.float32(0.0)
             for j in range(k):
@@ -68,6 +73,27 @@ def route(logits, gating, norm, scale, ids, weights):
                 weights[t, j] /= total
         for j in range(k):
             weights[t, j] *= scale
+
+
+@njit(cache=True, fastmath=False, error_model="numpy", inline="always")
+def _softmax(x):
+    top = x[0]
+    for v in x[1:]:
+        top = max(top, v)
+    total = np.float32(0.0)
+    for j in range(x.shape[0]):
+        x[j] = np.float32(math.exp(x[j] - top))
+        total += x[j]
+    for j in range(x.shape[0]):
+        x[j] /= total
+
+
+@njit(cache=True)
+def expert_rows(table, ids, out):
+    """out[s] = table[ids[s]]: each slot's row of a per-expert table (gpt-oss's expert biases).
+    The caller checks every id against the experts."""
+    for s in range(ids.shape[0]):
+        out[s] = table[ids[s]]
 
 
 def token_acts(acts, t):

@@ -102,3 +102,15 @@ def softcap(x, cap, out):
     """out = cap * tanh(x / cap), x and out 1-d."""
     for i in range(x.shape[0]):
         out[i] = cap * math.tanh(x[i] / cap)
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def clamped_swiglu(gate, up, alpha, limit):
+    """gpt-oss's SwiGLU, as ggml's swiglu_oai: g * sigmoid(alpha * g) * (u + 1), with g = gate
+    clamped above at limit and u = up clamped to [-limit, limit]; written into gate."""
+    for t in range(gate.shape[0]):
+        g, u = gate[t], up[t]
+        for i in range(g.shape[0]):
+            x = min(g[i], limit)
+            y = min(max(u[i], -limit), limit)
+            g[i] = x / (np.float32(1.0) + exp_f32(-alpha * x)) * (y + np.float32(1.0))

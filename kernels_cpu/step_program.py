@@ -29,7 +29,7 @@ from .kv_layout import as_kernel_array, head_dims, store_kv
 from .activations import rounding_kind
 from .cpu_features import memory_streams
 from .type_sets import tagged_dtype
-from .experts import combine, expert_products, route, sigmoid_gate
+from .experts import combine, expert_products, expert_rows, route, sigmoid_gate
 from .matmul import MATRIX, check_row_ids, dequantize_matrix_rows, products
 
 class Op(IntEnum):
@@ -50,6 +50,8 @@ class Op(IntEnum):
     EXPERT_PRODUCTS = 14  # out = the products of x with the chosen experts of a stack's matrices
     COMBINE = 15     # out = the chosen experts' outputs weighted
     SIGMOID_GATE = 16  # x *= sigmoid(g)
+    EXPERT_ROWS = 17   # out[s] = the table's row of slot s's expert
+    CLAMPED_SWIGLU = 18  # gate = gpt-oss's clamped swiglu(gate, up)
 
 
 # What an operand names, which the recorder checks as it writes a row:
@@ -92,7 +94,7 @@ StoreKv, _ = _operation("StoreKv", cache="cache", slots="input", k="f32", v="f32
 Attention, AttentionParams = _operation(
     "Attention", ("scale", "softcap"), q="f32", tokens="count", heads="count", cache="cache",
     query_positions="input", key_positions="input", out="f32", window="count", key_dim="count",
-    value_dim="count")
+    value_dim="count", sinks="f32")
 Gated, _ = _operation("Gated", gate="f32", up="f32", rows="count", width="count")
 Softcap, SoftcapParams = _operation("Softcap", ("cap",), x="f32", out="f32", n="count")
 Route, RouteParams = _operation("Route", ("scale",), logits="f32", ids="i32", weights="f32", tokens="count",
@@ -101,10 +103,15 @@ ExpertProducts, _ = _operation("ExpertProducts", x="f32", ids="i32", out="f32", 
                                slots="count", n="count", matrices="count", first="matrix", formats="formats")
 Combine, _ = _operation("Combine", y="f32", weights="f32", out="f32", tokens="count", k="count", n="count")
 SigmoidGate, _ = _operation("SigmoidGate", x="f32", g="f32", rows="count", width="count")
+ExpertRows, _ = _operation("ExpertRows", table="f32", ids="i32", out="f32", experts="count", slots="count",
+                           n="count")
+ClampedSwiglu, ClampedSwigluParams = _operation("ClampedSwiglu", ("alpha", "limit"), gate="f32", up="f32",
+                                                rows="count", width="count")
 OPERANDS = {Op.EMBED: Embed, Op.SCALE: Scale, Op.ADD: Add, Op.RMS_NORM: RmsNorm, Op.PRODUCTS: Products,
             Op.ROPE_TABLE: RopeTable, Op.ROPE: Rope, Op.STORE_KV: StoreKv, Op.ATTENTION: Attention,
             Op.SILU_MUL: Gated, Op.GELU_MUL: Gated, Op.SOFTCAP: Softcap, Op.ROUTE: Route,
-            Op.EXPERT_PRODUCTS: ExpertProducts, Op.COMBINE: Combine, Op.SIGMOID_GATE: SigmoidGate}
+            Op.EXPERT_PRODUCTS: ExpertProducts, Op.COMBINE: Combine, Op.SIGMOID_GATE: SigmoidGate,
+            Op.EXPERT_ROWS: ExpertRows, Op.CLAMPED_SWIGLU: ClampedSwiglu}
 ARGS = max(len(operands) for operands in OPERANDS.values())
 PARAMS = max(len(operands.params) for operands in OPERANDS.values())
 # columns of a program's cache table: keys (kv heads, tiles, dim, tile) and values (kv heads, slots, dim)
@@ -183,6 +190,7 @@ def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, st
                           _input(inputs, a[Attention.QUERY_POSITIONS], np.int32),
                           _input(inputs, a[Attention.KEY_POSITIONS], np.int32), np.float32(f[AttentionParams.SCALE]),
                           a[Attention.WINDOW], np.float32(f[AttentionParams.SOFTCAP]),
+                          _f32(a[Attention.SINKS], (shape[1],)),
                           _f32(a[Attention.OUT], shape + (a[Attention.VALUE_DIM],)), group_tag)
         elif op == Op.SILU_MUL or op == Op.GELU_MUL:
             shape = (a[Gated.ROWS], a[Gated.WIDTH])
@@ -211,6 +219,14 @@ def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, st
         elif op == Op.SIGMOID_GATE:
             rows = a[SigmoidGate.ROWS]
             sigmoid_gate(_f32(a[SigmoidGate.X], (rows, a[SigmoidGate.WIDTH])), _f32(a[SigmoidGate.G], (rows, 1)))
+        elif op == Op.EXPERT_ROWS:
+            slots, n = a[ExpertRows.SLOTS], a[ExpertRows.N]
+            expert_rows(_f32(a[ExpertRows.TABLE], (a[ExpertRows.EXPERTS], n)), _i32(a[ExpertRows.IDS], (slots,)),
+                        _f32(a[ExpertRows.OUT], (slots, n)))
+        elif op == Op.CLAMPED_SWIGLU:
+            shape = (a[ClampedSwiglu.ROWS], a[ClampedSwiglu.WIDTH])
+            ops.clamped_swiglu(_f32(a[ClampedSwiglu.GATE], shape), _f32(a[ClampedSwiglu.UP], shape),
+                               np.float32(f[ClampedSwigluParams.ALPHA]), np.float32(f[ClampedSwigluParams.LIMIT]))
 
 
 @njit(cache=True, inline="always")
@@ -427,7 +443,7 @@ class Recorder:
                  k=self.address(k, k.size), v=self.address(v, v.size), tokens=k.shape[0], key_dim=key_dim,
                  value_dim=value_dim)
 
-    def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap, out):
+    def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap, sinks, out):
         group = q.shape[1] // keys.shape[0]
         if self.group not in (None, group):
             self.fail("layers with different numbers of queries per KV head")
@@ -436,7 +452,8 @@ class Recorder:
         self.add(Op.ATTENTION, q=self.address(q, q.size), tokens=q.shape[0], heads=q.shape[1],
                  cache=self.cache(keys, values), query_positions=self.input(q_pos, np.int32),
                  key_positions=self.input(k_pos, np.int32), out=self.address(out, out.size), window=window,
-                 key_dim=key_dim, value_dim=value_dim, scale=scale, softcap=softcap)
+                 key_dim=key_dim, value_dim=value_dim, sinks=self.address(sinks, q.shape[1]), scale=scale,
+                 softcap=softcap)
 
     def gated(self, op: Op, gate, up):
         rows, width = gate.shape
@@ -466,6 +483,15 @@ class Recorder:
     def sigmoid_gate(self, x, g):
         rows, width = x.shape
         self.add(Op.SIGMOID_GATE, x=self.address(x, x.size), g=self.address(g, rows), rows=rows, width=width)
+
+    def expert_rows(self, table, ids, out):
+        self.add(Op.EXPERT_ROWS, table=self.address(table, table.size), ids=self.address(ids, ids.size, np.int32),
+                 out=self.address(out, out.size), experts=table.shape[0], slots=ids.size, n=table.shape[1])
+
+    def clamped_swiglu(self, gate, up, alpha, limit):
+        rows, width = gate.shape
+        self.add(Op.CLAMPED_SWIGLU, gate=self.address(gate, gate.size), up=self.address(up, gate.size), rows=rows,
+                 width=width, alpha=alpha, limit=limit)
 
     def ufunc(self, ufunc, method, inputs, kwargs, result):
         """Residual sums, biases and scale factors: x + y and x * s on activations."""

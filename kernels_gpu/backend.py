@@ -84,6 +84,9 @@ class TorchBackend:
     def expert_matmuls(self, ws, x, ids):
         return [self.products.expert_matmul(w, x, ids) for w in ws]
 
+    def expert_rows(self, table, ids):
+        return table[ids.reshape(-1)]
+
     def expert_combine(self, y, weights):
         return ops.expert_combine(y, weights)
 
@@ -115,14 +118,17 @@ class TorchBackend:
     def store_kv(self, keys, values, slots, k, v):
         kv_layout.store_kv(keys, values, self._tensor(slots, np.int64), k, v)
 
-    def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap):
-        return ops.attention(q, keys, values, self._tensor(q_pos), self._tensor(k_pos), scale, window, softcap)
+    def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap, sinks=None):
+        return ops.attention(q, keys, values, self._tensor(q_pos), self._tensor(k_pos), scale, window, softcap, sinks)
 
     def silu_mul(self, gate, up):
         return ops.silu_mul(gate, up)
 
     def gelu_mul(self, gate, up):
         return ops.gelu_mul(gate, up)
+
+    def clamped_swiglu(self, gate, up, alpha, limit):
+        return ops.clamped_swiglu(gate, up, alpha, limit)
 
     def softcap(self, x, cap):
         return ops.softcap(x, cap)

@@ -36,11 +36,12 @@ def rope(x, positions, n_rot: int, base: float, pos_scale: float, neox: bool, fr
     b.copy_(a0 * sin + b * cos)
 
 
-def attention(q, keys, values, q_pos, k_pos, scale: float, window: int, softcap: float):
+def attention(q, keys, values, q_pos, k_pos, scale: float, window: int, softcap: float, sinks=None):
     """Causal grouped-query attention of q (T, heads, dim) over the first len(k_pos) slots of
     keys (kv heads, dim, slots) and values (kv heads, slots, dim), as kv_layout.py holds them;
     slot s holds position k_pos[s] (-1: empty). A query sees 0 <= k_pos <= its position, and with a sliding window
-    only positions less than `window` behind it. Returns (T, heads, value dim)."""
+    only positions less than `window` behind it. Each head's sink logit (sinks (heads,), or None)
+    joins its softmax as a slot without a value. Returns (T, heads, value dim)."""
     n_tokens, n_head, dim = q.shape
     n_kv, n = keys.shape[0], k_pos.shape[0]
     group = n_head // n_kv
@@ -54,8 +55,11 @@ def attention(q, keys, values, q_pos, k_pos, scale: float, window: int, softcap:
     if window:
         visible &= qp - kp < window
     scores = scores.reshape(n_kv, group, n_tokens, n).masked_fill(~visible, -math.inf)
+    if sinks is not None:  # (the sink as one more column, dropped after the softmax)
+        sink = sinks.reshape(n_kv, group, 1, 1).expand(n_kv, group, n_tokens, 1)
+        scores = torch.cat([scores, sink], dim=-1)
     # a query that sees nothing (never the case in a model) gets zeros rather than NaNs
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0).reshape(n_kv, group * n_tokens, n)
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., :n].reshape(n_kv, group * n_tokens, n)
     out = torch.bmm(probs, values_f32(values, n))
     return out.reshape(n_kv, group, n_tokens, -1).permute(2, 0, 1, 3).reshape(n_tokens, n_head, -1)
 
@@ -66,6 +70,12 @@ def silu_mul(gate, up):
 
 def gelu_mul(gate, up):
     return torch.nn.functional.gelu(gate, approximate="tanh") * up
+
+
+def clamped_swiglu(gate, up, alpha: float, limit: float):
+    """gpt-oss's SwiGLU (ggml's swiglu_oai): gate clamped above at limit, up to [-limit, limit]."""
+    g = gate.clamp(max=limit)
+    return g * torch.sigmoid(alpha * g) * (up.clamp(-limit, limit) + 1)
 
 
 def softcap(x, cap: float):
@@ -79,8 +89,12 @@ MIN_WEIGHT_SUM = 6.103515625e-5
 def route(logits, k: int, gating: str, norm: bool, scale: float):
     """Each token's k most probable experts (ids, best first) and their weights, as
     kernels_cpu.experts.route computes them."""
-    probs = torch.softmax(logits, dim=-1) if gating == "softmax" else torch.sigmoid(logits)
-    weights, ids = torch.topk(probs, k, dim=-1)
+    if gating == "softmax_weight":  # (picked by the logits, the softmax over the chosen: gpt-oss)
+        weights, ids = torch.topk(logits, k, dim=-1)
+        weights = torch.softmax(weights, dim=-1)
+    else:
+        probs = torch.softmax(logits, dim=-1) if gating == "softmax" else torch.sigmoid(logits)
+        weights, ids = torch.topk(probs, k, dim=-1)
     if norm:
         weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(MIN_WEIGHT_SUM)
     return ids, weights * scale

@@ -50,11 +50,15 @@ class Backend(Protocol):
     def route(self, logits, k: int, gating: str, norm: bool, scale: float) -> tuple:
         """Each token's k most probable experts of router logits (T, experts): ids (T, k), best
         first, and weights (T, k), their probabilities ("softmax" over the experts or "sigmoid"
-        each), renormalized to sum to 1 if norm, times scale. Recorded, not read by the host."""
+        each; "softmax_weight": chosen by the logits, the softmax over the chosen), renormalized
+        to sum to 1 if norm, times scale. Recorded, not read by the host."""
 
     def expert_matmuls(self, ws, x, ids) -> list:
         """For each expert matrix w: (T * k, N), slot t * k + j the product of expert ids[t, j]
         with x's row t (x of T rows) or x's row t * k + j (x of T * k rows)."""
+
+    def expert_rows(self, table, ids) -> Any:
+        """(T * k, n): slot t * k + j's row of table (experts, n), that of expert ids[t, j]."""
 
     def expert_combine(self, y, weights) -> Any:
         """(T, n): sum over j of weights[t, j] * y[t * k + j]."""
@@ -87,11 +91,16 @@ class Backend(Protocol):
     def store_kv(self, keys, values, slots, k, v) -> None:
         """Token t's k[t] and v[t] (kv heads, dim) into slot slots[t] of keys and values."""
 
-    def attention(self, q, keys, values, q_pos, k_pos, scale: float, window: int, softcap: float) -> Any:
-        """Causal grouped-query attention of q (T, heads, dim) over cache slots at positions k_pos."""
+    def attention(self, q, keys, values, q_pos, k_pos, scale: float, window: int, softcap: float,
+                  sinks=None) -> Any:
+        """Causal grouped-query attention of q (T, heads, dim) over cache slots at positions k_pos;
+        sinks (heads,), where given, are logits that join each head's softmax without a value."""
 
     def silu_mul(self, gate, up) -> Any: ...
     def gelu_mul(self, gate, up) -> Any: ...
+    def clamped_swiglu(self, gate, up, alpha: float, limit: float) -> Any:
+        """silu-like gate with gpt-oss's clamps: min(g, limit) * sigmoid(alpha * min(g, limit)) *
+        (clamp(up, -limit, limit) + 1)."""
 
 
 DEVICES = ("auto", "cpu", "cuda", "torch-cpu")

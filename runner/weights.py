@@ -65,3 +65,13 @@ class WeightLoader:
     def optional_vector(self, tensor: MODEL_TENSOR, n: int, layer: int | None = None, suffix: str = "weight"):
         """vector(...), or None where the file does not have it (as llama.cpp's TENSOR_NOT_REQUIRED)."""
         return self.vector(tensor, n, layer, suffix) if self.has(tensor, layer, suffix) else None
+
+    def optional_table(self, tensor: MODEL_TENSOR, n: int, rows: int, layer: int, suffix: str = "bias"):
+        """A small table of `rows` vectors of n (GGML shape [n, rows]: a mixture's per-expert
+        biases) as float32 (rows, n); None where the file does not have it."""
+        if not self.has(tensor, layer, suffix):
+            return None
+        name = self.arch.tensor_name(tensor, layer, suffix)
+        t = self._info(name, (n, rows))
+        values = dequantize(self.f.tensor_bytes(name).reshape(-1), t.type).reshape(rows, n)
+        return self.backend.load_vector(values)

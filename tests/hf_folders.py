@@ -145,6 +145,13 @@ MOE_CONFIGS = {
     "granitemoeshared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", dict(
         num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=256, embedding_multiplier=2.0,
         residual_multiplier=0.5, attention_multiplier=0.05, logits_scaling=4.0)),
+    # a window shorter than the tests' inputs; YaRN as gpt-oss's, its correction range truncated to
+    # whole dimensions as llama.cpp computes it (gpt-oss's own config says truncate: false)
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=128, head_dim=64, sliding_window=16,
+        rms_norm_eps=1e-5, rope_parameters=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                                                truncate=True, original_max_position_embeddings=16,
+                                                rope_theta=150000.0))),
 }
 
 
@@ -169,6 +176,31 @@ def moe_folder(model_type: str, folder: Path, smollm_hf: Path) -> Path:
     for name in TOKENIZER_FILES:
         if (smollm_hf / name).exists():
             shutil.copy(smollm_hf / name, folder / name)
+    return folder
+
+
+def mxfp4_folder(src: Path, folder: Path) -> Path:
+    """src (a gpt-oss folder) as OpenAI publishes gpt-oss: its experts' matrices in MXFP4, as
+    x_blocks (two E2M1 codes a byte, element 2i in the low nibble) and x_scales (E8M0), rows
+    the outputs; the blocks are llama.cpp's quantizer's (via ggrun's, equal to it)."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+    from gguf import GGMLQuantizationType
+
+    from convert.quants import quantize
+    shutil.copytree(src, folder)
+    tensors = load_file(folder / "model.safetensors")
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        rows = np.ascontiguousarray(tensors.pop(name).swapaxes(-1, -2))  # (experts, out, in)
+        ggml = quantize(rows.reshape(-1, rows.shape[-1]), GGMLQuantizationType.MXFP4).reshape(*rows.shape[:2], -1, 17)
+        codes = np.stack([ggml[..., 1:] & 15, ggml[..., 1:] >> 4], axis=-2).reshape(*ggml.shape[:-1], 32)
+        tensors[name + "_blocks"] = np.ascontiguousarray(codes[..., 0::2] | (codes[..., 1::2] << 4))
+        tensors[name + "_scales"] = np.ascontiguousarray(ggml[..., 0])
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (folder / "config.json").write_text(json.dumps(config))
     return folder
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from convert.mixes import mix_types
 from gguf_io import GGUFFile, read_params, read_vocab
 
 from .hf_folders import RANDOM_ARCHS, transformers_logits
+from .llama_cpp import PERPLEXITY_TEXT, convert_with_llama_cpp, llama_cpp_perplexity
 
 pytest.importorskip("transformers")
 
@@ -116,14 +116,11 @@ def test_long_rope_takes_its_long_factors_past_the_original_context(random_model
 def test_random_models_convert_as_llama_cpp_does(random_models, llama_cpp_source, llama_cpp_tools, tmp_path, arch):
     """F32 and Q4_K_M, tensor by tensor, as convert_hf_to_gguf.py and llama-quantize (b11434) write them;
     the metadata too, but for the name and size label llama.cpp makes up and LLAMA_CPP_LACKS."""
-    import os
     import subprocess
 
     from .test_mixes import tensor_digests
-    folder, theirs = random_models[arch], tmp_path / "theirs-f32.gguf"
-    subprocess.run([sys.executable, llama_cpp_source / "convert_hf_to_gguf.py", folder, "--outtype", "f32",
-                    "--outfile", theirs], check=True, capture_output=True,
-                   env={**os.environ, "PYTHONPATH": str(llama_cpp_source / "gguf-py")})
+    folder = random_models[arch]
+    theirs = convert_with_llama_cpp(llama_cpp_source, folder, tmp_path / "theirs-f32.gguf")
     subprocess.run([llama_cpp_tools / "llama-quantize", theirs, tmp_path / "theirs-q4.gguf", "Q4_K_M"], check=True,
                    capture_output=True)
     for file_type, reference in (("F32", theirs), ("Q4_K_M", tmp_path / "theirs-q4.gguf")):
@@ -151,21 +148,13 @@ def test_llama_cpp_computes_ggruns_files_alike(random_models, llama_cpp_tools, t
     """llama.cpp loads ggrun's F32 file of each architecture and its perplexity over 128-token
     windows (past every sliding window, YaRN's original context and the query temperature's
     period of the test models) is ggrun's: both exact (F32 cache, no flash attention's float16)."""
-    import re
-    import subprocess
-    from pathlib import Path
-
     from runner.load import load_model
     from runner.perplexity import perplexity
-    out, text = tmp_path / f"{arch}.gguf", (Path(__file__).parent.parent / "README.md").read_text()[:6000]
+    out = tmp_path / f"{arch}.gguf"
     convert_hf(random_models[arch], out, "F32", progress=False)
-    (tmp_path / "text.txt").write_text(text)
-    r = subprocess.run([llama_cpp_tools / "llama-perplexity", "-m", out, "-f", tmp_path / "text.txt", "-c", "128",
-                        "-t", "2", "-fa", "off", "-ctk", "f32", "-ctv", "f32"], capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    theirs = float(re.search(r"Final estimate: PPL = ([0-9.]+)", r.stderr + r.stdout).group(1))
-    ours = perplexity(load_model(out), text, 128, progress=False).ppl
+    (tmp_path / "text.txt").write_text(PERPLEXITY_TEXT)
+    theirs = llama_cpp_perplexity(llama_cpp_tools, out, tmp_path / "text.txt")
+    ours = perplexity(load_model(out), PERPLEXITY_TEXT, 128, progress=False).ppl
     assert abs(ours / theirs - 1) < 1e-4, (ours, theirs)
 
 
@@ -173,9 +162,6 @@ def test_llama_3_rope_scaling_converts_as_llama_cpp_does(random_models, llama_cp
     """Llama 3.1's rope_type "llama3" becomes llama.cpp's rope_freqs tensor, its bytes equal to
     what convert_hf_to_gguf.py writes (and the rest of the file too); the logits are transformers'
     with the same scaling, on a context that takes the scaled band (original context 128)."""
-    import os
-    import subprocess
-
     from runner.load import load_model
 
     from .test_mixes import tensor_digests
@@ -187,9 +173,7 @@ def test_llama_3_rope_scaling_converts_as_llama_cpp_does(random_models, llama_cp
     (folder / "config.json").write_text(json.dumps(config))
     ours, theirs = tmp_path / "ours.gguf", tmp_path / "theirs.gguf"
     convert_hf(folder, ours, "F32", progress=False)
-    subprocess.run([sys.executable, llama_cpp_source / "convert_hf_to_gguf.py", folder, "--outtype", "f32",
-                    "--outfile", theirs], check=True, capture_output=True,
-                   env={**os.environ, "PYTHONPATH": str(llama_cpp_source / "gguf-py")})
+    convert_with_llama_cpp(llama_cpp_source, folder, theirs)
     assert sorted(tensor_digests(ours)) == sorted(tensor_digests(theirs))
     factors = GGUFFile(ours).tensor_bytes("rope_freqs.weight").view(np.float32).ravel()
     assert factors.min() == 1 and factors.max() == 8 and ((factors > 1) & (factors < 8)).any()

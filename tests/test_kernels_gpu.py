@@ -166,6 +166,11 @@ def test_attention_matches_numba(window, softcap, n_tok, kv_type):
     cache = filled_cache(be, keys_p, values_p, _t, kv_type=kv_type)
     got = be.attention(_t(q), *cache, _t(q_pos), _t(padded), 0.3, window, softcap)
     assert np.allclose(_np(got), want, atol=2e-5)
+    sinks = np.linspace(-2.0, 3.0, q.shape[1], dtype=np.float32)  # (gpt-oss's attention sinks)
+    want = cpu.attention(q, *filled_cache(cpu, keys, values, kv_type=kv_type), q_pos, k_pos, 0.3, window, softcap,
+                         sinks)
+    got = be.attention(_t(q), *cache, _t(q_pos), _t(padded), 0.3, window, softcap, _t(sinks))
+    assert np.allclose(_np(got), want, atol=2e-5)
 
 
 def test_padded_lengths_are_few_and_cover_the_cache():

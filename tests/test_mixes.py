@@ -21,7 +21,7 @@ REFERENCES = Path(__file__).parent / "data" / "llama_cpp_mixes.json"
 MOE_REFERENCES = Path(__file__).parent / "data" / "llama_cpp_moe_mixes.json"
 # the types whose choices a mixture changes: its 8-expert rules (attn_k/attn_v/attn_output), ffn_down
 # counted by layer, the router kept in F32
-MOE_TYPES = ("F32", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M")
+MOE_TYPES = ("F32", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "MXFP4_MOE")
 
 
 def tensor_digests(path) -> list[list[str]]:

@@ -9,12 +9,14 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
 from convert.convert import convert_hf, requantize
+from gguf_io import GGUFFile
 from kernels_cpu.backend import CpuBackend
 from kernels_cpu.experts import GATING, route
 from kernels_cpu.step_program import REPLAY_KEY, Op
 from runner.load import load_model
 
 from .hf_folders import MOE_CONFIGS, transformers_logits
+from .llama_cpp import PERPLEXITY_TEXT, convert_with_llama_cpp, llama_cpp_perplexity
 from .test_kernels import _random_k_blocks
 
 TYPES = [T.F32, T.F16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q2_K, T.Q4_K, T.Q6_K]
@@ -73,19 +75,24 @@ def test_expert_ids_outside_the_experts_are_refused():
         be.load_experts(T.Q8_0, raw[:-1], 64, 4)
 
 
+def _softmax(x):
+    e = np.exp(x - x.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
 def _route_reference(logits, k, gating, norm, scale):
-    probs = (np.exp(logits - logits.max(1, keepdims=True)) if gating == "softmax" else 1 / (1 + np.exp(-logits)))
-    if gating == "softmax":
-        probs /= probs.sum(1, keepdims=True)
+    probs = {"softmax": _softmax, "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "softmax_weight": lambda x: x}[gating](logits)
     ids = np.argsort(-probs, axis=1, kind="stable")[:, :k]
     weights = np.take_along_axis(probs, ids, 1)
+    if gating == "softmax_weight":  # (gpt-oss: the softmax over the chosen logits)
+        weights = _softmax(weights)
     if norm:
         weights /= weights.sum(1, keepdims=True)
     return ids, weights * scale
 
 
 @pytest.mark.parametrize("k", [1, 4])
-@pytest.mark.parametrize("gating", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("gating", ["softmax", "sigmoid", "softmax_weight"])
 @pytest.mark.parametrize("norm", [False, True])
 def test_route_picks_the_most_probable_experts(gating, norm, k):
     logits = np.random.default_rng(1).standard_normal((7, 16)).astype(np.float32) * 3
@@ -110,7 +117,7 @@ def test_torch_mixture_ops_match_the_cpu_kernels():
     rng = np.random.default_rng(2)
     be, cpu = TorchBackend("cpu"), CpuBackend(precise=True)
     logits = rng.standard_normal((5, 8)).astype(np.float32)
-    for gating in ("softmax", "sigmoid"):
+    for gating in ("softmax", "sigmoid", "softmax_weight"):
         ids, weights = be.route(torch.from_numpy(logits), 2, gating, True, 1.5)
         want_ids, want_weights = cpu.route(logits, 2, gating, True, 1.5)
         assert np.array_equal(ids.numpy(), want_ids) and np.allclose(weights.numpy(), want_weights, rtol=1e-5)
@@ -122,6 +129,17 @@ def test_torch_mixture_ops_match_the_cpu_kernels():
         (got,) = be.expert_matmuls([w], torch.from_numpy(x), torch.from_numpy(chosen))
         want = np.stack([dense[e] @ x[t] for t in range(tokens) for e in chosen[t]])
         assert np.allclose(got.numpy(), want, atol=1e-4 * np.abs(want).max())
+    table = rng.standard_normal((4, 7)).astype(np.float32)  # (gpt-oss's per-expert biases)
+    ids = np.array([[3, 0], [1, 1]], dtype=np.int32)
+    assert np.array_equal(be.expert_rows(torch.from_numpy(table), torch.from_numpy(ids)).numpy(),
+                          cpu.expert_rows(cpu.load_vector(table), ids))
+    assert np.array_equal(cpu.expert_rows(cpu.load_vector(table), ids), table[[3, 0, 1, 1]])
+    gate, up = (rng.standard_normal((3, 40)).astype(np.float32) * 6 for _ in range(2))
+    g = np.minimum(gate, 7.0)
+    want = g / (1 + np.exp(-1.702 * g)) * (np.clip(up, -7.0, 7.0) + 1)
+    assert np.allclose(cpu.clamped_swiglu(gate.copy(), up, 1.702, 7.0), want, rtol=1e-5, atol=1e-5)
+    assert np.allclose(be.clamped_swiglu(torch.from_numpy(gate), torch.from_numpy(up), 1.702, 7.0).numpy(), want,
+                       rtol=1e-5, atol=1e-5)
     y = rng.standard_normal((6, 5)).astype(np.float32)
     mix = rng.standard_normal((3, 2)).astype(np.float32)
     assert np.allclose(be.expert_combine(torch.from_numpy(y), torch.from_numpy(mix)).numpy(),
@@ -216,17 +234,36 @@ def test_info_and_bench_count_the_active_experts(tmp_path):
 def test_llama_cpp_computes_ggruns_moe_files_alike(moe_files, llama_cpp_tools, tmp_path, arch):
     """llama.cpp loads ggrun's converted file and its perplexity on a text is ggrun's (both
     exact: F32 weights and cache, llama.cpp without flash attention's float16 products)."""
-    import re
-    import subprocess
-    from pathlib import Path
-
     from runner.perplexity import perplexity
-    text = (Path(__file__).parent.parent / "README.md").read_text()[:6000]
-    (tmp_path / "text.txt").write_text(text)
-    r = subprocess.run([llama_cpp_tools / "llama-perplexity", "-m", moe_files[arch][0], "-f", tmp_path / "text.txt",
-                        "-c", "128", "-t", "2", "-fa", "off", "-ctk", "f32", "-ctv", "f32"],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    theirs = float(re.search(r"Final estimate: PPL = ([0-9.]+)", r.stderr + r.stdout).group(1))
-    ours = perplexity(load_model(moe_files[arch][0]), text, 128, progress=False).ppl
+    (tmp_path / "text.txt").write_text(PERPLEXITY_TEXT)
+    theirs = llama_cpp_perplexity(llama_cpp_tools, moe_files[arch][0], tmp_path / "text.txt")
+    ours = perplexity(load_model(moe_files[arch][0]), PERPLEXITY_TEXT, 128, progress=False).ppl
     assert abs(ours / theirs - 1) < 1e-4, (ours, theirs)
+
+
+def test_mxfp4_checkpoint_converts_and_runs_as_llama_cpps(moe_folders, llama_cpp_source, llama_cpp_tools, tmp_path):
+    """gpt-oss as published, its experts in MXFP4: the blocks carried through unchanged, the file
+    byte for byte what convert_hf_to_gguf.py writes; ggrun's MXFP4 products give its exact
+    values' logits (precise path) and llama.cpp's perplexity on the file."""
+    from runner.perplexity import perplexity
+
+    from .hf_folders import mxfp4_folder
+    from .test_mixes import tensor_digests
+    folder = mxfp4_folder(moe_folders["gpt_oss"], tmp_path / "gpt_oss_mxfp4")
+    ours, widened = tmp_path / "ours.gguf", tmp_path / "widened.gguf"
+    convert_hf(folder, ours, "F32", progress=False)
+    theirs = convert_with_llama_cpp(llama_cpp_source, folder, tmp_path / "theirs.gguf")
+    assert sorted(tensor_digests(ours)) == sorted(tensor_digests(theirs))
+    assert {t.type.name for t in GGUFFile(ours).tensors.values()} == {"F32", "MXFP4"}
+    assert GGUFFile(ours).get("general.file_type") == GGUFFile(theirs).get("general.file_type") == 38
+    requantize(ours, widened, "F32", progress=False)
+    ids = np.random.default_rng(4).integers(0, 49152, 40).tolist()
+    exact = load_model(widened).model.forward(ids, load_model(widened).model.new_cache(64), all_logits=True)
+    for device in ("cpu", "torch-cpu"):
+        lm = load_model(ours, device=device, precise=True) if device == "cpu" else load_model(ours, device=device)
+        got = lm.model.forward(ids, lm.model.new_cache(64), all_logits=True)
+        assert np.abs(got - exact).max() < 1e-4 * np.abs(exact).max(), device
+    (tmp_path / "text.txt").write_text(PERPLEXITY_TEXT)
+    theirs_ppl = llama_cpp_perplexity(llama_cpp_tools, ours, tmp_path / "text.txt")
+    ours_ppl = perplexity(load_model(ours), PERPLEXITY_TEXT, 128, progress=False).ppl  # (both round activations to Q8_0)
+    assert abs(ours_ppl / theirs_ppl - 1) < 2e-3, (ours_ppl, theirs_ppl)

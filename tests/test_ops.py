@@ -98,8 +98,25 @@ def test_attention_over_a_q8_0_cache(window, n_tok, d):
     _assert_attention(got, q, held_k.transpose(1, 0, 2), held_v.transpose(1, 0, 2), q_pos, k_pos, window, 2.0)
 
 
-def _assert_attention(got, q, k, v, q_pos, k_pos, window, softcap):
-    """got against float64 attention with scale 0.25 over keys k and values v (kv heads, slots, dim)."""
+@pytest.mark.parametrize("n_tok", [1, 4, 20])  # the decode kernel (one and several queries) and the BLAS path
+def test_attention_sinks_take_their_share(n_tok):
+    """gpt-oss's sinks: a logit per head in the softmax's denominator, with no value; sinks far
+    above the scores take nearly all the weight, and sinks at MASKED none (the same bits as
+    attention without sinks)."""
+    from kernels_cpu.attention import MASKED
+    q, keys, v, q_pos, k_pos = attention_case(n_tok, np.float32)
+    cache = filled_cache(be, keys, v)
+    sinks = np.array([-3.0, 0.0, 1.5, 4.0, -20.0, 2.0], dtype=np.float32)
+    got = be.attention(q, *cache, q_pos, k_pos, 0.25, 3, 0.0, sinks)
+    _assert_attention(got, q, keys.transpose(0, 2, 1), v, q_pos, k_pos, 3, 0.0, sinks)
+    plain = be.attention(q, *cache, q_pos, k_pos, 0.25, 0, 0.0)
+    assert np.array_equal(be.attention(q, *cache, q_pos, k_pos, 0.25, 0, 0.0, np.full(6, MASKED)), plain)
+    assert np.abs(be.attention(q, *cache, q_pos, k_pos, 0.25, 0, 0.0, np.full(6, 80.0, np.float32))).max() < 1e-20
+
+
+def _assert_attention(got, q, k, v, q_pos, k_pos, window, softcap, sinks=None):
+    """got against float64 attention with scale 0.25 over keys k and values v (kv heads, slots,
+    dim), beside the heads' sink logits where given."""
     n_tok, n_head = q.shape[:2]
     n_kv = k.shape[0]
     k, v = k.astype(np.float64), v.astype(np.float64)
@@ -113,8 +130,10 @@ def _assert_attention(got, q, k, v, q_pos, k_pos, window, softcap):
             if softcap:
                 s = softcap * np.tanh(s / softcap)
             s = np.where(ok, s, -np.inf)
-            p = np.exp(s - s.max())
-            p /= p.sum()
+            sink = -np.inf if sinks is None else float(sinks[h])
+            top = max(s.max(), sink)
+            p = np.exp(s - top)
+            p /= p.sum() + np.exp(sink - top)
             assert np.allclose(got[t, h], p @ v[g], atol=1e-5)
 
 

@@ -5,6 +5,7 @@ from .exaone4 import EXAONE4
 from .gemma2 import Gemma2
 from .gemma3 import Gemma3
 from .glm4 import GLM4
+from .gpt_oss import GptOss
 from .llama import Llama
 from .olmo2 import OLMo2
 from .olmoe import OLMoE
@@ -18,4 +19,4 @@ from .smollm3 import SmolLM3
 MODELS = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3, "gemma3": Gemma3, "qwen2moe": Qwen2, "qwen3moe": Qwen3,
           "olmoe": OLMoE, "olmo2": OLMo2, "smollm3": SmolLM3, "ernie4_5": Llama, "granite": Llama, "granitemoe": Llama,
           "phi3": Phi3, "gemma2": Gemma2, "glm4": GLM4, "exaone4": EXAONE4, "seed_oss": SeedOSS,
-          "mistral3": Llama}
+          "mistral3": Llama, "gpt-oss": GptOss}

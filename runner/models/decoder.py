@@ -32,9 +32,11 @@ class Attention:
     wqkv: object = None
     q_norm: object = None  # per-head RMSNorm of queries and keys (Gemma 3, Qwen 3)
     k_norm: object = None
-    bq: object = None      # projection biases (Qwen 2)
+    bq: object = None      # projection biases (Qwen 2; gpt-oss's output projection too)
     bk: object = None
     bv: object = None
+    bo: object = None
+    sinks: object = None   # a logit per head that joins its softmax without a value (gpt-oss)
     rope_base: float = 10000.0
     rope_scale: float = 1.0
     rotates: bool = True   # False: the layer attends without RoPE (NoPE layers)
@@ -61,6 +63,11 @@ class MixtureOfExperts:
     down: object
     shared: FeedForward | None = None
     shared_gate: object = None  # n_embd -> 1
+    # biases (gpt-oss): the router's (n_expert,), and each expert's rows of the others' (n_expert, n)
+    router_bias: object = None
+    gate_bias: object = None
+    up_bias: object = None
+    down_bias: object = None
 
 
 @dataclass
@@ -78,7 +85,8 @@ class Layer:
 
 # Attention's optional tensors: field -> (tensor, suffix)
 _ATTENTION_EXTRAS = {"bq": (T.ATTN_Q, "bias"), "bk": (T.ATTN_K, "bias"), "bv": (T.ATTN_V, "bias"),
-                     "q_norm": (T.ATTN_Q_NORM, "weight"), "k_norm": (T.ATTN_K_NORM, "weight")}
+                     "bo": (T.ATTN_OUT, "bias"), "q_norm": (T.ATTN_Q_NORM, "weight"),
+                     "k_norm": (T.ATTN_K_NORM, "weight"), "sinks": (T.ATTN_SINKS, "weight")}
 
 
 def yarn_frequency_factors(p: ModelParams) -> np.ndarray:
@@ -104,11 +112,14 @@ class Decoder:
     ffn_norm_tensor = T.FFN_NORM  # the pre-feed-forward norm (gguf names it differently by architecture)
     rope_neox = False       # rotary pairing: (i, i + d/2) when True, (2i, 2i + 1) when False
     embed_scale = False     # multiply embeddings by sqrt(hidden size)
-    extra_attention_tensors: tuple[str, ...] = ()  # required, of "bq", "bk", "bv", "q_norm", "k_norm"
+    extra_attention_tensors: tuple[str, ...] = ()  # required, of _ATTENTION_EXTRAS' ("bq", "q_norm", ...)
     qk_norm_per_head = True  # the Q/K norms normalize each head; else the whole projection (OLMoE, OLMo 2)
     nope_interval = 0       # every nope_interval-th layer attends without RoPE (SmolLM3's NoPE layers); 0: none
     nope_global_layers = False  # where some layers slide, the global ones attend without RoPE (EXAONE 4)
-    gated_activation = "silu"  # of the feed-forward's gate: "silu" (SwiGLU) or "gelu" (GeGLU)
+    # of the feed-forward's gate: "silu" (SwiGLU), "gelu" (GeGLU) or "clamped_swiglu" (gpt-oss's,
+    # with swiglu_clamp's (alpha, limit))
+    gated_activation = "silu"
+    swiglu_clamp = (1.702, 7.0)
     fused_gate_up = False   # the dense feed-forward's gate and up are one matrix, ffn_up (Phi-3, GLM-4)
     kv_type = "f32"         # KV cache precision of new caches: "f32" (exact), "f16" or "q8_0" (less memory)
 
@@ -173,8 +184,9 @@ class Decoder:
         (and the sliding layers' RoPE base) where it has one."""
         p = self.params
         q_dim, kv_dim, v_dim = p.n_head * p.head_dim, p.n_head_kv * p.head_dim, p.n_head_kv * p.value_dim
-        sizes = {"bq": q_dim, "bk": kv_dim, "bv": v_dim, "q_norm": p.head_dim if self.qk_norm_per_head else q_dim,
-                 "k_norm": p.head_dim if self.qk_norm_per_head else kv_dim}
+        sizes = {"bq": q_dim, "bk": kv_dim, "bv": v_dim, "bo": p.n_embd,
+                 "q_norm": p.head_dim if self.qk_norm_per_head else q_dim,
+                 "k_norm": p.head_dim if self.qk_norm_per_head else kv_dim, "sinks": p.n_head}
         # the declared extras are required; the others are used where the file has them, as llama.cpp does
         extras = {key: (weights.vector if key in self.extra_attention_tensors else weights.optional_vector)(
                       tensor, sizes[key], layer=i, suffix=suffix)
@@ -214,8 +226,11 @@ class Decoder:
                                  weights.matrix(T.FFN_DOWN_SHEXP, p.n_ff_shexp, p.n_embd, i))
             if weights.has(T.FFN_GATE_INP_SHEXP, i):
                 shared_gate = weights.matrix(T.FFN_GATE_INP_SHEXP, p.n_embd, 1, i)
+        biases = {f"{key}_bias": weights.optional_table(t, n_out, e, i, "bias")
+                  for key, t, n_out in (("gate", T.FFN_GATE_EXP, n), ("up", T.FFN_UP_EXP, n), ("down", T.FFN_DOWN_EXP, p.n_embd))}
         return MixtureOfExperts(weights.matrix(T.FFN_GATE_INP, p.n_embd, e, i), gate, up,
-                                weights.experts(T.FFN_DOWN_EXP, n, p.n_embd, e, i), shared, shared_gate)
+                                weights.experts(T.FFN_DOWN_EXP, n, p.n_embd, e, i), shared, shared_gate,
+                                router_bias=weights.optional_vector(T.FFN_GATE_INP, e, i, "bias"), **biases)
 
     def new_cache(self, n_ctx: int, ring: bool = False) -> KVCache:
         p = self.params
@@ -293,8 +308,9 @@ class Decoder:
             q = q * be.asarray(temperature[:, None, None])
         keys, values, key_pos = cache.store(i, k, v, batch, rotate)
         out = be.attention(q, keys, values, batch.positions, key_pos, p.attention_scale or 1.0 / math.sqrt(p.head_dim),
-                           a.window, p.attn_softcap)
-        return be.matmul(a.wo, out.reshape(n, p.n_head * p.value_dim))
+                           a.window, p.attn_softcap, a.sinks)
+        out = be.matmul(a.wo, out.reshape(n, p.n_head * p.value_dim))
+        return out if a.bo is None else out + a.bo
 
     def feed_forward(self, ffn: FeedForward | MixtureOfExperts, h):
         be = self.backend
@@ -309,15 +325,24 @@ class Decoder:
 
     def activation(self, gate, up):
         be = self.backend
+        if self.gated_activation == "clamped_swiglu":
+            return be.clamped_swiglu(gate, up, *self.swiglu_clamp)
         return be.silu_mul(gate, up) if self.gated_activation == "silu" else be.gelu_mul(gate, up)
 
     def mixture_of_experts(self, moe: MixtureOfExperts, h):
         be, p = self.backend, self.params
-        ids, weights = be.route(be.matmul(moe.router, h), p.n_expert_used, p.expert_gating, p.expert_weights_norm,
-                                p.expert_weights_scale)
+
+        def biased(y, bias):
+            return y if bias is None else y + bias
+
+        def expert_biased(y, bias, ids):
+            return y if bias is None else y + be.expert_rows(bias, ids)
+        logits = biased(be.matmul(moe.router, h), moe.router_bias)
+        ids, weights = be.route(logits, p.n_expert_used, p.expert_gating, p.expert_weights_norm, p.expert_weights_scale)
         gate, up = be.expert_matmuls([moe.gate, moe.up], h, ids)
+        gate, up = expert_biased(gate, moe.gate_bias, ids), expert_biased(up, moe.up_bias, ids)
         (down,) = be.expert_matmuls([moe.down], self.activation(gate, up), ids)
-        out = be.expert_combine(down, weights)
+        out = be.expert_combine(expert_biased(down, moe.down_bias, ids), weights)
         if moe.shared is not None:
             shared = self.feed_forward(moe.shared, h)
             if moe.shared_gate is not None:

@@ -1,0 +1,28 @@
+"""Running llama.cpp b11434's own tools from the tests: its converter and llama-perplexity, the
+oracles for files and for whole-model arithmetic."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+# a text to measure perplexity on: the start of this project's README
+PERPLEXITY_TEXT = (Path(__file__).parent.parent / "README.md").read_text()[:6000]
+
+
+def convert_with_llama_cpp(source: Path, folder: Path, out: Path) -> Path:
+    """folder converted by convert_hf_to_gguf.py --outtype f32 into out."""
+    subprocess.run([sys.executable, source / "convert_hf_to_gguf.py", folder, "--outtype", "f32", "--outfile", out],
+                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(source / "gguf-py")})
+    return out
+
+
+def llama_cpp_perplexity(tools: Path, model: Path, text_file: Path) -> float:
+    """llama-perplexity's final estimate on text_file, -c 128, exact where the file is (F32 cache,
+    no flash attention's float16 products)."""
+    r = subprocess.run([tools / "llama-perplexity", "-m", model, "-f", text_file, "-c", "128", "-t", "2", "-fa", "off",
+                        "-ctk", "f32", "-ctv", "f32"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return float(re.search(r"Final estimate: PPL = ([0-9.]+)", r.stderr + r.stdout).group(1))
