@@ -74,6 +74,11 @@ def read_vocab(f: GGUFFile) -> Vocab:
     eog = {i for i in (eos, token_id("tokenizer.ggml.eot_token_id"),
                        token_id("tokenizer.ggml.eom_token_id")) if i >= 0}
     eog.update(i for i, t in enumerate(tokens) if t in END_OF_TURN_TEXTS)
+    # (gpt-oss's harmony format ends a message with <|end|> and a reply with <|return|> or <|call|>:
+    # llama.cpp drops <|end|> where both of those are there, and so where <|calls|> and <|flush|> are)
+    texts = {tokens[i] for i in eog}
+    if "<|end|>" in texts and ({"<|return|>", "<|call|>"} <= texts or {"<|calls|>", "<|flush|>"} <= texts):
+        eog.discard(tokens.index("<|end|>"))
     return Vocab(
         model=model,
         pre=f.get("tokenizer.ggml.pre", "default"),

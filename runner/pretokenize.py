@@ -14,6 +14,11 @@ _QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
 # Qwen 3.5: letters with their combining marks
 _QWEN35 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
            r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# o200k (gpt-4o, gpt-oss, Llama 4) as llama.cpp rewrites its tokenizer.json regex: "upper" is a letter
+# that is not a-z, "lower" one that is not A-Z (so a lowercase letter outside ASCII counts as both)
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+          r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _CJK = r"[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
 # DeepSeek LLM's letters: the Latin, Greek, Cyrillic, Armenian, Georgian ... ranges its tokenizer.json lists
 _DEEPSEEK_LETTERS = (
@@ -35,6 +40,7 @@ PRE_TOKENIZERS: dict[str, list[str]] = {
     "smollm": [r"\p{N}", _GPT2],
     "qwen2": [_QWEN2],
     "qwen35": [_QWEN35],
+    "gpt-4o": [_GPT4O],
     "falcon": [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]"],
     # (\Z where llama.cpp writes $: the end of the piece, never before a final newline)
     "deepseek-llm": [r"[\r\n]", rf"\s?[{_DEEPSEEK_LETTERS}]+",
@@ -48,6 +54,7 @@ ALIASES = {
     "starcoder": "smollm", "refact": "smollm", "command-r": "smollm", "codeshell": "smollm",
     "exaone": "smollm", "minerva-7b": "smollm",
     "qwen2.5": "qwen2", "qwen-2.5": "qwen2", "stablelm2": "qwen2", "deepseek-r1-qwen": "qwen2",
+    "llama4": "gpt-4o", "kanana2": "gpt-4o", "talkie": "gpt-4o",
 }
 # llama.cpp takes a whole pre-token as one token when the vocabulary has it (HF's ignore_merges).
 IGNORE_MERGES = frozenset({"llama3"})

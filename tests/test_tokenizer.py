@@ -136,3 +136,45 @@ def test_every_vocabulary_of_the_suite_is_covered(llama_cpp_source):
     assert with_cases <= set(VOCAB_SUITE) | set(REFUSED_VOCABS) and set(VOCAB_SUITE) <= with_cases
     for name in set(paths) - with_cases - set(REFUSED_VOCABS):
         assert Tokenizer(read_vocab(GGUFFile(paths[name]))).encode("Hello world") != []
+
+
+def test_gpt4o_pre_tokenizer_splits_as_llama_cpps(llama_cpp_source, llama_cpp_tools, tmp_path):
+    """o200k's pre-tokenizer (gpt-oss, Llama 4), which the suite has no vocabulary for: the suite's
+    llama-bpe vocabulary under tokenizer.ggml.pre "gpt-4o", tokenized by llama-tokenize and by
+    ggrun, on the hard strings (cased words with contractions, non-ASCII letters, digit runs)."""
+    import json
+    import subprocess
+
+    from convert.gguf_out import write_gguf
+
+    from .hard_strings import BASE
+    f = GGUFFile(llama_cpp_source / "models" / "ggml-vocab-llama-bpe.gguf")
+    metadata = [(k, "gpt-4o" if k == "tokenizer.ggml.pre" else m.value.tolist() if hasattr(m.value, "tolist")
+                 else m.value, m.type, m.item_type) for k, m in f.metadata.items() if k != "general.architecture"]
+    path = write_gguf(tmp_path / "gpt-4o.gguf", f.architecture, metadata, [], progress=False).path
+    tok = Tokenizer(read_vocab(GGUFFile(path)))
+    cases = [s for s in BASE if s] + ["McDONALD'S iPhone HTTPServer camelCase ÉCOLE élève ĲsselMeer", "x/\n/y 1234567"]
+    for text in cases:
+        (tmp_path / "prompt.txt").write_text(text, encoding="utf-8")
+        r = subprocess.run([llama_cpp_tools / "llama-tokenize", "-m", path, "-f", tmp_path / "prompt.txt", "--ids",
+                            "--no-bos", "--no-parse-special", "--no-escape", "--log-disable"], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr[-1000:]
+        want = json.loads(r.stdout.strip().splitlines()[-1])
+        assert tok.encode(text, add_special=False, parse_special=False) == want, text
+
+
+@pytest.mark.parametrize("tokens,ends", [(["a", "<|end|>", "<|return|>", "<|call|>"], {"<|return|>", "<|call|>"}),
+                                         (["a", "<|end|>", "<|return|>"], {"<|end|>", "<|return|>"}),
+                                         (["a", "<|end|>", "<|calls|>", "<|flush|>"], {"<|calls|>", "<|flush|>"})])
+def test_harmony_vocabularies_do_not_end_at_end_of_message(tmp_path, tokens, ends):
+    """gpt-oss's <|end|> closes a message (its reasoning) but not the reply, where <|return|> and
+    <|call|> do: llama.cpp's rule drops it from the end-of-generation set then."""
+    from gguf import GGUFValueType as V
+
+    from convert.gguf_out import write_gguf
+    metadata = [("tokenizer.ggml.model", "gpt2", V.STRING, None), ("tokenizer.ggml.tokens", tokens, V.ARRAY, V.STRING),
+                ("tokenizer.ggml.token_type", [3] * len(tokens), V.ARRAY, V.INT32),
+                ("tokenizer.ggml.merges", ["a a"], V.ARRAY, V.STRING)]
+    vocab = read_vocab(GGUFFile(write_gguf(tmp_path / "v.gguf", "gpt-oss", metadata, [], progress=False).path))
+    assert {vocab.tokens[i] for i in vocab.end_of_generation} == ends
