@@ -12,6 +12,7 @@ from .engine import Session
 from .generate import GenerationStats
 from .kv_cache import ContextFullError
 from .kv_state import KVState, KVStateError
+from .reasoning import REASONING, ReplyDecoder, SplitReply, reasoning_format
 from .sampler import Sampler, SamplingOptions
 from .speculative import SpeculationStats, describe_speculation
 from .tokenizer import valid_utf8
@@ -27,6 +28,7 @@ class ChatSession:
         self.speculation = SpeculationStats()
         self.save_kv = save_kv  # /save keeps the KV cache beside the messages
         self.template, self.warning = choose_template(lm.tokenizer.vocab, template_name)
+        self.reasoning = reasoning_format(lm.tokenizer.vocab)  # how replies mark their reasoning (reasoning.py)
         self.system = system
         self.last = GenerationStats()
         self.interrupted = False
@@ -92,40 +94,64 @@ class ChatSession:
         return self.lm.tokenizer.encode_rendered(text, literal, first)
 
     def _catch_up(self, rendered: str, spans) -> list[int]:
-        """Tokens that bring the cache from fed_text to `rendered`; rebuilds from scratch in the rare
-        case that a template renders history differently once more turns follow it."""
+        """Tokens that bring the cache from fed_text to `rendered`. Where a template renders the
+        history otherwise than the cache holds it (a reply's reasoning dropped from later turns,
+        as gpt-oss's and Qwen 3's templates do), the cache keeps the tokens both share and goes
+        on from there, or starts again from its pinned prefix."""
         if not rendered.startswith(self.fed_text):
+            ids = self._tokens(rendered, spans, first=True)
+            keep = self._shared_tokens(ids)
+            if keep is not None:
+                self.cache.truncate(keep)
+                self.tokens, self.fed_tokens = self.tokens[:keep], keep
+                return ids[keep:]
             messages = self.messages
             self.reset()
             self.messages = messages
         first = self.fed_tokens == 0
         return self._tokens(rendered[len(self.fed_text):], spans, first=first, offset=len(self.fed_text))
 
+    def _shared_tokens(self, ids: list[int]) -> int | None:
+        """How many of ids, from the start, the cache holds already (at least its pinned prefix);
+        None where it does not hold that prefix or no longer knows its tokens (the ring evicted
+        some, or a KV resume brought them without their ids)."""
+        pinned = self.cache.pinned
+        if self.cache.evicted or len(self.tokens) != self.cache.used or ids[:pinned] != self.tokens[:pinned]:
+            return None
+        keep = pinned
+        while keep < min(len(ids) - 1, len(self.tokens)) and ids[keep] == self.tokens[keep]:
+            keep += 1
+        return keep
+
     def send(self, user_text: str, on_text=None) -> str:
-        """One turn: returns the reply (also the partial one, when interrupted)."""
+        """One turn: returns the reply's answer (also the partial one, when interrupted); the text
+        streams to on_text(piece, part), part reasoning.REASONING or ANSWER."""
         self.messages.append({"role": "user", "content": user_text})
         rendered, spans = self._render(self.messages, add_generation_prompt=True)
         prompt = self._catch_up(rendered, spans)
         session = Session(self.lm, self.cache, self.drafter, self.draft_max, self.draft_min)
         session.speculation = self.speculation
         self.interrupted = False
-        pieces = []
+        decoder, reply = ReplyDecoder(self.lm.tokenizer, self.reasoning), SplitReply()
         for piece in session.complete(prompt, Sampler(self.options), self.max_reply,
-                                      should_stop=lambda: self.interrupted, history=self.tokens):
-            pieces.append(piece)
-            if on_text:
-                on_text(piece)
+                                      should_stop=lambda: self.interrupted, history=self.tokens, decoder=decoder):
+            reply.add(decoder.part, piece)
+            if on_text and piece:
+                on_text(piece, decoder.part)
         self.last = session.stats
-        reply = "".join(pieces)
-        self.fed_text = rendered + self.lm.tokenizer.decode(self.last.tokens)
+        # (the cache's text with its markup: what the template's rendering of it is checked against)
+        self.fed_text = rendered + self.lm.tokenizer.decode(self.last.tokens, render_special=self.reasoning is not None)
         self.fed_tokens += len(prompt) + len(self.last.tokens)
         self.tokens += prompt + self.last.tokens
-        self.messages.append({"role": "assistant", "content": reply})
+        message = {"role": "assistant", "content": reply.answer}
+        if reply.reasoning:  # (templates take it as reasoning_content / thinking)
+            message["reasoning_content"] = reply.reasoning
+        self.messages.append(message)
         if self.cache.evicted and not self._ring_noticed:
             self._ring_noticed = True
             self.notices.append(f"the context of {self.n_ctx} tokens is full: the oldest tokens now give way "
                                 f"to new ones ({self.cache.pinned} pinned at the start stay)")
-        return reply
+        return message["content"]
 
     def stats(self) -> dict:
         s = self.last
@@ -278,10 +304,11 @@ def read_message(prompt: str = ">>> ", more: str = "... ") -> str:
 
 
 # on a terminal: the prompt and the model's text in colour (\001 \002 tell readline what takes no room)
-PROMPT_COLOUR, REPLY_COLOUR, RESET = "\001\033[1;32m\002", "\033[36m", "\033[0m"
+PROMPT_COLOUR, REPLY_COLOUR, THINKING_COLOUR, RESET = "\001\033[1;32m\002", "\033[36m", "\033[2m", "\033[0m"
 
 
-def repl(session: ChatSession, out, history_file: Path | None = None, colour: bool = False) -> None:
+def repl(session: ChatSession, out, history_file: Path | None = None, colour: bool = False,
+         hide_reasoning: bool = False) -> None:
     try:
         import readline  # line editing and history, where the platform has it
         if history_file:
@@ -299,6 +326,22 @@ def repl(session: ChatSession, out, history_file: Path | None = None, colour: bo
         for notice in session.notices:
             echo(f"warning: {notice}")
         session.notices.clear()
+
+    thinking = []  # (while a reply's reasoning is shown)
+
+    def show(piece, part):
+        """A reply's text as it streams: its reasoning between "Thinking..." and "...done
+        thinking." (dimmed on a terminal, as ollama shows it), or not at all (hide_reasoning)."""
+        if part == REASONING and hide_reasoning:
+            return
+        if part == REASONING and not thinking:
+            thinking.append(True)
+            out.write(f"{THINKING_COLOUR}Thinking...\n" if colour else "Thinking...\n")
+        elif part != REASONING and thinking:
+            thinking.clear()
+            out.write(f"\n...done thinking.\n\n{RESET}{REPLY_COLOUR}" if colour else "\n...done thinking.\n\n")
+        out.write(piece)
+        out.flush()
 
     prompt = f"{PROMPT_COLOUR}>>> \001{RESET}\002" if colour else ">>> "
     more = f"{PROMPT_COLOUR}... \001{RESET}\002" if colour else "... "
@@ -325,13 +368,14 @@ def repl(session: ChatSession, out, history_file: Path | None = None, colour: bo
                 try:
                     if colour:
                         out.write(REPLY_COLOUR)
-                    session.send(line, on_text=lambda piece: (out.write(piece), out.flush()))
+                    session.send(line, on_text=show)
                 finally:
                     signal.signal(signal.SIGINT, previous)
                     if colour:
                         out.write(RESET)
             except KeyboardInterrupt:  # pressed as the line was sent, before the flag took over
                 session.interrupted = True
+            thinking.clear()
             echo("\n[interrupted]" if session.interrupted else "")
     finally:
         if readline is not None and history_file:

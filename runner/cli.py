@@ -574,12 +574,15 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
               help="Use a built-in template instead of the file's own.")
 @click.option("--save-kv", is_flag=True,
               help="/save also keeps the KV cache (FILE.kv.npz), so /load resumes without prefilling.")
+@click.option("--reasoning", type=click.Choice(["show", "hide"]), default="show", show_default=True,
+              help="A reasoning model's thinking (gpt-oss's analysis channel, <think> text): shown apart "
+                   "from the answer, or hidden.")
 @sampling_options
 @threads_option
 @kv_type_option
 @device_option
 @draft_options
-def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv, temp, top_k, top_p, min_p,
+def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv, reasoning, temp, top_k, top_p, min_p,
          repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, threads, kv_type, device, precise,
          draft, lookup, draft_max, draft_min, draft_p_min):
     """Talk with MODEL in the terminal; the context never runs out (ring window)."""
@@ -600,7 +603,7 @@ def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv
                           max_reply=sys.maxsize if n_predict < 0 else n_predict, save_kv=save_kv, drafter=drafter,
                           draft_max=draft_max, draft_min=draft_min)
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    repl(session, sys.stdout, cache_dir() / "chat_history", colour=colour)
+    repl(session, sys.stdout, cache_dir() / "chat_history", colour=colour, hide_reasoning=reasoning == "hide")
 
 
 def entry():

@@ -149,14 +149,17 @@ class Session:
         return ids
 
     def complete(self, ids: list[int], sampler: Sampler, max_tokens: int, stop_ids=None, stops=(),
-                 should_stop=None, logprobs: bool = False, history: list[int] | None = None) -> Iterator[str]:
+                 should_stop=None, logprobs: bool = False, history: list[int] | None = None,
+                 decoder: StreamDecoder | None = None) -> Iterator[str]:
         """Text pieces of the completion of ids, streamed; self.stats fills as it goes (tokens,
         their log-probabilities with logprobs, timings, why it stopped). Stops at the model's end of
         generation (stop_ids: those ids instead; () never), at max_tokens, at any of the `stops`
-        strings, when should_stop(), or at Ctrl-C (what was generated stays, in the cache too)."""
+        strings, when should_stop(), or at Ctrl-C (what was generated stays, in the cache too).
+        decoder: the ids' text (a StreamDecoder, or a reasoning.ReplyDecoder that tells the parts
+        of a reply apart)."""
         self.stats = stats = GenerationStats()
         stop_ids = self.lm.tokenizer.vocab.end_of_generation if stop_ids is None else stop_ids
-        stream = StreamDecoder(self.lm.tokenizer)
+        stream = decoder or StreamDecoder(self.lm.tokenizer)
         tail = ""  # the end of the text, as long as the longest stop string needs
         # (history: the tokens already in the cache, for the penalties and a draft)
         common = dict(pin=ring_pin(len(ids), self.cache), should_stop=should_stop, logprobs=logprobs, history=history)

@@ -283,3 +283,118 @@ def test_save_kv_resumes_the_conversation_without_prefilling(smollm, tmp_path, m
     assert [m["role"] for m in other.messages] == ["system"] + ["user", "assistant"] * 2
     kv_path(saved).write_bytes(b"garbage")
     assert not _session(smollm).load(saved)
+
+
+@pytest.fixture(scope="module")
+def harmony_model(tmp_path_factory, llama_cpp_source):
+    """A tiny random model whose vocabulary has gpt-oss's harmony tokens and whose file carries
+    gpt-oss's own chat template (llama.cpp b11434's models/templates copy)."""
+    from gguf import GGUFValueType as V
+
+    from convert.gguf_out import PlannedTensor, write_gguf
+    from convert.random_model import LlamaShape, write_random_llama
+    from gguf_io import GGUFFile
+    from runner.load import load_model
+    root = tmp_path_factory.mktemp("harmony")
+    write_random_llama(root / "plain.gguf", LlamaShape(n_layer=1, n_embd=64, n_head=2, n_head_kv=1, n_ff=128,
+                                                       vocab_size=600), "F32", progress=False)
+    f = GGUFFile(root / "plain.gguf")
+    tokens, types = list(f.get("tokenizer.ggml.tokens")), list(f.get("tokenizer.ggml.token_type"))
+    for i, marker in enumerate(HARMONY_MARKERS):
+        tokens[300 + i], types[300 + i] = marker, 3  # (control tokens)
+    for i, word in enumerate(("analysis", "final", "assistant")):  # (header words, without a space before)
+        tokens[310 + i] = word
+    template = (llama_cpp_source / "models" / "templates" / "openai-gpt-oss-120b.jinja").read_text()
+    replaced = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [int(t) for t in types]}
+    metadata = [(k, replaced[k] if k in replaced else m.value.tolist() if hasattr(m.value, "tolist") else m.value,
+                 m.type, m.item_type) for k, m in f.metadata.items() if k != "general.architecture"]
+    metadata.append(("tokenizer.chat_template", template, V.STRING, None))
+    tensors = [PlannedTensor(name, t.shape, t.type, lambda n=name: f.tensor_bytes(n), quantized=True)
+               for name, t in f.tensors.items()]
+    return load_model(write_gguf(root / "harmony.gguf", f.architecture, metadata, tensors, progress=False).path)
+
+
+HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>")
+
+
+def _scripted_replies(monkeypatch, lm, replies):
+    """The chat's sampler replaced by one that writes the given replies (lists of token texts), in turn."""
+    from runner import chat
+    from runner.sampler import Choice
+    script = []
+
+    class Scripted:
+        def __init__(self, options):
+            if not script:
+                script.extend(lm.tokenizer.vocab.tokens.index(text) for text in replies.pop(0))
+
+        def choose(self, logits, history):
+            token = script.pop(0)
+            return Choice(token, np.array([token]), np.zeros(1), logits)
+    monkeypatch.setattr(chat, "Sampler", Scripted)
+
+
+def test_harmony_replies_show_their_reasoning_apart_and_the_cache_keeps_what_the_turns_share(
+        harmony_model, monkeypatch):
+    """gpt-oss's analysis channel is the reasoning, its final channel the answer; the template
+    drops the reasoning from later turns, and the cache goes back to what both renderings share
+    rather than prefilling the conversation again."""
+    from io import StringIO
+
+    from runner.chat import ChatSession, repl
+    from runner.reasoning import ANSWER, REASONING
+    from runner.sampler import SamplingOptions
+    lm = harmony_model
+    assert lm.tokenizer.vocab.tokens[304] == "<|return|>" and 303 not in lm.tokenizer.vocab.end_of_generation
+    def reply(reasoning, answer):
+        return (["<|channel|>", "analysis", "<|message|>"] + [f"\u2581w{i}" for i in reasoning]
+                + ["<|end|>", "<|start|>", "assistant", "<|channel|>", "final", "<|message|>"]
+                + [f"\u2581w{i}" for i in answer] + ["<|return|>"])
+    replies = [reply([120, 121], [130, 131]), reply([122], [132])]
+    _scripted_replies(monkeypatch, lm, list(replies))
+    session = ChatSession(lm, 512, SamplingOptions(temperature=0), max_reply=64)
+    parts = []
+    assert session.send(" w7", on_text=lambda piece, part: parts.append((part, piece))) == " w130 w131"
+    assert "".join(p for part, p in parts if part == REASONING) == " w120 w121"
+    assert "".join(p for part, p in parts if part == ANSWER) == " w130 w131"
+    assert session.messages[-1] == {"role": "assistant", "content": " w130 w131", "reasoning_content": "w120 w121"}
+    first_turn = session.cache.used
+    fed = []
+    real_forward = lm.model.forward
+    monkeypatch.setattr(lm.model, "forward", lambda ids, cache, **kw: (fed.append(len(ids)), real_forward(ids, cache, **kw))[1])
+    assert session.send(" w8") == " w132"
+    # the second turn's prompt: the history as the template renders it from the first reply's
+    # final message on, not the whole conversation
+    assert 0 < fed[0] < first_turn and session.cache.used == len(session.tokens)
+    rendered, spans = session._render(session.messages[:-1], add_generation_prompt=True)
+    assert session.tokens[:-len(session.last.tokens)] == session._tokens(rendered, spans, first=True)
+    # the REPL: reasoning between "Thinking..." and "...done thinking.", or hidden
+    for hide, shows in ((False, True), (True, False)):
+        _scripted_replies(monkeypatch, lm, [replies[0]])
+        out = StringIO()
+        lines = [" w9"]
+
+        def typed(prompt=""):
+            if not lines:
+                raise EOFError  # (Ctrl-D)
+            return lines.pop()
+        monkeypatch.setattr("builtins.input", typed)
+        repl(ChatSession(lm, 512, SamplingOptions(temperature=0), max_reply=64), out, hide_reasoning=hide)
+        text = out.getvalue()
+        assert ("Thinking...\n w120 w121\n...done thinking.\n\n w130 w131" in text) == shows
+        assert " w130 w131" in text and ("w120" in text) == shows
+
+
+def test_think_tags_split_a_reply_into_reasoning_and_answer():
+    """Qwen 3's and DeepSeek R1's <think> ... </think> (tokens of their vocabularies)."""
+    from types import SimpleNamespace
+
+    from runner.reasoning import ANSWER, REASONING, ReplyDecoder, reasoning_format
+    tokens = ["<think>", "</think>", "Let", " me", " see", "\n\n", "Yes", "."]
+    tok = SimpleNamespace(vocab=SimpleNamespace(tokens=tokens), token_bytes=lambda i: tokens[i].encode())
+    assert reasoning_format(tok.vocab) == "think" and reasoning_format(SimpleNamespace(tokens=tokens[2:])) is None
+    decoder, parts = ReplyDecoder(tok, "think"), {REASONING: "", ANSWER: ""}
+    for i in (0, 2, 3, 4, 1, 5, 6, 7):
+        piece = decoder.push(i)
+        parts[decoder.part] += piece
+    assert parts == {REASONING: "Let me see", ANSWER: "\n\nYes."}

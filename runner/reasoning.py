@@ -1,0 +1,83 @@
+"""A reply's reasoning apart from its answer, as the model's tokens mark them.
+
+Two formats, recognised by the vocabulary:
+- harmony (gpt-oss): messages `<|channel|>NAME<|message|>TEXT<|end|>`, each after
+  `<|start|>ROLE`; the analysis channel is the reasoning, final (and commentary, a tool
+  preamble) the answer; the header tokens between are markup.
+- think tags (Qwen 3, DeepSeek R1 and their kin): the text between `<think>` and `</think>`.
+
+ReplyDecoder turns the generated ids into text as StreamDecoder does, and says which part each
+piece belongs to; the chat shows reasoning apart (or hides it) and keeps it beside the answer.
+"""
+from __future__ import annotations
+
+from .tokenizer import StreamDecoder
+
+REASONING, ANSWER = "reasoning", "answer"
+_HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")
+_THINK = ("<think>", "</think>")
+
+
+def reasoning_format(vocab) -> str | None:
+    """"harmony", "think" or None: how the model's replies mark their reasoning."""
+    tokens = set(vocab.tokens[:300_000])
+    if all(t in tokens for t in _HARMONY):
+        return "harmony"
+    if all(t in tokens for t in _THINK):
+        return "think"
+    return None
+
+
+class ReplyDecoder(StreamDecoder):
+    """StreamDecoder that follows a reply's structure: after each push, `part` is REASONING or
+    ANSWER for the text it returned (markup returns no text)."""
+
+    def __init__(self, tokenizer, fmt: str | None):
+        super().__init__(tokenizer)
+        self.format = fmt
+        self._markers = {}
+        for text in (_HARMONY if fmt == "harmony" else _THINK if fmt == "think" else ()):
+            self._markers[tokenizer.vocab.tokens.index(text)] = text
+        # a harmony reply starts after its generation prompt's <|start|>assistant: a header
+        self._state = "header" if fmt == "harmony" else "content"
+        self._channel = ""
+        self.part = ANSWER
+
+    def push(self, token_id: int) -> str:
+        marker = self._markers.get(token_id)
+        if marker is None:
+            text = super().push(token_id)
+            if self._state == "channel":
+                self._channel += text
+                return ""
+            return text if self._state == "content" else ""
+        if marker == "<think>":
+            self.part = REASONING
+        elif marker == "</think>":
+            self.part = ANSWER
+        elif marker == "<|channel|>":
+            self._state, self._channel = "channel", ""
+        elif marker == "<|message|>":
+            self._state = "content"
+            self.part = REASONING if (self._channel.split() or [""])[0] == "analysis" else ANSWER
+        else:  # <|start|> opens a header, <|end|> closes a message
+            self._state = "header"
+        return ""  # (markup)
+
+
+class SplitReply:
+    """A reply's pieces gathered by part."""
+
+    def __init__(self):
+        self.parts = {REASONING: [], ANSWER: []}
+
+    def add(self, part: str, text: str) -> None:
+        self.parts[part].append(text)
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(self.parts[REASONING]).strip()
+
+    @property
+    def answer(self) -> str:
+        return "".join(self.parts[ANSWER])
