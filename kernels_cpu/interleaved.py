@@ -29,7 +29,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .block_ir import e8m0_half, fp4_values
+from .block_ir import FP4_OFFSET, e8m0_half, fp4_values
 from .cpu_features import int8_isa, target_features
 from .rowdot import switch_on_type
 from .threads import in_parallel
@@ -338,9 +338,10 @@ class _Q8_0(_Kind):  # d, qs: signed
         yield _Unit([(blk.bytes(2 + 4 * w, 32), 4 * w) for w in range(8)], 2)
 
 
-class _MXFP4(_Kind):  # e, qs: 4-bit codes of signed values
+class _MXFP4(_Kind):  # e, qs: 4-bit codes of signed values, offset to unsigned bytes
     activations = "q32"
-    signed = True
+    top = 2 * FP4_OFFSET
+    correction = _offset_times_sums(FP4_OFFSET)
 
     @staticmethod
     def scales(b, blk, i, act):
