@@ -267,3 +267,19 @@ def test_mxfp4_checkpoint_converts_and_runs_as_llama_cpps(moe_folders, llama_cpp
     theirs_ppl = llama_cpp_perplexity(llama_cpp_tools, ours, tmp_path / "text.txt")
     ours_ppl = perplexity(load_model(ours), PERPLEXITY_TEXT, 128, progress=False).ppl  # (both round activations to Q8_0)
     assert abs(ours_ppl / theirs_ppl - 1) < 2e-3, (ours_ppl, theirs_ppl)
+
+
+def test_random_gpt_oss_shapes_run_as_in_llama_cpp(llama_cpp_tools, tmp_path):
+    """convert.random_model's gpt-oss (the benchmarks' gpt-oss-20b shape, small here): MXFP4
+    experts, Q8_0 elsewhere, biases and sinks; llama.cpp's perplexity on the file is ggrun's."""
+    from convert.random_model import LlamaShape, write_random_llama
+    from runner.perplexity import perplexity
+    shape = LlamaShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=256, vocab_size=1000, n_expert=4,
+                       n_expert_used=2, n_ff_exp=256, head_dim=64, gpt_oss=True)
+    path = tmp_path / "gpt-oss.gguf"
+    summary = write_random_llama(path, shape, "MXFP4_MOE", progress=False, tiled=False)
+    assert summary.by_type["MXFP4"] == 6 and GGUFFile(path).architecture == "gpt-oss"
+    (tmp_path / "text.txt").write_text(PERPLEXITY_TEXT)
+    theirs = llama_cpp_perplexity(llama_cpp_tools, path, tmp_path / "text.txt")
+    ours = perplexity(load_model(path), PERPLEXITY_TEXT, 128, progress=False).ppl
+    assert abs(ours / theirs - 1) < 2e-3, (ours, theirs)
