@@ -33,7 +33,8 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True) -
         raise ConversionError(f"{folder} is not a folder")
     file_type = _file_type(type_name)
     hf = read_hf_model(folder)
-    tok, special = read_tokenizer(folder, hf.vocab_size, hf.arch.sentencepiece_first, hf.arch.special_tokens)
+    tok, special = read_tokenizer(folder, hf.vocab_size, hf.arch.sentencepiece_first, hf.arch.special_tokens,
+                                  hf.arch.added_tokens_as_marked)
     if hf.vocab_size == hf.arch.no_bos_vocab_size:
         special["add_bos"] = False
     from .safetensors_io import Checkpoint

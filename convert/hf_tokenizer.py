@@ -112,11 +112,17 @@ def _protobuf_fields(buf: bytes):
         yield number, wire, value
 
 
+# SentencePiece piece types as llama.cpp's converter reads them (through SentencePieceProcessor's
+# IsUnknown, IsControl, IsUnused, IsByte): a user-defined piece is a normal one, unless the folder's
+# added tokens say more
 _SP_TYPES = {1: TokenType.NORMAL, 2: TokenType.UNKNOWN, 3: TokenType.CONTROL,
-             4: TokenType.USER_DEFINED, 5: TokenType.UNUSED, 6: TokenType.BYTE}
+             4: TokenType.NORMAL, 5: TokenType.UNUSED, 6: TokenType.BYTE}
 
 
-def _spm_from_model(path: Path, vocab_size: int) -> TokenizerData:
+def _spm_from_model(path: Path, vocab_size: int, added_as_marked: bool = False) -> TokenizerData:
+    """tokenizer.model's pieces; then, as llama.cpp's converter writes a SentencePiece vocabulary,
+    the folder's added tokens over them (added_tokens.json, tokenizer_config.json's
+    added_tokens_decoder) and [PADn] up to the config's vocab_size."""
     tokens, scores, types = [], [], []
     add_dummy_prefix = True
     for number, _, value in _protobuf_fields(path.read_bytes()):
@@ -138,20 +144,56 @@ def _spm_from_model(path: Path, vocab_size: int) -> TokenizerData:
                     add_dummy_prefix = bool(v)
     if not tokens:
         raise ConversionError("tokenizer.model holds no pieces")
-    for i in range(len(tokens), vocab_size):
+    n = vocab_size or len(tokens)
+    tokens, scores, types = tokens[:n], scores[:n], types[:n]
+    for i in range(len(tokens), n):
         tokens.append(f"[PAD{i}]")
-        scores.append(-1000.0)
+        scores.append(-10000.0)
         types.append(TokenType.UNUSED)
+    _add_tokens(path.parent, tokens, scores, types, added_as_marked)
     return TokenizerData("llama", tokens, types, scores=scores, pre="default", add_space_prefix=add_dummy_prefix)
 
 
+def _looks_special(text: str) -> bool:
+    """Added tokens llama.cpp's converter makes control tokens even where a folder does not mark
+    them special (<|...|>, <unused...>, Gemma's and DeepSeek's few)."""
+    return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (text.startswith("<|") and text.endswith("|>"))
+            or (text.startswith("<\uff5c") and text.endswith("\uff5c>"))
+            or (text.startswith("<unused") and text.endswith(">")))
+
+
+def _add_tokens(folder: Path, tokens: list, scores: list, types: list, as_marked: bool) -> None:
+    """A SentencePiece vocabulary's added tokens, in place, as llama.cpp's converter sets them:
+    added_tokens.json's user-defined, then tokenizer_config.json's added_tokens_decoder (control
+    where special or special-looking, else user-defined with its \u2581 as spaces); score -1000;
+    ids past the vocabulary are left out. as_marked (Phi-3's converter): control where marked
+    special alone, the text as written, and tokenizer.json's added tokens last."""
+    added = load_json(folder / "added_tokens.json", required=False)
+    decoder = load_json(folder / "tokenizer_config.json", required=False).get("added_tokens_decoder", {})
+    entries = [(i, text, TokenType.USER_DEFINED) for text, i in added.items()]
+    marked = [(key, data) for key, data in (decoder.items() if isinstance(decoder, dict) else ())]
+    if as_marked:
+        marked += [(data.get("id"), data) for data in load_json(folder / "tokenizer.json", required=False).get(
+            "added_tokens", []) if isinstance(data, dict)]
+    for key, data in marked:
+        text = data.get("content") if isinstance(data, dict) else None
+        if isinstance(text, str) and str(key).isdigit():
+            special = data.get("special") or (not as_marked and _looks_special(text))
+            entries.append((int(key), text if special or as_marked else text.replace("\u2581", " "),
+                            TokenType.CONTROL if special else TokenType.USER_DEFINED))
+    for i, text, kind in entries:
+        if isinstance(i, int) and 0 <= i < len(tokens):
+            tokens[i], scores[i], types[i] = text, -1000.0, kind
+
+
 def read_tokenizer(folder: Path, vocab_size: int, prefer_sentencepiece: bool,
-                   special_tokens: tuple = ()) -> tuple[TokenizerData, dict]:
+                   special_tokens: tuple = (), added_as_marked: bool = False) -> tuple[TokenizerData, dict]:
     """The vocabulary and the special-token settings (ids, add_bos, chat template);
-    special_tokens: (name, token text) pairs for ids the folder's files do not set."""
+    special_tokens: (name, token text) pairs for ids the folder's files do not set;
+    added_as_marked: a SentencePiece vocabulary's added tokens as Phi-3's converter takes them."""
     spm, tj = folder / "tokenizer.model", folder / "tokenizer.json"
     if spm.exists() and (prefer_sentencepiece or not tj.exists()):
-        tok = _spm_from_model(spm, vocab_size)
+        tok = _spm_from_model(spm, vocab_size, added_as_marked)
     elif tj.exists():
         tok = _bpe_from_json(load_json(tj), vocab_size)
     else:

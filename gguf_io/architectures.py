@@ -52,6 +52,7 @@ class Architecture:
     experts_in_out: bool = False      # the checkpoint's stacked expert matrices are [experts, in, out] (gpt-oss)
     writes_expert_ff_length: bool = False  # expert_feed_forward_length, from intermediate_size where no other says
     sentencepiece_first: bool = False  # a tokenizer.model wins over tokenizer.json
+    added_tokens_as_marked: bool = False  # its SentencePiece added tokens as llama.cpp's Phi-3 converter takes them
     space_prefix: bool | None = None  # tokenizer.ggml.add_space_prefix, when the architecture fixes it
 
     def tensor_name(self, tensor: MODEL_TENSOR, layer: int | None = None, suffix: str = "weight") -> str:
@@ -111,7 +112,7 @@ ARCHITECTURES = {a.name: a for a in (
     # (llama.cpp's graph ignores Phi-3's window, which transformers applies to every layer: ggrun follows
     # the model's definition)
     Architecture("phi3", MODEL_ARCH.PHI3, ("phi3",), swa_pattern=0, long_rope=True, writes_rope_dims=True,
-                 sentencepiece_first=True),
+                 sentencepiece_first=True, added_tokens_as_marked=True),
     Architecture("gemma2", MODEL_ARCH.GEMMA2, ("gemma2",), swa_pattern=2, wide_query_scale_layers=46,
                  norm_plus_one=True, tied_by_default=True, writes_head_dims=True, sentencepiece_first=True,
                  space_prefix=False),

@@ -310,3 +310,34 @@ def test_random_llama_for_benchmarks_loads_and_runs(tmp_path):
     lm = load_model(path)
     logits = lm.model.forward(lm.tokenizer.encode("hello"), lm.model.new_cache(32))
     assert logits.shape == (1000,) and np.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3"])
+def test_sentencepiece_added_tokens_convert_as_llama_cpp_does(random_models, gemma_path, llama_cpp_source, tmp_path,
+                                                              arch):
+    """A SentencePiece vocabulary shorter than the model's (padded with [PADn]) with added tokens
+    over it: added_tokens.json's, and tokenizer_config.json's marked special or not, looking
+    special or not, over a piece, past the vocabulary. Tokens, scores and types as
+    convert_hf_to_gguf.py writes them, by its generic rules and by Phi-3's own."""
+    from .hf_folders import _gemma_tokenizer_model
+    folder = tmp_path / arch
+    shutil.copytree(random_models[arch], folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (folder / name).unlink(missing_ok=True)
+    _gemma_tokenizer_model(gemma_path, folder, 1000)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    added = {"1000": {"content": "<|user|>", "special": True}, "1001": {"content": "<|assistant|>", "special": False},
+             "1002": {"content": "\u2581custom\u2581word", "special": False},
+             "5": {"content": "<replaced>", "special": True}}
+    if arch != "phi3":  # (one past the vocabulary, which llama.cpp's Phi-3 converter fails on; ggrun leaves it out)
+        added["70000"] = {"content": "<|far|>", "special": True}
+    config.update(tokenizer_class="LlamaTokenizer", added_tokens_decoder=added)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "added_tokens.json").write_text(json.dumps({"<|extra|>": 1003, "<|beyond|>": 60000}))
+    ours = tmp_path / "ours.gguf"
+    convert_hf(folder, ours, "F32", progress=False)
+    theirs = convert_with_llama_cpp(llama_cpp_source, folder, tmp_path / "theirs.gguf")
+    a, b = GGUFFile(ours), GGUFFile(theirs)
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        assert np.array_equal(np.asarray(a.get(key)), np.asarray(b.get(key))), key
+    assert a.get("tokenizer.ggml.tokens")[49151] == "[PAD49151]"
