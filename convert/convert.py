@@ -80,7 +80,8 @@ def _mxfp4_tensors(ckpt, hf: HFModel) -> dict[str, list[PlannedTensor]]:
     carried = {}
     for blocks_name in (n for n in ckpt.names() if n.endswith("_blocks")):
         base = blocks_name[:-len("_blocks")]
-        shape, scales_shape = ckpt.shape(blocks_name), ckpt.shape(base + "_scales") if base + "_scales" in ckpt.location else None
+        shape = ckpt.shape(blocks_name)
+        scales_shape = ckpt.shape(base + "_scales") if base + "_scales" in ckpt.location else None
         if len(shape) != 4 or shape[-1] != 16 or scales_shape != shape[:-1]:
             raise ConversionError(f"{blocks_name}: MXFP4 blocks must be [experts, rows, blocks, 16] with "
                                   f"[experts, rows, blocks] scales beside them")

@@ -506,8 +506,8 @@ def _q6_k(x, out):  # ql[128] qh[64] scales[16] d
 
 # block quantizer by type: compiled only into the row loops of the types a conversion writes
 _BLOCK_QUANTIZERS = {int(T.Q4_0): _q4_0, int(T.Q4_1): _q4_1, int(T.Q5_0): _q5_0, int(T.Q5_1): _q5_1,
-                     int(T.Q8_0): _q8_0, int(T.MXFP4): _mxfp4, int(T.Q2_K): _q2_k, int(T.Q3_K): _q3_k, int(T.Q4_K): _q4_k,
-                     int(T.Q5_K): _q5_k, int(T.Q6_K): _q6_k}
+                     int(T.Q8_0): _q8_0, int(T.MXFP4): _mxfp4, int(T.Q2_K): _q2_k, int(T.Q3_K): _q3_k,
+                     int(T.Q4_K): _q4_k, int(T.Q5_K): _q5_k, int(T.Q6_K): _q6_k}
 
 
 def _quantize_block(qtype, x, out):

@@ -25,4 +25,6 @@ def llama_cpp_perplexity(tools: Path, model: Path, text_file: Path) -> float:
     r = subprocess.run([tools / "llama-perplexity", "-m", model, "-f", text_file, "-c", "128", "-t", "2", "-fa", "off",
                         "-ctk", "f32", "-ctv", "f32"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    return float(re.search(r"Final estimate: PPL = ([0-9.]+)", r.stderr + r.stdout).group(1))
+    found = re.search(r"Final estimate: PPL = ([0-9.]+|[-a-z]+)", r.stderr + r.stdout)
+    assert found, (r.stderr + r.stdout)[-2000:]
+    return float(found.group(1))

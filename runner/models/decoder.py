@@ -226,8 +226,8 @@ class Decoder:
                                  weights.matrix(T.FFN_DOWN_SHEXP, p.n_ff_shexp, p.n_embd, i))
             if weights.has(T.FFN_GATE_INP_SHEXP, i):
                 shared_gate = weights.matrix(T.FFN_GATE_INP_SHEXP, p.n_embd, 1, i)
-        biases = {f"{key}_bias": weights.optional_table(t, n_out, e, i, "bias")
-                  for key, t, n_out in (("gate", T.FFN_GATE_EXP, n), ("up", T.FFN_UP_EXP, n), ("down", T.FFN_DOWN_EXP, p.n_embd))}
+        biases = {f"{key}_bias": weights.optional_table(t, n_out, e, i, "bias") for key, t, n_out in
+                  (("gate", T.FFN_GATE_EXP, n), ("up", T.FFN_UP_EXP, n), ("down", T.FFN_DOWN_EXP, p.n_embd))}
         return MixtureOfExperts(weights.matrix(T.FFN_GATE_INP, p.n_embd, e, i), gate, up,
                                 weights.experts(T.FFN_DOWN_EXP, n, p.n_embd, e, i), shared, shared_gate,
                                 router_bias=weights.optional_vector(T.FFN_GATE_INP, e, i, "bias"), **biases)
