@@ -235,6 +235,7 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k,
     times.start("interpreter and CLI")
     from .backend import resolve_device
     from .engine import Session, warm_prefill
+    from .reasoning import REASONING, ReplyDecoder, SplitReply, reasoning_format
     from .sampler import Sampler, SamplingOptions
 
     prompt = _prompt_text(prompt, prompt_file)
@@ -255,20 +256,24 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k,
         click.echo(f"warning: {notice}", err=True)
     sampler = Sampler(SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
                                       presence_penalty, frequency_penalty))
-    text = []
+    # a chat reply (through the template) of a reasoning model: its reasoning to stderr, the answer to stdout
+    decoder = ReplyDecoder(lm.tokenizer, reasoning_format(lm.tokenizer.vocab) if system is not None else None)
+    reply, started = SplitReply(), False
     for piece in session.complete(ids, sampler, n_predict, stop_ids=() if ignore_eos else None, stops=stops,
-                                  logprobs=as_json):
-        if timings and not text:
+                                  logprobs=as_json, decoder=decoder):
+        if timings and not started:
             times.mark(f"prompt of {len(ids)} tokens to first token")
             click.echo(times.line(), err=True)
-        text.append(piece)
+        started = True
+        reply.add(decoder.part, piece)
         if not as_json:
-            click.echo(piece, nl=False)
+            click.echo(piece, nl=False, err=decoder.part == REASONING)
             sys.stdout.flush()
     stats = session.stats
     if as_json:
         click.echo(json.dumps({
-            "text": "".join(text), "prompt_tokens": stats.prompt_tokens, "prompt_ids": ids,
+            "text": reply.answer, **({"reasoning": reply.reasoning} if decoder.format else {}),
+            "prompt_tokens": stats.prompt_tokens, "prompt_ids": ids,
             "generated_tokens": stats.generated_tokens, "token_ids": stats.tokens,
             "token_logprobs": stats.logprobs, "stop_reason": stats.stop_reason,
             "time_to_first_token_s": stats.time_to_first_token_s,

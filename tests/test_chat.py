@@ -317,8 +317,16 @@ def harmony_model(tmp_path_factory, llama_cpp_source):
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>")
 
 
-def _scripted_replies(monkeypatch, lm, replies):
-    """The chat's sampler replaced by one that writes the given replies (lists of token texts), in turn."""
+def _harmony_reply(reasoning, answer):
+    """A gpt-oss reply's token texts: its analysis message of words ▁w{i}, then its final one."""
+    return (["<|channel|>", "analysis", "<|message|>"] + [f"\u2581w{i}" for i in reasoning]
+            + ["<|end|>", "<|start|>", "assistant", "<|channel|>", "final", "<|message|>"]
+            + [f"\u2581w{i}" for i in answer] + ["<|return|>"])
+
+
+def _scripted_replies(monkeypatch, lm, replies, where=None):
+    """The chat's sampler (or that of the module `where`) replaced by one that writes the given
+    replies (lists of token texts), in turn."""
     from runner import chat
     from runner.sampler import Choice
     script = []
@@ -331,7 +339,7 @@ def _scripted_replies(monkeypatch, lm, replies):
         def choose(self, logits, history):
             token = script.pop(0)
             return Choice(token, np.array([token]), np.zeros(1), logits)
-    monkeypatch.setattr(chat, "Sampler", Scripted)
+    monkeypatch.setattr(where or chat, "Sampler", Scripted)
 
 
 def test_harmony_replies_show_their_reasoning_apart_and_the_cache_keeps_what_the_turns_share(
@@ -346,11 +354,7 @@ def test_harmony_replies_show_their_reasoning_apart_and_the_cache_keeps_what_the
     from runner.sampler import SamplingOptions
     lm = harmony_model
     assert lm.tokenizer.vocab.tokens[304] == "<|return|>" and 303 not in lm.tokenizer.vocab.end_of_generation
-    def reply(reasoning, answer):
-        return (["<|channel|>", "analysis", "<|message|>"] + [f"\u2581w{i}" for i in reasoning]
-                + ["<|end|>", "<|start|>", "assistant", "<|channel|>", "final", "<|message|>"]
-                + [f"\u2581w{i}" for i in answer] + ["<|return|>"])
-    replies = [reply([120, 121], [130, 131]), reply([122], [132])]
+    replies = [_harmony_reply([120, 121], [130, 131]), _harmony_reply([122], [132])]
     _scripted_replies(monkeypatch, lm, list(replies))
     session = ChatSession(lm, 512, SamplingOptions(temperature=0), max_reply=64)
     parts = []
@@ -383,6 +387,28 @@ def test_harmony_replies_show_their_reasoning_apart_and_the_cache_keeps_what_the
         text = out.getvalue()
         assert ("Thinking...\n w120 w121\n...done thinking.\n\n w130 w131" in text) == shows
         assert " w130 w131" in text and ("w120" in text) == shows
+
+
+def test_run_sends_a_reasoning_models_thinking_to_stderr(harmony_model, monkeypatch):
+    """ggrun run with a system prompt (a chat reply): the answer on stdout, the reasoning on
+    stderr; in --json, text and reasoning apart."""
+    import json
+
+    from click.testing import CliRunner
+
+    from runner import sampler
+    from runner.cli import main
+    path = str(harmony_model.file.path)
+    for as_json in (False, True):
+        _scripted_replies(monkeypatch, harmony_model, [_harmony_reply([120, 121], [130, 131])], where=sampler)
+        r = CliRunner().invoke(main, ["run", path, "-sys", "Be brief.", "-p", "hi", "-n", "32"]
+                                  + (["--json"] if as_json else []))
+        assert r.exit_code == 0, r.output + r.stderr
+        if as_json:
+            out = json.loads(r.stdout)
+            assert (out["text"], out["reasoning"]) == (" w130 w131", "w120 w121")
+        else:
+            assert r.stdout.strip() == "w130 w131" and " w120 w121" in r.stderr
 
 
 def test_think_tags_split_a_reply_into_reasoning_and_answer():
