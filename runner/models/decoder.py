@@ -32,7 +32,7 @@ class Attention:
     wqkv: object = None
     q_norm: object = None  # per-head RMSNorm of queries and keys (Gemma 3, Qwen 3)
     k_norm: object = None
-    bq: object = None      # projection biases (Qwen 2; gpt-oss's output projection too)
+    bq: object = None      # projection biases (Qwen 2: Q, K, V; gpt-oss: all four)
     bk: object = None
     bv: object = None
     bo: object = None
@@ -332,12 +332,11 @@ class Decoder:
     def mixture_of_experts(self, moe: MixtureOfExperts, h):
         be, p = self.backend, self.params
 
-        def biased(y, bias):
-            return y if bias is None else y + bias
-
         def expert_biased(y, bias, ids):
             return y if bias is None else y + be.expert_rows(bias, ids)
-        logits = biased(be.matmul(moe.router, h), moe.router_bias)
+        logits = be.matmul(moe.router, h)
+        if moe.router_bias is not None:
+            logits = logits + moe.router_bias
         ids, weights = be.route(logits, p.n_expert_used, p.expert_gating, p.expert_weights_norm, p.expert_weights_scale)
         gate, up = be.expert_matmuls([moe.gate, moe.up], h, ids)
         gate, up = expert_biased(gate, moe.gate_bias, ids), expert_biased(up, moe.up_bias, ids)
