@@ -26,7 +26,7 @@ class Architecture:
     rope_base_swa: float | None = None  # RoPE base of the sliding layers (None: the global layers')
     # mixtures of experts: llama.cpp fixes these per architecture in its graph
     expert_weights_norm: bool = False  # the chosen experts' weights are renormalized to sum to 1
-    expert_gating: int = 1            # router logits -> weights (hparams.GATING: llama.cpp's gating function ids)
+    expert_gating: int = 1            # router logits -> weights, by llama.cpp's gating function id (hparams.py)
     # how llama.cpp's converter writes it from a checkpoint:
     permute_qk: bool = False          # Q/K rows permuted for the interleaved rotary pairing of llama.cpp's graph
     norm_plus_one: bool = False       # the checkpoint stores RMSNorm weights as w - 1

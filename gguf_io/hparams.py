@@ -70,7 +70,7 @@ class ModelParams:
 
 
 # gguf's ExpertGatingFuncType, and llama.cpp's own 3 (the softmax over the chosen experts' logits)
-GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
+_GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
 
 
 def _int_array_or_scalar(value, n_layer: int, key: str) -> int:
@@ -143,7 +143,7 @@ def read_params(f: GGUFFile) -> ModelParams:
         raise GGUFError(f"{f.path.name}: {n_expert_used} experts used of {n_expert}")
     n_ff_exp = (int(get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, 0)) or n_ff) if n_expert else 0
     gating = int(get(Keys.LLM.EXPERT_GATING_FUNC, arch.expert_gating if arch else 1))
-    if gating not in GATING:
+    if gating not in _GATING:
         raise GGUFError(f"{f.path.name}: expert gating function {gating} is not supported")
     context_length = int(get(Keys.LLM.CONTEXT_LENGTH, 2048))
     vocab = get(Keys.LLM.VOCAB_SIZE)
@@ -171,7 +171,7 @@ def read_params(f: GGUFFile) -> ModelParams:
         attn_softcap=float(get(Keys.LLM.ATTN_LOGIT_SOFTCAPPING, 0.0)),
         n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
         n_ff_shexp=int(get(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, n_ff_exp)),
-        expert_gating=GATING[gating],
+        expert_gating=_GATING[gating],
         expert_weights_norm=bool(get(Keys.LLM.EXPERT_WEIGHTS_NORM, arch.expert_weights_norm if arch else False)),
         expert_weights_scale=float(get(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0)) or 1.0,
         embedding_scale=float(get(Keys.LLM.EMBEDDING_SCALE, 0.0)),

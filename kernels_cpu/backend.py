@@ -228,5 +228,5 @@ class CpuBackend:
         gate, up = np.ascontiguousarray(gate), np.ascontiguousarray(up)
         ops.clamped_swiglu(gate, up, np.float32(alpha), np.float32(limit))
         if self.recorder is not None:
-            self.recorder.clamped_swiglu(gate, up, alpha, limit)
+            self.recorder.gated(Op.CLAMPED_SWIGLU, gate, up, alpha=alpha, limit=limit)
         return gate

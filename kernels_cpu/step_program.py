@@ -105,8 +105,7 @@ Combine, _ = _operation("Combine", y="f32", weights="f32", out="f32", tokens="co
 SigmoidGate, _ = _operation("SigmoidGate", x="f32", g="f32", rows="count", width="count")
 ExpertRows, _ = _operation("ExpertRows", table="f32", ids="i32", out="f32", experts="count", slots="count",
                            n="count")
-ClampedSwiglu, ClampedSwigluParams = _operation("ClampedSwiglu", ("alpha", "limit"), gate="f32", up="f32",
-                                                rows="count", width="count")
+ClampedSwiglu, ClampedSwigluParams = _operation("ClampedSwiglu", ("alpha", "limit"), **Gated.kinds)
 OPERANDS = {Op.EMBED: Embed, Op.SCALE: Scale, Op.ADD: Add, Op.RMS_NORM: RmsNorm, Op.PRODUCTS: Products,
             Op.ROPE_TABLE: RopeTable, Op.ROPE: Rope, Op.STORE_KV: StoreKv, Op.ATTENTION: Attention,
             Op.SILU_MUL: Gated, Op.GELU_MUL: Gated, Op.SOFTCAP: Softcap, Op.ROUTE: Route,
@@ -455,9 +454,11 @@ class Recorder:
                  key_dim=key_dim, value_dim=value_dim, sinks=self.address(sinks, q.shape[1]), scale=scale,
                  softcap=softcap)
 
-    def gated(self, op: Op, gate, up):
+    def gated(self, op: Op, gate, up, **params):
+        """gate = act(gate) * up, with the activation's parameters (the clamped SwiGLU's)."""
         rows, width = gate.shape
-        self.add(op, gate=self.address(gate, gate.size), up=self.address(up, gate.size), rows=rows, width=width)
+        self.add(op, gate=self.address(gate, gate.size), up=self.address(up, gate.size), rows=rows, width=width,
+                 **params)
 
     def softcap(self, x, cap, out):
         self.add(Op.SOFTCAP, x=self.address(x, x.size), out=self.address(out, out.size), n=out.size, cap=cap)
@@ -487,11 +488,6 @@ class Recorder:
     def expert_rows(self, table, ids, out):
         self.add(Op.EXPERT_ROWS, table=self.address(table, table.size), ids=self.address(ids, ids.size, np.int32),
                  out=self.address(out, out.size), experts=table.shape[0], slots=ids.size, n=table.shape[1])
-
-    def clamped_swiglu(self, gate, up, alpha, limit):
-        rows, width = gate.shape
-        self.add(Op.CLAMPED_SWIGLU, gate=self.address(gate, gate.size), up=self.address(up, gate.size), rows=rows,
-                 width=width, alpha=alpha, limit=limit)
 
     def ufunc(self, ufunc, method, inputs, kwargs, result):
         """Residual sums, biases and scale factors: x + y and x * s on activations."""

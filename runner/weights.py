@@ -58,9 +58,14 @@ class WeightLoader:
 
     def vector(self, tensor: MODEL_TENSOR, n: int, layer: int | None = None, suffix: str = "weight"):
         """A small vector (norm weight, bias, rope factors), decoded to float32 whatever its type."""
+        return self._decoded(tensor, (n,), layer, suffix)
+
+    def _decoded(self, tensor: MODEL_TENSOR, shape: tuple[int, ...], layer: int | None, suffix: str):
+        """A small tensor of GGML shape `shape`, decoded to float32 (numpy order) onto the backend."""
         name = self.arch.tensor_name(tensor, layer, suffix)
-        t = self._info(name, (n,))
-        return self.backend.load_vector(dequantize(self.f.tensor_bytes(name).reshape(-1), t.type))
+        t = self._info(name, shape)
+        values = dequantize(self.f.tensor_bytes(name).reshape(-1), t.type).reshape(tuple(reversed(shape)))
+        return self.backend.load_vector(values)
 
     def optional_vector(self, tensor: MODEL_TENSOR, n: int, layer: int | None = None, suffix: str = "weight"):
         """vector(...), or None where the file does not have it (as llama.cpp's TENSOR_NOT_REQUIRED)."""
@@ -69,9 +74,4 @@ class WeightLoader:
     def optional_table(self, tensor: MODEL_TENSOR, n: int, rows: int, layer: int, suffix: str = "bias"):
         """A small table of `rows` vectors of n (GGML shape [n, rows]: a mixture's per-expert
         biases) as float32 (rows, n); None where the file does not have it."""
-        if not self.has(tensor, layer, suffix):
-            return None
-        name = self.arch.tensor_name(tensor, layer, suffix)
-        t = self._info(name, (n, rows))
-        values = dequantize(self.f.tensor_bytes(name).reshape(-1), t.type).reshape(rows, n)
-        return self.backend.load_vector(values)
+        return self._decoded(tensor, (n, rows), layer, suffix) if self.has(tensor, layer, suffix) else None
