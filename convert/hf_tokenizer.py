@@ -204,12 +204,18 @@ def read_tokenizer(folder: Path, vocab_size: int, prefer_sentencepiece: bool,
 def _special_settings(folder: Path, tok: TokenizerData, special_tokens: tuple) -> dict:
     cfg = load_json(folder / "tokenizer_config.json", required=False)
     gen = load_json(folder / "generation_config.json", required=False)
+    tokenizer = load_json(folder / "tokenizer.json", required=False)
     ids = {t: i for i, t in enumerate(tok.tokens)}
+    # (tokenizer_config.json names its special tokens by text, which llama.cpp's converter looks up
+    # among tokenizer.json's added tokens alone, the first that matches)
+    added = {}
+    for entry in tokenizer.get("added_tokens", []):
+        added.setdefault(entry.get("content"), entry.get("id"))
 
     def token_id(value):
         if isinstance(value, dict):
             value = value.get("content")
-        return ids.get(value) if isinstance(value, str) else None
+        return added.get(value) if isinstance(value, str) else None
 
     out = {}
     for key, name in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unk"), ("pad_token", "pad")):
@@ -227,14 +233,43 @@ def _special_settings(folder: Path, tok: TokenizerData, special_tokens: tuple) -
     for name, text in special_tokens:  # (last, as llama.cpp's converter sets them by text)
         if text in ids and name not in out:
             out[name] = ids[text]
-    if "add_bos_token" in cfg:
-        out["add_bos"] = bool(cfg["add_bos_token"])
-    if "add_eos_token" in cfg:
-        out["add_eos"] = bool(cfg["add_eos_token"])
-    template = cfg.get("chat_template")
+    adds, ends_with = _post_processor_adds(tokenizer, cfg)
+    out.update(adds)
+    if ends_with in added:  # (a template ending in another token makes it EOS, the configured one EOT)
+        if token_id(cfg.get("eos_token")) is not None:
+            out["eot"] = token_id(cfg["eos_token"])
+        out["eos"] = added[ends_with]
+    for name in ("add_bos", "add_eos"):  # (the post-processor's word wins, as in llama.cpp's converter)
+        if isinstance(cfg.get(f"{name}_token"), bool) and name not in out:
+            out[name] = cfg[f"{name}_token"]
     jinja = folder / "chat_template.jinja"
-    if jinja.exists():
-        template = jinja.read_text(encoding="utf-8")
+    template = cfg.get("chat_template", jinja.read_text(encoding="utf-8") if jinja.exists() else None)
     if isinstance(template, str):
         out["chat_template"] = template
     return out
+
+
+def _post_processor_adds(tokenizer: dict, cfg: dict) -> tuple[dict, str | None]:
+    """Whether encoding adds BOS and EOS, as llama.cpp's converter reads tokenizer.json's
+    post-processor: a byte-level one adds neither, RoBERTa's both, a template what it begins and
+    ends with (BOS unless the config names both a BOS and a CLS token and it begins with neither; EOS where
+    it ends with a special token, which becomes EOS: returned where it is not the configured one)."""
+    def text(value):
+        return value.get("content") if isinstance(value, dict) else value
+    bos, cls, eos = (text(cfg.get(f"{name}_token")) for name in ("bos", "cls", "eos"))
+    adds, ends_with = {}, None
+    processor = tokenizer.get("post_processor") or {}
+    for step in processor.get("processors", [processor]):
+        kind = step.get("type")
+        if kind == "ByteLevel":
+            adds.setdefault("add_bos", False)
+            adds.setdefault("add_eos", False)
+        elif kind == "RobertaProcessing":
+            adds.update(add_bos=True, add_eos=True)
+        elif kind == "TemplateProcessing" and len(single := step.get("single", [])) > 1:
+            if first := single[0].get("SpecialToken", {}).get("id"):
+                adds["add_bos"] = not (bos and cls) or first in (bos, cls)
+            if last := single[-1].get("SpecialToken", {}).get("id"):
+                adds["add_eos"] = True
+                ends_with = None if last == eos else last
+    return adds, ends_with

@@ -72,11 +72,12 @@ class Architecture:
 
 
 ARCHITECTURES = {a.name: a for a in (
-    # (Granite's and SmolLM's 49152-token vocabularies: llama.cpp's Llama converter adds no BOS for that size)
+    # llama.cpp converts these with its Llama converter: a tokenizer.model first, and no BOS for a
+    # 49152-token vocabulary (Granite's and SmolLM's)
     Architecture("llama", MODEL_ARCH.LLAMA, ("llama", "mistral", "mixtral"), permute_qk=True, no_bos_vocab_size=49152,
-                 writes_vocab_size=True, writes_rope_dims=True, expert_weights_norm=True),
+                 sentencepiece_first=True, writes_vocab_size=True, writes_rope_dims=True, expert_weights_norm=True),
     Architecture("mistral3", MODEL_ARCH.MISTRAL3, ("ministral3",), permute_qk=True, no_bos_vocab_size=49152,
-                 writes_vocab_size=True, writes_rope_dims=True, llama4_temperature=True),
+                 sentencepiece_first=True, writes_vocab_size=True, writes_rope_dims=True, llama4_temperature=True),
     Architecture("qwen2", MODEL_ARCH.QWEN2, ("qwen2",)),
     Architecture("qwen3", MODEL_ARCH.QWEN3, ("qwen3",), writes_head_dims=True),
     Architecture("qwen2moe", MODEL_ARCH.QWEN2MOE, ("qwen2_moe",)),
@@ -85,11 +86,12 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("olmo2", MODEL_ARCH.OLMO2, ("olmo2",)),
     Architecture("ernie4_5", MODEL_ARCH.ERNIE4_5, ("ernie4_5",)),
     Architecture("smollm3", MODEL_ARCH.SMOLLM3, ("smollm3",), permute_qk=True, no_bos_vocab_size=49152,
-                 writes_vocab_size=True, writes_rope_dims=True),
+                 sentencepiece_first=True, writes_vocab_size=True, writes_rope_dims=True),
     Architecture("granite", MODEL_ARCH.GRANITE, ("granite",), permute_qk=True, no_bos_vocab_size=49152,
-                 writes_vocab_size=True, writes_rope_dims=True),
+                 sentencepiece_first=True, writes_vocab_size=True, writes_rope_dims=True),
     Architecture("granitemoe", MODEL_ARCH.GRANITE_MOE, ("granitemoe", "granitemoeshared"), permute_qk=True,
-                 no_bos_vocab_size=49152, writes_vocab_size=True, writes_rope_dims=True, expert_weights_norm=True,
+                 no_bos_vocab_size=49152, sentencepiece_first=True, writes_vocab_size=True, writes_rope_dims=True,
+                 expert_weights_norm=True,
                  fused_gate_up=(
                      ("block_sparse_moe.input_linear.weight", MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP,
                       "weight"),
