@@ -53,20 +53,20 @@ def smollm_f32(smollm_hf, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def random_models(smollm_hf, gemma_path, tmp_path_factory):
+def random_models(llama_cpp_source, tmp_path_factory):
     """Random-initialized Hugging Face folders of each architecture, as transformers builds them."""
     from .hf_folders import RANDOM_ARCHS, random_folder
     root = tmp_path_factory.mktemp("random")
-    return {arch: random_folder(arch, root / arch, smollm_hf, gemma_path)
+    return {arch: random_folder(arch, root / arch, llama_cpp_source)
             for arch in RANDOM_ARCHS}
 
 
 @pytest.fixture(scope="session")
-def moe_folders(smollm_hf, tmp_path_factory):
+def moe_folders(llama_cpp_source, tmp_path_factory):
     """Small Hugging Face mixtures of experts (hf_folders.MOE_CONFIGS), by model_type."""
     from .hf_folders import MOE_CONFIGS, moe_folder
     root = tmp_path_factory.mktemp("moe")
-    return {arch: moe_folder(arch, root / arch, smollm_hf) for arch in MOE_CONFIGS}
+    return {arch: moe_folder(arch, root / arch, llama_cpp_source) for arch in MOE_CONFIGS}
 
 
 def hf_logits_function(gguf_path):

@@ -8,9 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
-
-
 def smollm_folder(gguf_path: Path, folder: Path) -> Path:
     """The real SmolLM2 weights as a safetensors checkpoint, via transformers' GGUF loader."""
     import torch
@@ -31,22 +28,46 @@ def smollm_folder(gguf_path: Path, folder: Path) -> Path:
     return folder
 
 
-def _gemma_tokenizer_model(gemma_gguf: Path, folder: Path, n_pieces: int) -> None:
-    """A SentencePiece tokenizer.model holding the first n_pieces of Gemma 3's real vocabulary."""
-    from sentencepiece import sentencepiece_model_pb2 as sp
-
+def _llama_cpp_vocab(source: Path, name: str):
+    """One of the vocabularies of llama.cpp's tokenizer suite (models/ggml-vocab-NAME.gguf in its
+    source package, which the tests fetch anyway as their oracle): real tokenizers, no download of
+    a model for them."""
     from gguf_io import GGUFFile, read_vocab
-    vocab = read_vocab(GGUFFile(gemma_gguf))
+    return read_vocab(GGUFFile(source / "models" / f"ggml-vocab-{name}.gguf"))
+
+
+GPT2_VOCAB = 50257  # the byte-level BPE tokenizer of the random folders but Gemma's
+
+
+def gpt2_tokenizer(source: Path, folder: Path) -> None:
+    """GPT-2's tokenizer.json, as openai-community/gpt2 publishes it: llama.cpp's converter knows it by
+    its hash of a test text ("gpt-2"), ggrun's by its pre-tokenizer."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+    vocab = _llama_cpp_vocab(source, "gpt-2")
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(vocab.tokens)}, [tuple(m.split(" ")) for m in vocab.merges]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
+    tok.save(str(folder / "tokenizer.json"))
+    end = "<|endoftext|>"
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "GPT2Tokenizer", "bos_token": end, "eos_token": end, "unk_token": end}))
+
+
+def sentencepiece_tokenizer(source: Path, folder: Path, n_pieces: int) -> None:
+    """A SentencePiece tokenizer.model holding the first n_pieces of Llama 2's vocabulary."""
+    from sentencepiece import sentencepiece_model_pb2 as sp
+    vocab = _llama_cpp_vocab(source, "llama-spm")
     proto = sp.ModelProto()
     for i in range(n_pieces):
-        piece = proto.pieces.add()
-        piece.piece, piece.score = vocab.tokens[i], float(vocab.scores[i])
-        piece.type = {1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 6}.get(int(vocab.token_types[i]), 1)
+        piece = proto.pieces.add()  # (GGUF's token types number as SentencePiece's piece types)
+        piece.piece, piece.score, piece.type = vocab.tokens[i], float(vocab.scores[i]), int(vocab.token_types[i])
     proto.trainer_spec.model_type = sp.TrainerSpec.BPE
     proto.trainer_spec.byte_fallback = True  # (its byte pieces; sentencepiece refuses them otherwise)
     proto.normalizer_spec.add_dummy_prefix = False
     (folder / "tokenizer.model").write_bytes(proto.SerializeToString())
-    (folder / "tokenizer_config.json").write_text('{"bos_token": "<bos>", "eos_token": "<eos>", "add_bos_token": true}')
+    (folder / "tokenizer_config.json").write_text('{"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": true}')
 
 
 # the dense architectures random_folder builds
@@ -55,7 +76,7 @@ RANDOM_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2
 GEMMAS = ("gemma2", "gemma3")  # (their norms are stored as w - 1, and they read a SentencePiece tokenizer)
 
 
-def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) -> Path:
+def random_folder(arch: str, folder: Path, llama_cpp_source: Path) -> Path:
     """A small random model of `arch`, its weights scaled so that logits are far from uniform."""
     import torch
     import transformers as tf
@@ -95,7 +116,7 @@ def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) ->
                 rope_type="longrope", rope_theta=10000.0,
                 short_factor=(1 + rng.random(24)).tolist(), long_factor=(2 + 4 * rng.random(24)).tolist()))
         if arch == "glm4":  # RoPE on half of each head; two added tokens (below)
-            extra = dict(head_dim=64, partial_rotary_factor=0.5, vocab_size=49216, pad_token_id=None)
+            extra = dict(head_dim=64, partial_rotary_factor=0.5, vocab_size=GPT2_VOCAB + 47, pad_token_id=None)
         if arch == "exaone4":  # three sliding layers, then a global one without RoPE
             extra = dict(head_dim=64, num_hidden_layers=4, sliding_window=16, sliding_window_pattern=4,
                          pad_token_id=None)
@@ -103,7 +124,7 @@ def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) ->
             extra = dict(head_dim=64, pad_token_id=None, rope_parameters=dict(
                 rope_type="yarn", rope_theta=1_000_000.0, factor=16.0, original_max_position_embeddings=16,
                 beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=0.5, llama_4_scaling_beta=0.1))
-        config = config_class(**{"vocab_size": 49152, "num_hidden_layers": 3, "tie_word_embeddings": False, **common,
+        config = config_class(**{"vocab_size": GPT2_VOCAB, "num_hidden_layers": 3, "tie_word_embeddings": False, **common,
                                  **extra})
     torch.manual_seed(0)
     model = model_class(config).eval()
@@ -113,14 +134,9 @@ def random_folder(arch: str, folder: Path, smollm_hf: Path, gemma_gguf: Path) ->
                 p.copy_(torch.randn_like(p) * 0.3 + (0.0 if arch in GEMMAS else 1.0))
     model.save_pretrained(folder)
     if arch in GEMMAS:
-        _gemma_tokenizer_model(gemma_gguf, folder, 1024)
-    else:
-        for name in TOKENIZER_FILES:
-            if (smollm_hf / name).exists():
-                shutil.copy(smollm_hf / name, folder / name)
-        if arch == "phi3":  # a byte-level BPE tokenizer, as Phi-4's folders declare it for llama.cpp's converter
-            config = json.loads((folder / "tokenizer_config.json").read_text())
-            (folder / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "GPT2Tokenizer"}))
+        sentencepiece_tokenizer(llama_cpp_source, folder, 1024)
+    else:  # (byte-level BPE, as Phi-4's folders declare it for llama.cpp's converter too)
+        gpt2_tokenizer(llama_cpp_source, folder)
         if arch == "glm4":  # the special tokens llama.cpp's converter looks up by their text
             from transformers import AutoTokenizer
             tok = AutoTokenizer.from_pretrained(folder)
@@ -155,15 +171,15 @@ MOE_CONFIGS = {
 }
 
 
-def moe_folder(model_type: str, folder: Path, smollm_hf: Path) -> Path:
-    """A small mixture of experts of model_type with SmolLM2's tokenizer, its weights drawn from
+def moe_folder(model_type: str, folder: Path, llama_cpp_source: Path) -> Path:
+    """A small mixture of experts of model_type with GPT-2's tokenizer, its weights drawn from
     a fixed numpy generator (not transformers' initialization), so that the folder is the same
     on every machine and llama.cpp's references (tests/data/llama_cpp_moe_mixes.json) hold."""
     import torch
     import transformers as tf
     config_name, model_name, extra = MOE_CONFIGS[model_type]
     common = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=512, rms_norm_eps=1e-6, vocab_size=49152, num_hidden_layers=2,
+                  max_position_embeddings=512, rms_norm_eps=1e-6, vocab_size=GPT2_VOCAB, num_hidden_layers=2,
                   tie_word_embeddings=False)
     config = getattr(tf, config_name)(**{**common, **extra})
     model = getattr(tf, model_name)(config).eval()
@@ -173,9 +189,7 @@ def moe_folder(model_type: str, folder: Path, smollm_hf: Path) -> Path:
             values = rng.standard_normal(p.shape, dtype=np.float32)
             p.copy_(torch.from_numpy(values * 0.3 + 1.0 if p.dim() == 1 else values * 0.1))
     model.save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        if (smollm_hf / name).exists():
-            shutil.copy(smollm_hf / name, folder / name)
+    gpt2_tokenizer(llama_cpp_source, folder)
     return folder
 
 

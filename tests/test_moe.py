@@ -15,7 +15,7 @@ from kernels_cpu.experts import GATING, route
 from kernels_cpu.step_program import REPLAY_KEY, Op
 from runner.load import load_model
 
-from .hf_folders import MOE_CONFIGS, transformers_logits
+from .hf_folders import GPT2_VOCAB, MOE_CONFIGS, transformers_logits
 from .llama_cpp import PERPLEXITY_TEXT, convert_with_llama_cpp, llama_cpp_perplexity
 from .test_kernels import _random_k_blocks
 
@@ -173,7 +173,7 @@ def _prefill_and_steps(lm, ids):
 def test_moe_models_match_transformers(moe_folders, moe_files, arch, device):
     if device == "torch-cpu":
         pytest.importorskip("torch")
-    ids = np.random.default_rng(1).integers(0, 49152, 64).tolist()
+    ids = np.random.default_rng(1).integers(0, GPT2_VOCAB, 64).tolist()
     want = transformers_logits(moe_folders[arch], ids)
     lm = load_model(moe_files[arch][0], device=device)
     prefill, steps, cache = _prefill_and_steps(lm, ids)
@@ -191,7 +191,7 @@ def test_quantized_moe_models_compute_their_exact_values(moe_files, arch):
     """A Q4_K_M mixture on the precise path against the same weights widened to F32; the default
     8-bit path's decode steps against its own prefill."""
     _, q4, widened = moe_files[arch]
-    ids = np.random.default_rng(3).integers(0, 49152, 24).tolist()
+    ids = np.random.default_rng(3).integers(0, GPT2_VOCAB, 24).tolist()
     exact = load_model(widened).model.forward(ids, load_model(widened).model.new_cache(128), all_logits=True)
     prefill, steps, _ = _prefill_and_steps(load_model(q4, precise=True), ids)
     for got in (prefill, steps):
@@ -257,7 +257,7 @@ def test_mxfp4_checkpoint_converts_and_runs_as_llama_cpps(moe_folders, llama_cpp
     assert {t.type.name for t in GGUFFile(ours).tensors.values()} == {"F32", "MXFP4"}
     assert GGUFFile(ours).get("general.file_type") == GGUFFile(theirs).get("general.file_type") == 38
     requantize(ours, widened, "F32", progress=False)
-    ids = np.random.default_rng(4).integers(0, 49152, 40).tolist()
+    ids = np.random.default_rng(4).integers(0, GPT2_VOCAB, 40).tolist()
     exact = load_model(widened).model.forward(ids, load_model(widened).model.new_cache(64), all_logits=True)
     for device in ("cpu", "torch-cpu"):
         lm = load_model(ours, device=device, precise=True) if device == "cpu" else load_model(ours, device=device)

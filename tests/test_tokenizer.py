@@ -143,7 +143,9 @@ def test_gpt4o_pre_tokenizer_splits_as_llama_cpps(llama_cpp_source, llama_cpp_to
     llama-bpe vocabulary under tokenizer.ggml.pre "gpt-4o", tokenized by llama-tokenize and by
     ggrun, on the hard strings (cased words with contractions, non-ASCII letters, digit runs)."""
     import json
+    import os
     import subprocess
+    from concurrent.futures import ThreadPoolExecutor
 
     from convert.gguf_out import write_gguf
 
@@ -154,14 +156,17 @@ def test_gpt4o_pre_tokenizer_splits_as_llama_cpps(llama_cpp_source, llama_cpp_to
     path = write_gguf(tmp_path / "gpt-4o.gguf", f.architecture, metadata, [], progress=False).path
     tok = Tokenizer(read_vocab(GGUFFile(path)))
     cases = [s for s in BASE if s] + ["McDONALD'S iPhone HTTPServer camelCase ÉCOLE élève ĲsselMeer", "x/\n/y 1234567"]
-    for text in cases:
-        (tmp_path / "prompt.txt").write_text(text, encoding="utf-8")
-        r = subprocess.run([llama_cpp_tools / "llama-tokenize", "-m", path, "-f", tmp_path / "prompt.txt", "--ids",
-                            "--no-bos", "--no-parse-special", "--no-escape", "--log-disable"], capture_output=True, text=True,
-                           timeout=60)
+
+    def llama_cpp_ids(i: int) -> list[int]:  # (a process a case: loading the vocabulary is most of its time)
+        (tmp_path / f"prompt{i}.txt").write_text(cases[i], encoding="utf-8")
+        r = subprocess.run([llama_cpp_tools / "llama-tokenize", "-m", path, "-f", tmp_path / f"prompt{i}.txt", "--ids",
+                            "--no-bos", "--no-parse-special", "--no-escape", "--log-disable"],
+                           capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr[-1000:]
-        want = json.loads(r.stdout.strip().splitlines()[-1])
-        assert tok.encode(text, add_special=False, parse_special=False) == want, text
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        for text, want in zip(cases, pool.map(llama_cpp_ids, range(len(cases)))):
+            assert tok.encode(text, add_special=False, parse_special=False) == want, text
 
 
 @pytest.mark.parametrize("tokens,ends", [(["a", "<|end|>", "<|return|>", "<|call|>"], {"<|return|>", "<|call|>"}),
