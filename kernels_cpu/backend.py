@@ -191,11 +191,11 @@ class CpuBackend:
     def read_kv(self, keys, values, n):
         return cached_rows(keys, values, n)
 
-    def export_kv(self, keys, values, n):
-        return export_rows(keys, values, n)
+    def export_kv(self, keys, values, slots):
+        return export_rows(keys, values, slots)
 
-    def import_kv(self, keys, values, key_rows, value_rows):
-        import_rows(keys, values, key_rows, value_rows)
+    def import_kv(self, keys, values, slots, key_rows, value_rows):
+        import_rows(keys, values, slots, key_rows, value_rows)
 
     def store_kv(self, keys, values, slots, k, v):
         store_kv(as_kernel_array(keys), as_kernel_array(values), slots, np.ascontiguousarray(k),

@@ -84,21 +84,28 @@ def value_rows(values, n):
     return rows.astype(np.float32)
 
 
-def export_rows(keys, values, n):
-    """Slots 0..n-1 exactly as stored, as (kv heads, n, width) copies of each: the layout of
-    snapshots on every backend, where a q8_0 key row is laid out as a value row (int8, then its
-    blocks' scales as byte pairs)."""
-    return _key_rows(keys[:, :-(-n // KEY_TILE)])[:, :n].copy(), values[:, :n].copy()
+def export_rows(keys, values, slots):
+    """The slots' contents exactly as stored, as (kv heads, len(slots), width) copies of each: the
+    layout of snapshots on every backend, where a q8_0 key row is laid out as a value row (int8,
+    then its blocks' scales as byte pairs)."""
+    tiles, at = _tiles_holding(slots)
+    return _key_rows(keys[:, tiles])[:, at], values[:, slots]
 
 
-def import_rows(keys, values, key_rows, value_rows):
-    """export_rows' arrays back into slots 0..n-1."""
-    n = key_rows.shape[1]
-    tiles = -(-n // KEY_TILE)
-    rows = _key_rows(keys[:, :tiles])
-    rows[:, :n] = key_rows
-    keys[:, :tiles] = _key_tiles(rows, keys.shape[2])
-    values[:, :n] = value_rows
+def import_rows(keys, values, slots, key_rows, value_rows):
+    """export_rows' arrays back into the slots."""
+    tiles, at = _tiles_holding(slots)
+    rows = _key_rows(keys[:, tiles])
+    rows[:, at] = key_rows
+    keys[:, tiles] = _key_tiles(rows, keys.shape[2])
+    values[:, slots] = value_rows
+
+
+def _tiles_holding(slots):
+    """The key tiles that hold the slots, and where each slot's row is among those tiles' rows."""
+    slots = np.asarray(slots, dtype=np.int64)
+    tiles = np.unique(slots // KEY_TILE)
+    return tiles, np.searchsorted(tiles, slots // KEY_TILE) * KEY_TILE + slots % KEY_TILE
 
 
 def _scale_lanes():

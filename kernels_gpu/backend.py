@@ -109,11 +109,13 @@ class TorchBackend:
         return (self.to_numpy(kv_layout.keys_f32(keys, n).permute(2, 0, 1)),
                 self.to_numpy(kv_layout.values_f32(values, n).permute(1, 0, 2)))
 
-    def export_kv(self, keys, values, n):
-        return tuple(np.array(self.to_numpy(rows)) for rows in kv_layout.export_rows(keys, values, n))  # (copies)
+    def export_kv(self, keys, values, slots):
+        rows = kv_layout.export_rows(keys, values, self._tensor(slots, np.int64))
+        return tuple(np.array(self.to_numpy(r)) for r in rows)  # (copies)
 
-    def import_kv(self, keys, values, key_rows, value_rows):
-        kv_layout.import_rows(keys, values, self._tensor(key_rows), self._tensor(value_rows))
+    def import_kv(self, keys, values, slots, key_rows, value_rows):
+        kv_layout.import_rows(keys, values, self._tensor(slots, np.int64), self._tensor(key_rows),
+                              self._tensor(value_rows))
 
     def store_kv(self, keys, values, slots, k, v):
         kv_layout.store_kv(keys, values, self._tensor(slots, np.int64), k, v)

@@ -35,17 +35,16 @@ def store_kv(keys, values, slots, k, v):
     values.index_copy_(1, slots, v.permute(1, 0, 2).to(values.dtype))
 
 
-def export_rows(keys, values, n: int):
-    """Slots 0..n-1 exactly as stored, as (kv heads, n, width) views: the layout of snapshots on
-    every backend (kernels_cpu.kv_layout.export_rows), here the keys transposed."""
-    return keys[:, :, :n].transpose(1, 2), values[:, :n]
+def export_rows(keys, values, slots):
+    """The slots' contents exactly as stored, as (kv heads, len(slots), width): the layout of
+    snapshots on every backend (kernels_cpu.kv_layout.export_rows), here the keys transposed."""
+    return keys[:, :, slots].transpose(1, 2), values[:, slots]
 
 
-def import_rows(keys, values, key_rows, value_rows):
-    """export_rows' arrays (as tensors on the cache's device) back into slots 0..n-1."""
-    n = key_rows.shape[1]
-    keys[:, :, :n] = key_rows.transpose(1, 2)
-    values[:, :n] = value_rows
+def import_rows(keys, values, slots, key_rows, value_rows):
+    """export_rows' arrays (as tensors on the cache's device) back into the slots."""
+    keys[:, :, slots] = key_rows.transpose(1, 2)
+    values[:, slots] = value_rows
 
 
 def keys_f32(keys, n: int):

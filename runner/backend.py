@@ -80,13 +80,13 @@ class Backend(Protocol):
     def read_kv(self, keys, values, n: int) -> tuple:
         """Slots 0..n-1 of a cache as host float32 (n, kv heads, dim) keys and values."""
 
-    def export_kv(self, keys, values, n: int) -> tuple:
-        """Slots 0..n-1 exactly as stored, as host arrays (kv heads, n, width) of the cache's element
-        type: one layout on every backend (a q8_0 row: its int8, then its blocks' float16 scales as
-        byte pairs), which snapshots keep."""
+    def export_kv(self, keys, values, slots) -> tuple:
+        """The slots (a host int64 array) exactly as stored, as host arrays (kv heads, len(slots),
+        width) of the cache's element type: one layout on every backend (a q8_0 row: its int8, then
+        its blocks' float16 scales as byte pairs), which snapshots keep."""
 
-    def import_kv(self, keys, values, key_rows, value_rows) -> None:
-        """export_kv's arrays back into slots 0..n-1."""
+    def import_kv(self, keys, values, slots, key_rows, value_rows) -> None:
+        """export_kv's arrays back into the slots."""
 
     def store_kv(self, keys, values, slots, k, v) -> None:
         """Token t's k[t] and v[t] (kv heads, dim) into slot slots[t] of keys and values."""

@@ -11,6 +11,8 @@ before the oldest ring token (`shift`): `store` does it with the layer's rotatio
 passes, from the keys as first written.
 
 `truncate(n)` forgets every token from position n on (speculative decoding's rejected drafts);
+inside a wrapped ring, with `undo_overwrites` set, it also puts back what the last pass's
+forgotten tokens overwrote, so the cache holds what it held before them;
 `snapshot` / `restore` copy the whole state out and back, and `save` / `load` keep it on disk, in
 one layout on every backend (kv_state.py).
 
@@ -86,6 +88,11 @@ class KVCache:
         self._pinned: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # layer -> pinned keys, values as written
         self._rotated_to: dict[int, int] = {}  # layer -> the shift its pinned keys are rotated to now
         self.replays: dict = {}  # a backend's recorded steps over this cache's buffers (CUDA graphs, CPU programs)
+        # Keep what each pass overwrites in a wrapped ring, for truncate to put back (speculative
+        # decoding sets it): of the last pass, per global kind the slots it took from older tokens
+        # and their positions, and per layer those slots' rows as they were.
+        self.undo_overwrites = False
+        self._overwritten: tuple[dict, dict] | None = None
 
     def _slots(self, kind, positions: np.ndarray) -> np.ndarray:
         if kind[0] == "window":
@@ -120,13 +127,17 @@ class KVCache:
         if n_tokens > min(self.max_batch, self.ring_size):
             raise ValueError(f"a batch of {n_tokens} tokens exceeds what the cache takes at once")
         positions = np.arange(self.used, self.used + n_tokens, dtype=np.int32)
-        slots = []
-        for kind in self.kind_list:
+        slots, overwritten = [], {}
+        for k, kind in enumerate(self.kind_list):
             table = self.positions[kind]
             slots.append(self._slots(kind, positions).astype(np.int64))
             if kind[0] == "global":
-                self.evicted += int(np.count_nonzero(table[slots[-1]] >= 0))
+                taken = slots[-1][table[slots[-1]] >= 0]
+                self.evicted += len(taken)
+                if self.undo_overwrites and len(taken):
+                    overwritten[k] = (taken, table[taken].copy())
             table[slots[-1]] = positions
+        self._overwritten = (overwritten, {}) if overwritten else None
         self.used += n_tokens
         # filled slots come first: attention reads only those
         key_positions = tuple(self.positions[kind][:min(self.used, kind[1])] for kind in self.kind_list)
@@ -138,6 +149,9 @@ class KVCache:
         keys and values and the positions their slots hold. rotate(keys, positions) is the layer's
         RoPE, in place: the ring moves the pinned keys with it (see rotates_pinned)."""
         kind = self.kind_index[layer]
+        if self._overwritten is not None and kind in self._overwritten[0]:
+            self._overwritten[1][layer] = self.backend.export_kv(self.keys[layer], self.values[layer],
+                                                                 self._overwritten[0][kind][0])
         self.backend.store_kv(self.keys[layer], self.values[layer], batch.slots[kind], k, v)
         if layer in self._pinned and self._rotated_to[layer] != self.shift:
             self._write_pinned(layer, self.shift, rotate)
@@ -172,10 +186,12 @@ class KVCache:
 
     def truncate(self, n: int) -> None:
         """Forget the tokens from position n on, as if they had never been added; the next token
-        takes position n. Inside a wrapped ring, what they overwrote stays lost: the context then
-        holds fewer tokens until it fills again. Into the pinned prefix, the prefix shrinks."""
+        takes position n. Inside a wrapped ring, what they overwrote is put back if they came in
+        the last pass and undo_overwrites is set; otherwise it stays lost: the context then holds
+        fewer tokens until it fills again. Into the pinned prefix, the prefix shrinks."""
         if not 0 <= n <= self.used:
             raise ValueError(f"cannot truncate a cache of {self.used} tokens to {n}")
+        self._put_back_overwritten(n)
         if n < self.pinned:
             for i in self._pinned:  # back as first written, then shortened
                 self._write_pinned(i, 0)
@@ -186,6 +202,26 @@ class KVCache:
             table[table >= n] = -1
         self.used = n
 
+    def _put_back_overwritten(self, n: int) -> None:
+        """The slots that the last pass's tokens from position n on took from older tokens, back
+        as they were (where that pass ran through store: a replayed step does not)."""
+        overwritten, self._overwritten = self._overwritten, None
+        if overwritten is None:
+            return
+        by_kind, rows = overwritten
+        layers = [i for i, k in enumerate(self.kind_index) if k in by_kind]
+        if n >= self.used or any(i not in rows for i in layers):
+            return
+        for k, (slots, old) in by_kind.items():
+            table = self.positions[self.kind_list[k]]
+            back = (table[slots] >= n) & (old < n)
+            for i in (i for i in layers if self.kind_index[i] == k):
+                key_rows, value_rows = rows[i]
+                self.backend.import_kv(self.keys[i], self.values[i], slots[back], key_rows[:, back],
+                                       value_rows[:, back])
+            table[slots[back]] = old[back]
+            self.evicted -= int(np.count_nonzero(back))
+
     def shape(self) -> dict:
         """What a saved state must have been made by to fit this cache."""
         return {"layers": len(self.keys), "n_ctx": self.n_ctx, "ring": self.ring, "kv_type": self.kv_type,
@@ -195,7 +231,7 @@ class KVCache:
 
     def snapshot(self, note: dict | None = None) -> KVState:
         """The whole state, copied out (to restore later, or save to disk). note: the caller's."""
-        rows = [self.backend.export_kv(k, v, min(self.used, cap))
+        rows = [self.backend.export_kv(k, v, np.arange(min(self.used, cap)))
                 for k, v, cap in zip(self.keys, self.values, self.capacity)]
         return KVState(shape=self.shape(), used=self.used, pinned=self.pinned, evicted=self.evicted,
                        positions=[self.positions[kind].copy() for kind in self.kind_list],
@@ -209,9 +245,10 @@ class KVCache:
         KVStateError and changes nothing. Recorded steps stay valid: the buffers are the same."""
         check_fits(state, self)
         for i, (keys, values) in enumerate(zip(self.keys, self.values)):
-            self.backend.import_kv(keys, values, state.keys[i], state.values[i])
+            self.backend.import_kv(keys, values, np.arange(state.keys[i].shape[1]), state.keys[i], state.values[i])
         for kind, table in zip(self.kind_list, state.positions):
             self.positions[kind][:] = table
         self.used, self.pinned, self.evicted = state.used, state.pinned, state.evicted
+        self._overwritten = None
         self._pinned = {i: (state.pinned_keys[i].copy(), state.pinned_values[i].copy()) for i in state.pinned_keys}
         self._rotated_to = dict(state.rotated_to)

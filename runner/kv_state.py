@@ -87,7 +87,7 @@ def check_fits(state: KVState, cache) -> None:
             raise KVStateError(f"the saved KV state's positions_{j} hold positions past its {state.used} tokens")
     for i, (keys, values) in enumerate(zip(cache.keys, cache.values)):
         n = min(state.used, cache.capacity[i])
-        empty_keys, empty_values = cache.backend.export_kv(keys, values, 0)
+        empty_keys, empty_values = cache.backend.export_kv(keys, values, np.arange(0))
         _check_array(f"keys_{i}", state.keys[i], empty_keys.dtype, (empty_keys.shape[0], n, empty_keys.shape[2]))
         _check_array(f"values_{i}", state.values[i], empty_values.dtype,
                      (empty_values.shape[0], n, empty_values.shape[2]))

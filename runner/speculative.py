@@ -193,6 +193,7 @@ def generate_speculative(model, cache, prompt: list[int], sampler: Sampler, max_
         draft_max = min(draft_max, model.backend.few_tokens - 1)
     draft_min = min(draft_min, draft_max)
     spec.draft_max = max(spec.draft_max, draft_max)
+    cache.undo_overwrites = True  # (a rejected draft gives back the ring slots it took)
     start = time.perf_counter()
     logits = prefill(model, cache, prompt, stats, pin)
     sequence = list(history or []) + list(prompt)

@@ -213,3 +213,38 @@ def test_chat_drafts_and_replies_as_without(smollm_path):
     stats = drafted.stats()
     assert stats["draft_proposed"] > 0 and stats["target_passes"] > 0 and "drafts:" in format_stats(stats)
     assert drafted.tokens and drafted.cache.used == plain.cache.used == len(drafted.tokens)
+
+
+@pytest.mark.parametrize("device", ["cpu", "torch-cpu"])
+@pytest.mark.parametrize("undo", [True, False])
+def test_rejected_drafts_inside_a_wrapped_ring_give_back_what_they_overwrote(models, device, undo):
+    """With undo_overwrites (generate_speculative sets it), a verification pass's rejected tokens
+    give back the oldest ring slots they took, byte for byte as they were; without it, those
+    slots stay empty (the context holds fewer tokens until it fills again)."""
+    if device == "torch-cpu":
+        pytest.importorskip("torch")
+    from runner.load import load_model
+    target = load_model(models["target"].file.path, device=device, kv_type="q8_0")
+    m, ids = target.model, list(range(300, 370))
+    cache = m.new_cache(24, ring=True)
+    m.forward(ids[:4], cache)
+    cache.pin()
+    for i in range(4, 50, 6):
+        m.forward(ids[i:min(i + 6, 50)], cache)
+    cache.undo_overwrites = undo
+    before = cache.snapshot()
+    m.forward(ids[50:56], cache, all_logits=True)  # [last] + five drafts: four of them rejected
+    cache.truncate(52)
+    after = cache.snapshot()
+    (table,), (old_table,) = after.positions, before.positions
+    new = table >= 50
+    assert sorted(table[new]) == [50, 51] and after.used == 52
+    if not undo:
+        assert np.count_nonzero(table == -1) == 4 and after.evicted == before.evicted + 6
+        return
+    assert np.array_equal(table[~new], old_table[~new]) and after.evicted == before.evicted + 2
+    unpinned = ~new & (np.arange(len(table)) >= cache.pinned)  # (the pinned keys re-rotate on the next pass)
+    for rows, old_rows in zip(after.keys + after.values, before.keys + before.values):
+        assert np.array_equal(rows[:, unpinned], old_rows[:, unpinned])
+    m.forward(ids[60:62], cache, all_logits=True)
+    assert cache.used == 54 and not cache.rotates_pinned
