@@ -128,13 +128,15 @@ def llama_cpp_tools():
     return Path(built.stdout.strip().splitlines()[-1])
 
 
-# The real-model tier: tests that read the PyPI models (downloaded once into the cache) or build
-# from them. Everything else is the fast tier: `pytest -m "not real_model"`.
+# The slow tier: tests that read the PyPI models (downloaded once into the cache) or build from
+# them, and tests that run llama.cpp's compiled tools (built once, ~10 minutes on 2 cores).
+# Everything else is the fast tier: `pytest -m "not real_model and not llama_cpp_tools"`.
 REAL_MODELS = {"smollm_path", "gemma_path"}
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "real_model: reads SmolLM2 or Gemma 3 (the fast tier leaves it out)")
+    config.addinivalue_line("markers", "llama_cpp_tools: runs llama.cpp's built tools (the fast tier leaves it out)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -143,3 +145,5 @@ def pytest_collection_modifyitems(config, items):
         asked = set(item.fixturenames) | {v for v in (params.params.values() if params else ()) if isinstance(v, str)}
         if asked & REAL_MODELS:
             item.add_marker(pytest.mark.real_model)
+        if "llama_cpp_tools" in asked:
+            item.add_marker(pytest.mark.llama_cpp_tools)
