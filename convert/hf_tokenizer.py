@@ -213,8 +213,7 @@ def _special_settings(folder: Path, tok: TokenizerData, special_tokens: tuple) -
         added.setdefault(entry.get("content"), entry.get("id"))
 
     def token_id(value):
-        if isinstance(value, dict):
-            value = value.get("content")
+        value = _token_text(value)
         return added.get(value) if isinstance(value, str) else None
 
     out = {}
@@ -249,14 +248,17 @@ def _special_settings(folder: Path, tok: TokenizerData, special_tokens: tuple) -
     return out
 
 
+def _token_text(value):
+    """A special token as tokenizer_config.json names it: its text, or an object with its content."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
 def _post_processor_adds(tokenizer: dict, cfg: dict) -> tuple[dict, str | None]:
     """Whether encoding adds BOS and EOS, as llama.cpp's converter reads tokenizer.json's
     post-processor: a byte-level one adds neither, RoBERTa's both, a template what it begins and
     ends with (BOS unless the config names both a BOS and a CLS token and it begins with neither; EOS where
     it ends with a special token, which becomes EOS: returned where it is not the configured one)."""
-    def text(value):
-        return value.get("content") if isinstance(value, dict) else value
-    bos, cls, eos = (text(cfg.get(f"{name}_token")) for name in ("bos", "cls", "eos"))
+    bos, cls, eos = (_token_text(cfg.get(f"{name}_token")) for name in ("bos", "cls", "eos"))
     adds, ends_with = {}, None
     processor = tokenizer.get("post_processor") or {}
     for step in processor.get("processors", [processor]):

@@ -89,10 +89,11 @@ class KVCache:
         self._rotated_to: dict[int, int] = {}  # layer -> the shift its pinned keys are rotated to now
         self.replays: dict = {}  # a backend's recorded steps over this cache's buffers (CUDA graphs, CPU programs)
         # Keep what each pass overwrites in a wrapped ring, for truncate to put back (speculative
-        # decoding sets it): of the last pass, per global kind the slots it took from older tokens
-        # and their positions, and per layer those slots' rows as they were.
+        # decoding sets it). Of the last pass: per global kind, the slots it took from older tokens
+        # and their positions; per layer, those slots' rows as they were.
         self.undo_overwrites = False
-        self._overwritten: tuple[dict, dict] | None = None
+        self._overwritten_slots: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._overwritten_rows: dict[int, tuple] = {}
 
     def _slots(self, kind, positions: np.ndarray) -> np.ndarray:
         if kind[0] == "window":
@@ -127,7 +128,8 @@ class KVCache:
         if n_tokens > min(self.max_batch, self.ring_size):
             raise ValueError(f"a batch of {n_tokens} tokens exceeds what the cache takes at once")
         positions = np.arange(self.used, self.used + n_tokens, dtype=np.int32)
-        slots, overwritten = [], {}
+        slots = []
+        self._overwritten_slots, self._overwritten_rows = {}, {}
         for k, kind in enumerate(self.kind_list):
             table = self.positions[kind]
             slots.append(self._slots(kind, positions).astype(np.int64))
@@ -135,9 +137,8 @@ class KVCache:
                 taken = slots[-1][table[slots[-1]] >= 0]
                 self.evicted += len(taken)
                 if self.undo_overwrites and len(taken):
-                    overwritten[k] = (taken, table[taken].copy())
+                    self._overwritten_slots[k] = (taken, table[taken].copy())
             table[slots[-1]] = positions
-        self._overwritten = (overwritten, {}) if overwritten else None
         self.used += n_tokens
         # filled slots come first: attention reads only those
         key_positions = tuple(self.positions[kind][:min(self.used, kind[1])] for kind in self.kind_list)
@@ -149,9 +150,9 @@ class KVCache:
         keys and values and the positions their slots hold. rotate(keys, positions) is the layer's
         RoPE, in place: the ring moves the pinned keys with it (see rotates_pinned)."""
         kind = self.kind_index[layer]
-        if self._overwritten is not None and kind in self._overwritten[0]:
-            self._overwritten[1][layer] = self.backend.export_kv(self.keys[layer], self.values[layer],
-                                                                 self._overwritten[0][kind][0])
+        if kind in self._overwritten_slots:
+            self._overwritten_rows[layer] = self.backend.export_kv(self.keys[layer], self.values[layer],
+                                                                   self._overwritten_slots[kind][0])
         self.backend.store_kv(self.keys[layer], self.values[layer], batch.slots[kind], k, v)
         if layer in self._pinned and self._rotated_to[layer] != self.shift:
             self._write_pinned(layer, self.shift, rotate)
@@ -205,12 +206,10 @@ class KVCache:
     def _put_back_overwritten(self, n: int) -> None:
         """The slots that the last pass's tokens from position n on took from older tokens, back
         as they were (where that pass ran through store: a replayed step does not)."""
-        overwritten, self._overwritten = self._overwritten, None
-        if overwritten is None:
-            return
-        by_kind, rows = overwritten
+        by_kind, rows = self._overwritten_slots, self._overwritten_rows
+        self._overwritten_slots, self._overwritten_rows = {}, {}
         layers = [i for i, k in enumerate(self.kind_index) if k in by_kind]
-        if n >= self.used or any(i not in rows for i in layers):
+        if not by_kind or n >= self.used or any(i not in rows for i in layers):
             return
         for k, (slots, old) in by_kind.items():
             table = self.positions[self.kind_list[k]]
@@ -245,10 +244,11 @@ class KVCache:
         KVStateError and changes nothing. Recorded steps stay valid: the buffers are the same."""
         check_fits(state, self)
         for i, (keys, values) in enumerate(zip(self.keys, self.values)):
-            self.backend.import_kv(keys, values, np.arange(state.keys[i].shape[1]), state.keys[i], state.values[i])
+            self.backend.import_kv(keys, values, np.arange(state.keys[i].shape[1]), state.keys[i],
+                                   state.values[i])
         for kind, table in zip(self.kind_list, state.positions):
             self.positions[kind][:] = table
         self.used, self.pinned, self.evicted = state.used, state.pinned, state.evicted
-        self._overwritten = None
+        self._overwritten_slots, self._overwritten_rows = {}, {}
         self._pinned = {i: (state.pinned_keys[i].copy(), state.pinned_values[i].copy()) for i in state.pinned_keys}
         self._rotated_to = dict(state.rotated_to)

@@ -48,9 +48,9 @@ def gpt2_tokenizer(source: Path, folder: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
-    tok.save(str(folder / "tokenizer.json"))
     end = "<|endoftext|>"
+    tok.add_special_tokens([AddedToken(end, special=True)])
+    tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "GPT2Tokenizer", "bos_token": end, "eos_token": end, "unk_token": end}))
 
@@ -124,8 +124,8 @@ def random_folder(arch: str, folder: Path, llama_cpp_source: Path) -> Path:
             extra = dict(head_dim=64, pad_token_id=None, rope_parameters=dict(
                 rope_type="yarn", rope_theta=1_000_000.0, factor=16.0, original_max_position_embeddings=16,
                 beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=0.5, llama_4_scaling_beta=0.1))
-        config = config_class(**{"vocab_size": GPT2_VOCAB, "num_hidden_layers": 3, "tie_word_embeddings": False, **common,
-                                 **extra})
+        config = config_class(**{"vocab_size": GPT2_VOCAB, "num_hidden_layers": 3, "tie_word_embeddings": False,
+                                 **common, **extra})
     torch.manual_seed(0)
     model = model_class(config).eval()
     with torch.no_grad():  # random norms too, so that a missed +1 or permutation shows
