@@ -54,6 +54,17 @@ class Architecture:
     sentencepiece_first: bool = False  # a tokenizer.model wins over tokenizer.json
     added_tokens_as_marked: bool = False  # its SentencePiece added tokens as llama.cpp's Phi-3 converter takes them
     space_prefix: bool | None = None  # tokenizer.ggml.add_space_prefix, when the architecture fixes it
+    # the tokenizer model llama.cpp writes for a byte-fallback BPE tokenizer.json, read as its
+    # LlamaHfVocab reads one (Gemma 4's "gemma4"; None: refused)
+    byte_fallback_model: str | None = None
+    # the global layers' own head size and KV heads, proportional RoPE as frequency divisors,
+    # the last layers sharing earlier ones' KV, per-layer embeddings (Gemma 4's config)
+    global_layers_apart: bool = False
+    # the final logits' and attention scores' softcaps where the file gives none (0: none): llama.cpp's
+    # defaults for Gemma 2 and 4, which its converter leaves out where a config has no cap
+    softcap_defaults: tuple[float, float] = (0.0, 0.0)
+    # checkpoint tensors (by name suffix) llama.cpp's converter renames: (suffix, tensor, GGUF suffix)
+    renamed: tuple[tuple[str, MODEL_TENSOR, str], ...] = ()
 
     def tensor_name(self, tensor: MODEL_TENSOR, layer: int | None = None, suffix: str = "weight") -> str:
         """The GGUF name of one of its tensors, e.g. blk.3.attn_q.weight."""
@@ -116,12 +127,20 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("phi3", MODEL_ARCH.PHI3, ("phi3",), swa_pattern=0, long_rope=True, writes_rope_dims=True,
                  sentencepiece_first=True, added_tokens_as_marked=True),
     Architecture("gemma2", MODEL_ARCH.GEMMA2, ("gemma2",), swa_pattern=2, wide_query_scale_layers=46,
+                 softcap_defaults=(30.0, 50.0),
                  norm_plus_one=True, tied_by_default=True, writes_head_dims=True, sentencepiece_first=True,
                  space_prefix=False),
     # llama.cpp hard-codes Gemma 3's pattern (five sliding layers, then a global one) and local base
     Architecture("gemma3", MODEL_ARCH.GEMMA3, ("gemma3", "gemma3_text"), swa_pattern=6, rope_base_swa=10000.0,
                  wide_query_scale_layers=62, norm_plus_one=True, tied_by_default=True, rope_theta_default=1_000_000.0,
                  writes_head_dims=True, sentencepiece_first=True, space_prefix=False),
+    # (its sliding pattern is always written, one flag per layer)
+    Architecture("gemma4", MODEL_ARCH.GEMMA4, ("gemma4", "gemma4_text"), swa_pattern=6, writes_swa_layers=True,
+                 tied_by_default=True, rope_theta_default=1_000_000.0, writes_head_dims=True, space_prefix=False,
+                 byte_fallback_model="gemma4", global_layers_apart=True, expert_weights_norm=True,
+                 softcap_defaults=(30.0, 0.0),
+                 renamed=(("router.scale", MODEL_TENSOR.FFN_GATE_INP, "scale"),
+                          ("router.per_expert_scale", MODEL_TENSOR.FFN_DOWN_EXP, "scale"))),
 )}
 HF_MODEL_TYPES = {t: a for a in ARCHITECTURES.values() for t in a.hf_model_types}
 

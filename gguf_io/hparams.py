@@ -56,10 +56,44 @@ class ModelParams:
     residual_scale: float = 0.0
     attention_scale: float = 0.0
     logit_scale: float = 0.0
+    # Gemma 4: the sliding layers' head size and rotated dimensions (0: the global layers'); KV heads
+    # and feed-forward widths that differ by layer (empty: n_head_kv, n_ff in every layer); layers
+    # that attend over an earlier layer's cache (the last n_layer - n_layer_kv); per-layer token
+    # embeddings of this width (0: none)
+    head_dim_swa: int = 0
+    rope_dim_swa: int = 0
+    kv_heads_by_layer: tuple[int, ...] = ()
+    ff_by_layer: tuple[int, ...] = ()
+    n_layer_kv: int = 0
+    n_embd_per_layer: int = 0
 
     @property
     def kv_dim(self) -> int:
         return self.n_head_kv * self.head_dim
+
+    def layer_kv_heads(self, i: int) -> int:
+        return self.kv_heads_by_layer[i] if self.kv_heads_by_layer else self.n_head_kv
+
+    def layer_head_dim(self, i: int) -> int:
+        """Layer i's key (and value) size per head."""
+        return self.head_dim_swa if self.head_dim_swa and self.layer_windows[i] else self.head_dim
+
+    def layer_value_dim(self, i: int) -> int:
+        return self.head_dim_swa if self.head_dim_swa and self.layer_windows[i] else self.value_dim  # (= keys')
+
+    def layer_rope_dim(self, i: int) -> int:
+        return self.rope_dim_swa if self.rope_dim_swa and self.layer_windows[i] else self.rope_dim
+
+    def layer_ff(self, i: int) -> int:
+        return self.ff_by_layer[i] if self.ff_by_layer else self.n_ff
+
+    def kv_source(self, i: int) -> int:
+        """The layer whose cache layer i attends over: its own, or for the last n_layer - n_layer_kv
+        layers the last layer with a cache of its own of the same kind (sliding or global; -1: none)."""
+        if not self.n_layer_kv or i < self.n_layer_kv:
+            return i
+        slides = bool(self.layer_windows[i])
+        return max((j for j in range(self.n_layer_kv) if bool(self.layer_windows[j]) == slides), default=-1)
 
     @property
     def layer_windows(self) -> list[int]:
@@ -80,6 +114,16 @@ def _int_array_or_scalar(value, n_layer: int, key: str) -> int:
             raise GGUFError(f"per-layer {key} values {value.tolist()} are not supported")
         return int(value[0])
     return int(value)
+
+
+def _per_layer(value, n_layer: int, key: str) -> tuple[int, ...]:
+    """A count given per layer (Gemma 4's KV heads and feed-forward widths), as a tuple; () where
+    it is one number, or the same in every layer."""
+    if not isinstance(value, np.ndarray) or (value.size and np.all(value == value[0])):
+        return ()
+    if value.size != n_layer or value.min() <= 0:
+        raise GGUFError(f"per-layer {key} values {value.tolist()} do not fit {n_layer} layers")
+    return tuple(int(v) for v in value)
 
 
 def _sliding_layers(value, n_layer: int, where: str) -> tuple[bool, ...]:
@@ -115,9 +159,14 @@ def read_params(f: GGUFFile) -> ModelParams:
     n_layer = int(need(Keys.LLM.BLOCK_COUNT))
     n_embd = int(need(Keys.LLM.EMBEDDING_LENGTH))
     n_head = _int_array_or_scalar(need(Keys.Attention.HEAD_COUNT), n_layer, "head_count")
-    n_head_kv = _int_array_or_scalar(get(Keys.Attention.HEAD_COUNT_KV, n_head), n_layer, "head_count_kv")
-    n_ff = _int_array_or_scalar(need(Keys.LLM.FEED_FORWARD_LENGTH), n_layer, "feed_forward_length")
-    if min(n_layer, n_embd, n_head, n_head_kv, n_ff) <= 0 or n_head % n_head_kv:
+    kv_heads, ff_lengths = get(Keys.Attention.HEAD_COUNT_KV, n_head), need(Keys.LLM.FEED_FORWARD_LENGTH)
+    kv_heads_by_layer = _per_layer(kv_heads, n_layer, "head_count_kv")
+    ff_by_layer = _per_layer(ff_lengths, n_layer, "feed_forward_length")
+    # (layer 0's where they differ by layer, as llama.cpp's quantizer reads them)
+    n_head_kv = kv_heads_by_layer[0] if kv_heads_by_layer else _int_array_or_scalar(kv_heads, n_layer, "head_count_kv")
+    n_ff = ff_by_layer[0] if ff_by_layer else _int_array_or_scalar(ff_lengths, n_layer, "feed_forward_length")
+    if (min(n_layer, n_embd, n_head, n_head_kv, n_ff) <= 0 or n_head % n_head_kv
+            or any(n_head % k for k in kv_heads_by_layer)):
         raise GGUFError(f"{f.path.name}: inconsistent hyperparameters (layers {n_layer}, width {n_embd}, "
                         f"heads {n_head}/{n_head_kv}, ffn {n_ff})")
     head_dim = int(get(Keys.Attention.KEY_LENGTH, n_embd // n_head))
@@ -145,6 +194,12 @@ def read_params(f: GGUFFile) -> ModelParams:
     gating = int(get(Keys.LLM.EXPERT_GATING_FUNC, arch.expert_gating if arch else 1))
     if gating not in _GATING:
         raise GGUFError(f"{f.path.name}: expert gating function {gating} is not supported")
+    n_shared_kv = int(get(Keys.Attention.SHARED_KV_LAYERS, 0))
+    if not 0 <= n_shared_kv < n_layer:
+        raise GGUFError(f"{f.path.name}: {n_shared_kv} layers sharing KV of {n_layer}")
+    head_dim_swa = int(get(Keys.Attention.KEY_LENGTH_SWA, 0))
+    if int(get(Keys.Attention.VALUE_LENGTH_SWA, head_dim_swa)) != head_dim_swa:
+        raise GGUFError(f"{f.path.name}: sliding layers whose keys and values differ in size are not supported")
     context_length = int(get(Keys.LLM.CONTEXT_LENGTH, 2048))
     vocab = get(Keys.LLM.VOCAB_SIZE)
     if vocab is None:
@@ -167,8 +222,8 @@ def read_params(f: GGUFFile) -> ModelParams:
         swa_layers=_sliding_layers(get(Keys.Attention.SLIDING_WINDOW_PATTERN, arch and arch.swa_pattern or 0),
                                    n_layer, f.path.name),
         rope_base_swa=float(get(Keys.Rope.FREQ_BASE_SWA, arch and arch.rope_base_swa or rope_base)),
-        logit_softcap=float(get(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, 0.0)),
-        attn_softcap=float(get(Keys.LLM.ATTN_LOGIT_SOFTCAPPING, 0.0)),
+        logit_softcap=float(get(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, arch.softcap_defaults[0] if arch else 0.0)),
+        attn_softcap=float(get(Keys.LLM.ATTN_LOGIT_SOFTCAPPING, arch.softcap_defaults[1] if arch else 0.0)),
         n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
         n_ff_shexp=int(get(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, n_ff_exp)),
         expert_gating=_GATING[gating],
@@ -184,4 +239,10 @@ def read_params(f: GGUFFile) -> ModelParams:
         attention_scale=float(get(Keys.Attention.SCALE, 0.0)) or (
             1.0 / math.sqrt(n_embd // n_head) if arch and n_layer == arch.wide_query_scale_layers else 0.0),
         logit_scale=float(get(Keys.LLM.LOGIT_SCALE, 0.0)),
+        head_dim_swa=head_dim_swa,
+        rope_dim_swa=int(get(Keys.Rope.DIMENSION_COUNT_SWA, 0)),
+        kv_heads_by_layer=kv_heads_by_layer,
+        ff_by_layer=ff_by_layer,
+        n_layer_kv=n_layer - n_shared_kv if n_shared_kv else 0,
+        n_embd_per_layer=int(get(Keys.LLM.EMBD_LENGTH_PER_LAYER_INP, 0)),
     )

@@ -18,7 +18,7 @@ from numba import njit, prange
 from numba.extending import overload
 
 from .activations import quantize_activations
-from .matmul import TASK_ROWS, _formats, _table, matmuls, matrix_arrays, rows_product, stacked, streamed_task
+from .matmul import TASK_ROWS, _formats, _table, matmuls, matrix_arrays, rows_product, streamed_task
 
 SOFTMAX, SIGMOID, SOFTMAX_WEIGHT = 0, 1, 2
 GATING = {"softmax": SOFTMAX, "sigmoid": SIGMOID, "softmax_weight": SOFTMAX_WEIGHT}

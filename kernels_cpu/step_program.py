@@ -52,6 +52,7 @@ class Op(IntEnum):
     SIGMOID_GATE = 16  # x *= sigmoid(g)
     EXPERT_ROWS = 17   # out[s] = the table's row of slot s's expert
     CLAMPED_SWIGLU = 18  # gate = gpt-oss's clamped swiglu(gate, up)
+    MULTIPLY = 19    # out = a * b (routing weights by per-expert factors: Gemma 4)
 
 
 # What an operand names, which the recorder checks as it writes a row:
@@ -94,7 +95,7 @@ StoreKv, _ = _operation("StoreKv", cache="cache", slots="input", k="f32", v="f32
 Attention, AttentionParams = _operation(
     "Attention", ("scale", "softcap"), q="f32", tokens="count", heads="count", cache="cache",
     query_positions="input", key_positions="input", out="f32", window="count", key_dim="count",
-    value_dim="count", sinks="f32")
+    value_dim="count", sinks="f32", group="flag")
 Gated, _ = _operation("Gated", gate="f32", up="f32", rows="count", width="count")
 Softcap, SoftcapParams = _operation("Softcap", ("cap",), x="f32", out="f32", n="count")
 Route, RouteParams = _operation("Route", ("scale",), logits="f32", ids="i32", weights="f32", tokens="count",
@@ -110,7 +111,7 @@ OPERANDS = {Op.EMBED: Embed, Op.SCALE: Scale, Op.ADD: Add, Op.RMS_NORM: RmsNorm,
             Op.ROPE_TABLE: RopeTable, Op.ROPE: Rope, Op.STORE_KV: StoreKv, Op.ATTENTION: Attention,
             Op.SILU_MUL: Gated, Op.GELU_MUL: Gated, Op.SOFTCAP: Softcap, Op.ROUTE: Route,
             Op.EXPERT_PRODUCTS: ExpertProducts, Op.COMBINE: Combine, Op.SIGMOID_GATE: SigmoidGate,
-            Op.EXPERT_ROWS: ExpertRows, Op.CLAMPED_SWIGLU: ClampedSwiglu}
+            Op.EXPERT_ROWS: ExpertRows, Op.CLAMPED_SWIGLU: ClampedSwiglu, Op.MULTIPLY: Add}
 ARGS = max(len(operands) for operands in OPERANDS.values())
 PARAMS = max(len(operands.params) for operands in OPERANDS.values())
 # columns of a program's cache table: keys (kv heads, tiles, dim, tile) and values (kv heads, slots, dim)
@@ -137,10 +138,10 @@ def _input(inputs, i, dtype):
 
 
 @njit(cache=True)
-def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, streams, group_tag):
+def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, streams, group_tags):
     """One replay of a recorded step; kv_like (empty) has the cache's element type, rounding
     (activations.rounding_kind) says how the products round activations, streams how they read
-    the weights (cpu_features.memory_streams), group_tag the queries per KV head of attention
+    the weights (cpu_features.memory_streams), group_tags the queries per KV head of attention
     (intrinsics.rows_tag)."""
     for i in range(code.shape[0]):
         op, a, f = code[i, 0], code[i, 1:], params[i]
@@ -157,6 +158,11 @@ def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, st
             x, y, out = _f32(a[Add.A], (n,)), _f32(a[Add.B], (n,)), _f32(a[Add.OUT], (n,))
             for j in range(n):
                 out[j] = x[j] + y[j]
+        elif op == Op.MULTIPLY:
+            n = a[Add.N]
+            x, y, out = _f32(a[Add.A], (n,)), _f32(a[Add.B], (n,)), _f32(a[Add.OUT], (n,))
+            for j in range(n):
+                out[j] = x[j] * y[j]
         elif op == Op.RMS_NORM:
             shape = (a[RmsNorm.ROWS], a[RmsNorm.WIDTH])
             ops.rms_norm(_f32(a[RmsNorm.X], shape), _f32(a[RmsNorm.WEIGHT], (shape[1],)),
@@ -185,12 +191,19 @@ def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, st
         elif op == Op.ATTENTION:
             keys, values = _cache(caches, a[Attention.CACHE], kv_like)
             shape = (a[Attention.TOKENS], a[Attention.HEADS])
-            attention_few(_f32(a[Attention.Q], shape + (a[Attention.KEY_DIM],)), keys, values,
-                          _input(inputs, a[Attention.QUERY_POSITIONS], np.int32),
-                          _input(inputs, a[Attention.KEY_POSITIONS], np.int32), np.float32(f[AttentionParams.SCALE]),
-                          a[Attention.WINDOW], np.float32(f[AttentionParams.SOFTCAP]),
-                          _f32(a[Attention.SINKS], (shape[1],)),
-                          _f32(a[Attention.OUT], shape + (a[Attention.VALUE_DIM],)), group_tag)
+            q = _f32(a[Attention.Q], shape + (a[Attention.KEY_DIM],))
+            out = _f32(a[Attention.OUT], shape + (a[Attention.VALUE_DIM],))
+            q_pos = _input(inputs, a[Attention.QUERY_POSITIONS], np.int32)
+            k_pos = _input(inputs, a[Attention.KEY_POSITIONS], np.int32)
+            scale, softcap = np.float32(f[AttentionParams.SCALE]), np.float32(f[AttentionParams.SOFTCAP])
+            sinks = _f32(a[Attention.SINKS], (shape[1],))
+            # (each tag is a type, fixed when this compiles: one call site per tag)
+            if a[Attention.GROUP] == 0:
+                attention_few(q, keys, values, q_pos, k_pos, scale, a[Attention.WINDOW], softcap, sinks, out,
+                              group_tags[0])
+            else:
+                attention_few(q, keys, values, q_pos, k_pos, scale, a[Attention.WINDOW], softcap, sinks, out,
+                              group_tags[1])
         elif op == Op.SILU_MUL or op == Op.GELU_MUL:
             shape = (a[Gated.ROWS], a[Gated.WIDTH])
             gate, up = _f32(a[Gated.GATE], shape), _f32(a[Gated.UP], shape)
@@ -310,7 +323,7 @@ class Recorder:
         self._cache_ids: dict = {}
         self.rope_tables: dict = {}
         self.kv_dtype = None
-        self.group = None           # queries per KV head, the same in every layer
+        self.groups: list = []      # queries per KV head, at most two sizes (Gemma 4's global layers differ)
 
     # --- operands
     def fail(self, why: str):
@@ -444,14 +457,16 @@ class Recorder:
 
     def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap, sinks, out):
         group = q.shape[1] // keys.shape[0]
-        if self.group not in (None, group):
-            self.fail("layers with different numbers of queries per KV head")
-        self.group = group
+        if group not in self.groups:
+            self.groups.append(group)
+        if len(self.groups) > 2:
+            self.fail("layers with more than two numbers of queries per KV head")
         key_dim, value_dim = head_dims(keys, values)
         self.add(Op.ATTENTION, q=self.address(q, q.size), tokens=q.shape[0], heads=q.shape[1],
                  cache=self.cache(keys, values), query_positions=self.input(q_pos, np.int32),
                  key_positions=self.input(k_pos, np.int32), out=self.address(out, out.size), window=window,
-                 key_dim=key_dim, value_dim=value_dim, sinks=self.address(sinks, q.shape[1]), scale=scale,
+                 key_dim=key_dim, value_dim=value_dim, sinks=self.address(sinks, q.shape[1]),
+                 group=min(self.groups.index(group), 1), scale=scale,
                  softcap=softcap)
 
     def gated(self, op: Op, gate, up, **params):
@@ -490,7 +505,8 @@ class Recorder:
                  out=self.address(out, out.size), experts=table.shape[0], slots=ids.size, n=table.shape[1])
 
     def ufunc(self, ufunc, method, inputs, kwargs, result):
-        """Residual sums, biases and scale factors: x + y and x * s on activations."""
+        """Residual sums, biases and scale factors: x + y, x * y and x * s on activations (x and y
+        of one size: a broadcast fails address's size check)."""
         arrays = [x for x in inputs if isinstance(x, np.ndarray) and x.ndim > 0]
         scalars = [x for x in inputs if not (isinstance(x, np.ndarray) and x.ndim > 0)]
         if method != "__call__" or kwargs or not isinstance(result, np.ndarray):
@@ -498,9 +514,9 @@ class Recorder:
             return result
         out = self.traced(result)
         n = result.size
-        if ufunc is np.add and len(arrays) == 2:
-            self.add(Op.ADD, a=self.address(arrays[0], n), b=self.address(arrays[1], n),
-                     out=self.address(result, n), n=n)
+        if ufunc in (np.add, np.multiply) and len(arrays) == 2:
+            self.add(Op.ADD if ufunc is np.add else Op.MULTIPLY, a=self.address(arrays[0], n),
+                     b=self.address(arrays[1], n), out=self.address(result, n), n=n)
         elif ufunc is np.multiply and len(arrays) == 1 and len(scalars) == 1:
             self.add(Op.SCALE, x=self.address(arrays[0], n), out=self.address(result, n), n=n,
                      factor=float(np.float32(scalars[0])))
@@ -534,7 +550,8 @@ class StepProgram:
         self.caches = np.array(r.caches, dtype=np.int64).reshape(-1, CACHE_COLUMNS)
         self.kv_like = np.zeros(0, dtype=r.kv_dtype or np.float32)
         self.rounding = rounding_kind(r.precise)
-        self.group_tag = rows_tag(r.group or 1)
+        groups = r.groups or [1]
+        self.group_tags = (rows_tag(groups[0]), rows_tag(groups[-1]))
         self.inputs = r.inputs
         self.keep = list(r.keep.values())  # the memory the program names by address
         self.output = output
@@ -551,7 +568,7 @@ class StepProgram:
             check_row_ids(batch.ids, self.id_limit)
         inputs = np.array([(a.ctypes.data, a.shape[0]) for a in arrays], dtype=np.int64)
         run_program(self.code, self.params, self.mats, self.tasks, self.caches, inputs, self.kv_like, self.rounding,
-                    memory_streams(), self.group_tag)
+                    memory_streams(), self.group_tags)
         return self.output.copy()
 
 

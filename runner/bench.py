@@ -69,10 +69,10 @@ def read_share(t, p) -> float:
 
 def weight_bytes_per_token(f, p) -> int:
     """Weight bytes a decode step reads: every tensor once, a mixture's chosen experts only, and
-    only one row of an untied token embedding."""
+    only one row of an untied token embedding and of per-layer token embeddings (Gemma 4's)."""
     untied = "output.weight" in f.tensors
     return round(sum(t.nbytes * read_share(t, p) for name, t in f.tensors.items()
-                     if not (untied and name == "token_embd.weight")))
+                     if not (untied and name == "token_embd.weight") and name != "per_layer_token_embd.weight"))
 
 
 def parameter_counts(f, p) -> tuple[int, int]:

@@ -337,10 +337,18 @@ def info(model, fit, ctx, mem, users, kv_type):
     click.echo(f"size:          {f.size / 2**20:.1f} MiB, {total / 1e6:.1f} M parameters"
                + (f" ({active / 1e6:.1f} M active per token)" if active != total else "")
                + f", {f.bits_per_weight():.2f} bits per weight")
+    # (a count that differs by layer, as Gemma 4's: each distinct value, in layer order)
+    by_layer = {"n_ff": p.layer_ff, "n_head_kv": p.layer_kv_heads, "head_dim": p.layer_head_dim}
     fields = ["n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "rope_base", "rms_eps",
               "context_length", "vocab_size", "sliding_window"]
     for field in fields + (["n_expert", "n_expert_used", "n_ff_exp"] if p.n_expert else []):
-        click.echo(f"{field + ':':<15}{getattr(p, field)}")
+        values = list(dict.fromkeys(by_layer[field](i) for i in range(p.n_layer))) if field in by_layer else []
+        shown = "/".join(map(str, values)) + " (by layer)" if len(values) > 1 else getattr(p, field)
+        click.echo(f"{field + ':':<15}{shown}")
+    if p.n_layer_kv:
+        click.echo(f"shared KV:     the last {p.n_layer - p.n_layer_kv} layers attend over earlier layers' caches")
+    if p.n_embd_per_layer:
+        click.echo(f"per-layer embeddings: {p.n_embd_per_layer} per layer")
     if p.n_expert:
         click.echo(f"decode reads:  {weight_bytes_per_token(f, p) / 2**20:.1f} MiB of weights per token")
     counts = Counter(t.type.name for t in f.tensors.values())

@@ -67,16 +67,18 @@ class Batch:
 
 
 class KVCache:
-    def __init__(self, backend, n_ctx: int, layer_windows: list[int], n_kv_head: int, key_dim: int,
-                 value_dim: int, max_batch: int, ring: bool = False, kv_type: str = "f32"):
+    def __init__(self, backend, n_ctx: int, layer_windows: list[int], head_shapes: list[tuple[int, int, int]],
+                 max_batch: int, ring: bool = False, kv_type: str = "f32"):
+        """One cache layer per entry of layer_windows, with its (KV heads, key size, value size)
+        from head_shapes."""
         self.backend = backend
         self.n_ctx, self.max_batch, self.ring = n_ctx, max_batch, ring
-        self.kv_type, self.n_kv_head, self.key_dim, self.value_dim = kv_type, n_kv_head, key_dim, value_dim
+        self.kv_type, self.head_shapes = kv_type, [tuple(map(int, s)) for s in head_shapes]
         self.windowed = [w > 0 for w in layer_windows]
         self.capacity = [min(n_ctx, w + max_batch) if w else n_ctx for w in layer_windows]
         # in the backend's layout: the cache only hands them to its store_kv and attention
-        self.keys, self.values = map(list, zip(*[backend.new_kv(n_kv_head, key_dim, value_dim, cap, kv_type)
-                                                 for cap in self.capacity]))
+        self.keys, self.values = map(list, zip(*[backend.new_kv(*shape, cap, kv_type)
+                                                 for shape, cap in zip(self.head_shapes, self.capacity)]))
         # each layer's kind: ("window" or "global", capacity); layers of one kind share a position table
         kinds = [("window", cap) if w else ("global", cap) for w, cap in zip(self.windowed, self.capacity)]
         self.kind_list = sorted(set(kinds))
@@ -156,7 +158,12 @@ class KVCache:
         self.backend.store_kv(self.keys[layer], self.values[layer], batch.slots[kind], k, v)
         if layer in self._pinned and self._rotated_to[layer] != self.shift:
             self._write_pinned(layer, self.shift, rotate)
-        return self.keys[layer], self.values[layer], batch.key_positions[kind]
+        return self.read(layer, batch)
+
+    def read(self, layer: int, batch: Batch) -> tuple:
+        """The layer's keys and values and the positions their slots hold, as store left them
+        (for a layer that attends over another's cache: Gemma 4's shared-KV layers)."""
+        return self.keys[layer], self.values[layer], batch.key_positions[self.kind_index[layer]]
 
     @property
     def rotates_pinned(self) -> bool:
@@ -224,7 +231,7 @@ class KVCache:
     def shape(self) -> dict:
         """What a saved state must have been made by to fit this cache."""
         return {"layers": len(self.keys), "n_ctx": self.n_ctx, "ring": self.ring, "kv_type": self.kv_type,
-                "kv_heads": self.n_kv_head, "key_dim": self.key_dim, "value_dim": self.value_dim,
+                "head_shapes": [list(shape) for shape in self.head_shapes],
                 "capacities": list(self.capacity), "kinds": [list(kind) for kind in self.kind_list],
                 "max_batch": self.max_batch}
 

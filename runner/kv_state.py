@@ -95,10 +95,9 @@ def check_fits(state: KVState, cache) -> None:
     if set(state.pinned_keys) != global_layers or set(state.rotated_to) != global_layers:
         raise KVStateError("the saved KV state's pinned keys do not match its layers")
     for i in global_layers:
-        _check_array(f"pinned_keys_{i}", state.pinned_keys[i], np.float32,
-                     (state.pinned, shape["kv_heads"], shape["key_dim"]))
-        _check_array(f"pinned_values_{i}", state.pinned_values[i], np.float32,
-                     (state.pinned, shape["kv_heads"], shape["value_dim"]))
+        n_kv, key_dim, value_dim = cache.head_shapes[i]
+        _check_array(f"pinned_keys_{i}", state.pinned_keys[i], np.float32, (state.pinned, n_kv, key_dim))
+        _check_array(f"pinned_values_{i}", state.pinned_values[i], np.float32, (state.pinned, n_kv, value_dim))
 
 
 def _check_array(name, array, dtype, shape) -> None:

@@ -64,9 +64,11 @@ def _check_kv_type(params: ModelParams, backend, kv_type: str) -> None:
         raise BackendError(f"the {backend.name} backend keeps its KV cache as {' or '.join(backend.kv_types)}, "
                            f"not {kv_type}")
     block = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0][0]
-    if kv_type == "q8_0" and (params.head_dim % block or params.value_dim % block):
+    sizes = sorted({size for i in range(params.n_layer)
+                    for size in (params.layer_head_dim(i), params.layer_value_dim(i))})
+    if kv_type == "q8_0" and any(size % block for size in sizes):
         raise BackendError(f"a q8_0 KV cache needs head sizes that are multiples of {block}; this model's are "
-                           f"{params.head_dim} (keys) and {params.value_dim} (values): use f16")
+                           f"{'/'.join(map(str, sizes))}: use f16")
 
 
 def load_model(path, device: str = "cpu", threads: int | None = None, kv_type: str = "f32",

@@ -34,25 +34,29 @@ class MemoryFit:
 
     @property
     def layer_windows(self) -> list[int]:
-        return self.params.layer_windows
+        """The window of each layer with a cache of its own (0: global)."""
+        return self.params.layer_windows[:self.params.n_layer_kv or self.params.n_layer]
 
     @property
     def weight_bytes(self) -> int:
         return sum(self.weight_bytes_by_type.values())
 
-    def kv_bytes_per_token_per_layer(self) -> float:
-        """Keys and values of one token in one layer: (key dim + value dim) x KV heads x element size."""
+    def _token_bytes(self, i: int) -> float:
+        """Keys and values of one token in layer i: (key size + value size) x KV heads x element size."""
         p = self.params
-        return (p.head_dim + p.value_dim) * p.n_head_kv * KV_ELEMENT_BYTES[self.kv_type]
+        return (p.layer_head_dim(i) + p.layer_value_dim(i)) * p.layer_kv_heads(i) * KV_ELEMENT_BYTES[self.kv_type]
+
+    def kv_bytes_per_token_per_layer(self) -> float:
+        """One token's keys and values in a cached layer (on average where layers differ)."""
+        return sum(map(self._token_bytes, range(len(self.layer_windows)))) / len(self.layer_windows)
 
     def kv_bytes_per_token(self) -> float:
         """What one more token of context costs once every sliding window is full (global layers only)."""
-        return self.kv_bytes_per_token_per_layer() * sum(1 for w in self.layer_windows if w == 0)
+        return sum(self._token_bytes(i) for i, w in enumerate(self.layer_windows) if w == 0)
 
     def kv_bytes(self, n_ctx: int, users: int = 1) -> float:
-        per_layer = self.kv_bytes_per_token_per_layer()
-        tokens = sum(min(n_ctx, w) if w else n_ctx for w in self.layer_windows)
-        return users * per_layer * tokens
+        return users * sum(self._token_bytes(i) * (min(n_ctx, w) if w else n_ctx)
+                           for i, w in enumerate(self.layer_windows))
 
     def total_bytes(self, n_ctx: int, users: int = 1) -> float:
         return self.weight_bytes + self.kv_bytes(n_ctx, users)

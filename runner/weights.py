@@ -2,6 +2,7 @@
 are named as gguf's constants name them (MODEL_TENSOR, and the layer for a block's)."""
 from __future__ import annotations
 
+import numpy as np
 from gguf import MODEL_TENSOR
 from gguf.quants import dequantize
 
@@ -51,25 +52,55 @@ class WeightLoader:
         t = self._info(name, (n_in, n_out, n_expert))
         return self._loaded(name, self.backend.load_experts(t.type, self.f.tensor_bytes(name), n_in, n_expert))
 
+    def expert_halves(self, tensor: MODEL_TENSOR, n_in: int, n_out: int, n_expert: int, layer: int) -> tuple:
+        """The two halves of a mixture's experts held as one tensor of 2 * n_out rows each (GGML
+        shape [n_in, 2 * n_out, n_expert]: ffn_gate_up_exps), loaded as two expert matrices
+        (copies of the file's rows: each expert's first n_out rows, then its last)."""
+        name = self.arch.tensor_name(tensor, layer)
+        t = self._info(name, (n_in, 2 * n_out, n_expert))
+        rows = self.f.tensor_bytes(name).reshape(n_expert, 2, n_out, -1)
+        return tuple(self.backend.load_experts(t.type, np.ascontiguousarray(rows[:, j]).reshape(n_expert * n_out, -1),
+                                               n_in, n_expert) for j in (0, 1))
+
     def _loaded(self, name: str, m):
         if not getattr(m, "reads_file", True):  # the backend keeps a copy: the mapped pages can go
             self.f.release(name)
         return m
 
-    def vector(self, tensor: MODEL_TENSOR, n: int, layer: int | None = None, suffix: str = "weight"):
-        """A small vector (norm weight, bias, rope factors), decoded to float32 whatever its type."""
-        return self._decoded(tensor, (n,), layer, suffix)
+    def vector(self, tensor: MODEL_TENSOR, n: int, layer: int | None = None, suffix: str = "weight",
+               times: float = 1.0):
+        """A small vector (norm weight, bias, rope factors), decoded to float32 whatever its type
+        (and multiplied by `times`)."""
+        return self._decoded(tensor, (n,), layer, suffix, times)
 
-    def _decoded(self, tensor: MODEL_TENSOR, shape: tuple[int, ...], layer: int | None, suffix: str):
+    def _decoded(self, tensor: MODEL_TENSOR, shape: tuple[int, ...], layer: int | None, suffix: str,
+                 times: float = 1.0):
         """A small tensor of GGML shape `shape`, decoded to float32 (numpy order) onto the backend."""
         name = self.arch.tensor_name(tensor, layer, suffix)
         t = self._info(name, shape)
         values = dequantize(self.f.tensor_bytes(name).reshape(-1), t.type).reshape(tuple(reversed(shape)))
-        return self.backend.load_vector(values)
+        return self.backend.load_vector(values if times == 1.0 else values * np.float32(times))
 
     def optional_vector(self, tensor: MODEL_TENSOR, n: int, layer: int | None = None, suffix: str = "weight"):
         """vector(...), or None where the file does not have it (as llama.cpp's TENSOR_NOT_REQUIRED)."""
         return self.vector(tensor, n, layer, suffix) if self.has(tensor, layer, suffix) else None
+
+    def optional_per_expert(self, tensor: MODEL_TENSOR, n_expert: int, layer: int, suffix: str):
+        """A vector of one value per expert (GGML shape [n_expert]) as a table of n_expert rows of
+        one, as backend.expert_rows takes it; None where the file does not have it."""
+        if not self.has(tensor, layer, suffix):
+            return None
+        name = self.arch.tensor_name(tensor, layer, suffix)
+        t = self._info(name, (n_expert,))
+        return self.backend.load_vector(dequantize(self.f.tensor_bytes(name).reshape(-1), t.type).reshape(n_expert, 1))
+
+    def optional_scalar(self, tensor: MODEL_TENSOR, layer: int | None = None) -> float | None:
+        """A one-value tensor (Gemma 4's layer output scale) as a host float; None where absent."""
+        if not self.has(tensor, layer):
+            return None
+        name = self.arch.tensor_name(tensor, layer)
+        t = self._info(name, (1,))
+        return float(dequantize(self.f.tensor_bytes(name).reshape(-1), t.type)[0])
 
     def optional_table(self, tensor: MODEL_TENSOR, n: int, rows: int, layer: int, suffix: str = "bias"):
         """A small table of `rows` vectors of n (GGML shape [n, rows]: a mixture's per-expert

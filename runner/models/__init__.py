@@ -4,6 +4,7 @@ gguf_io.architectures."""
 from .exaone4 import EXAONE4
 from .gemma2 import Gemma2
 from .gemma3 import Gemma3
+from .gemma4 import Gemma4
 from .glm4 import GLM4
 from .gpt_oss import GptOss
 from .llama import Llama
@@ -19,4 +20,4 @@ from .smollm3 import SmolLM3
 MODELS = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3, "gemma3": Gemma3, "qwen2moe": Qwen2, "qwen3moe": Qwen3,
           "olmoe": OLMoE, "olmo2": OLMo2, "smollm3": SmolLM3, "ernie4_5": Llama, "granite": Llama, "granitemoe": Llama,
           "phi3": Phi3, "gemma2": Gemma2, "glm4": GLM4, "exaone4": EXAONE4, "seed_oss": SeedOSS,
-          "mistral3": Llama, "gpt-oss": GptOss}
+          "mistral3": Llama, "gpt-oss": GptOss, "gemma4": Gemma4}

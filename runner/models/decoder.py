@@ -37,10 +37,18 @@ class Attention:
     bv: object = None
     bo: object = None
     sinks: object = None   # a logit per head that joins its softmax without a value (gpt-oss)
+    value_norm: object = None  # a weightless RMSNorm of each value head, as ones (Gemma 4)
     rope_base: float = 10000.0
     rope_scale: float = 1.0
     rotates: bool = True   # False: the layer attends without RoPE (NoPE layers)
     window: int = 0        # sliding window in positions; 0 attends to the whole context
+    # the layer's heads, which may differ by layer (Gemma 4), and its rotation
+    n_kv_head: int = 0
+    head_dim: int = 0      # of queries and keys
+    value_dim: int = 0
+    rope_dim: int = 0
+    rope_factors: tuple = (None, None)  # RoPE frequency divisors within and past the trained context
+    kv_layer: int = 0      # the cache layer it attends over: its own, or an earlier layer's (Gemma 4)
 
 
 @dataclass
@@ -68,6 +76,7 @@ class MixtureOfExperts:
     gate_bias: object = None
     up_bias: object = None
     down_bias: object = None
+    expert_scales: object = None  # (n_expert, 1): each expert's output scaled by its own factor (Gemma 4)
 
 
 @dataclass
@@ -87,6 +96,7 @@ class Layer:
 _ATTENTION_EXTRAS = {"bq": (T.ATTN_Q, "bias"), "bk": (T.ATTN_K, "bias"), "bv": (T.ATTN_V, "bias"),
                      "bo": (T.ATTN_OUT, "bias"), "q_norm": (T.ATTN_Q_NORM, "weight"),
                      "k_norm": (T.ATTN_K_NORM, "weight"), "sinks": (T.ATTN_SINKS, "weight")}
+_KEY_VALUE_EXTRAS = ("bk", "bv", "k_norm")
 
 
 def yarn_frequency_factors(p: ModelParams) -> np.ndarray:
@@ -122,6 +132,9 @@ class Decoder:
     swiglu_clamp = (1.702, 7.0)
     fused_gate_up = False   # the dense feed-forward's gate and up are one matrix, ffn_up (Phi-3, GLM-4)
     kv_type = "f32"         # KV cache precision of new caches: "f32" (exact), "f16" or "q8_0" (less memory)
+    value_norm = False      # RMSNorm (without weight) on each value head (Gemma 4)
+    values_from_keys = False  # a layer without V attends over its K projection as values too (Gemma 4)
+    query_scale = 0.0       # the scores' scale whatever the file says (Gemma 4's 1; 0: the file's, or 1/sqrt(head))
 
     def __init__(self, params: ModelParams, weights: WeightLoader, backend):
         self.params, self.backend = params, backend
@@ -138,6 +151,7 @@ class Decoder:
         if p.yarn_factor:  # (YaRN's interpolation is a factor per frequency too)
             yarn = backend.asarray(yarn_frequency_factors(p))
             self.rope_factors = tuple(yarn if f is None else f * yarn for f in self.rope_factors)
+        self._ones = {}  # (the weight of weightless norms, by width)
         self.layers = [self.load_layer(weights, i) for i in range(p.n_layer)]
 
     def load_layer(self, weights: WeightLoader, i: int) -> Layer:
@@ -183,43 +197,68 @@ class Decoder:
         """Layer i's attention, with the extras the architecture declares, at its sliding window
         (and the sliding layers' RoPE base) where it has one."""
         p = self.params
-        q_dim, kv_dim, v_dim = p.n_head * p.head_dim, p.n_head_kv * p.head_dim, p.n_head_kv * p.value_dim
+        n_kv, head_dim, value_dim = p.layer_kv_heads(i), p.layer_head_dim(i), p.layer_value_dim(i)
+        q_dim, kv_dim, v_dim = p.n_head * head_dim, n_kv * head_dim, n_kv * value_dim
         sizes = {"bq": q_dim, "bk": kv_dim, "bv": v_dim, "bo": p.n_embd,
-                 "q_norm": p.head_dim if self.qk_norm_per_head else q_dim,
-                 "k_norm": p.head_dim if self.qk_norm_per_head else kv_dim, "sinks": p.n_head}
+                 "q_norm": head_dim if self.qk_norm_per_head else q_dim,
+                 "k_norm": head_dim if self.qk_norm_per_head else kv_dim, "sinks": p.n_head}
+        owns_kv = p.kv_source(i) == i  # (a layer over an earlier one's cache has no K or V of its own)
+        required = [key for key in self.extra_attention_tensors if owns_kv or key not in _KEY_VALUE_EXTRAS]
         # the declared extras are required; the others are used where the file has them, as llama.cpp does
-        extras = {key: (weights.vector if key in self.extra_attention_tensors else weights.optional_vector)(
+        extras = {key: (weights.vector if key in required else weights.optional_vector)(
                       tensor, sizes[key], layer=i, suffix=suffix)
                   for key, (tensor, suffix) in _ATTENTION_EXTRAS.items()}
         window = p.layer_windows[i]
         # Q, K and V as one matrix where the file has them so (as llama.cpp takes either)
         if weights.has(T.ATTN_QKV, i):
             projections = (None, None, None, weights.matrix(T.ATTN_QKV, p.n_embd, q_dim + kv_dim + v_dim, i))
+        elif not owns_kv:
+            projections = (weights.matrix(T.ATTN_Q, p.n_embd, q_dim, i), None, None, None)
         else:
+            wv = (weights.matrix(T.ATTN_V, p.n_embd, v_dim, i)
+                  if weights.has(T.ATTN_V, i) or not self.values_from_keys else None)
             projections = (weights.matrix(T.ATTN_Q, p.n_embd, q_dim, i), weights.matrix(T.ATTN_K, p.n_embd, kv_dim, i),
-                           weights.matrix(T.ATTN_V, p.n_embd, v_dim, i), None)
+                           wv, None)
         wq, wk, wv, wqkv = projections
-        return Attention(wq, wk, wv, weights.matrix(T.ATTN_OUT, p.n_head * p.value_dim, p.n_embd, i), wqkv,
+        return Attention(wq, wk, wv, weights.matrix(T.ATTN_OUT, p.n_head * value_dim, p.n_embd, i), wqkv,
+                         value_norm=self.ones(value_dim) if self.value_norm and owns_kv else None,
                          # position scaling applies to the global layers only
                          rope_base=p.rope_base_swa if window else p.rope_base,
                          rope_scale=1.0 if window else p.rope_scale, rotates=self.rotates(i), window=window,
-                         **extras)
+                         n_kv_head=n_kv, head_dim=head_dim, value_dim=value_dim, rope_dim=p.layer_rope_dim(i),
+                         rope_factors=self.layer_rope_factors(i), kv_layer=p.kv_source(i), **extras)
+
+    def layer_rope_factors(self, i: int) -> tuple:
+        """Layer i's RoPE frequency divisors within and past the trained context."""
+        return self.rope_factors
+
+    def ones(self, n: int):
+        if n not in self._ones:
+            self._ones[n] = self.backend.load_vector(np.ones(n, dtype=np.float32))
+        return self._ones[n]
 
     def load_feed_forward(self, weights: WeightLoader, i: int) -> FeedForward | MixtureOfExperts:
         """Layer i's feed-forward: a mixture of experts where the layer has a router, else dense."""
-        p = self.params
-        if p.n_expert and weights.has(T.FFN_GATE_INP, i):
+        if self.params.n_expert and weights.has(T.FFN_GATE_INP, i):
             return self.load_experts(weights, i)
+        return self.load_dense(weights, i)
+
+    def load_dense(self, weights: WeightLoader, i: int) -> FeedForward:
+        p = self.params
+        n_ff = p.layer_ff(i)
         if self.fused_gate_up:
-            gate, up = None, weights.matrix(T.FFN_UP, p.n_embd, 2 * p.n_ff, i)
+            gate, up = None, weights.matrix(T.FFN_UP, p.n_embd, 2 * n_ff, i)
         else:
-            gate, up = (weights.matrix(t, p.n_embd, p.n_ff, i) for t in (T.FFN_GATE, T.FFN_UP))
-        return FeedForward(gate, up, weights.matrix(T.FFN_DOWN, p.n_ff, p.n_embd, i))
+            gate, up = (weights.matrix(t, p.n_embd, n_ff, i) for t in (T.FFN_GATE, T.FFN_UP))
+        return FeedForward(gate, up, weights.matrix(T.FFN_DOWN, n_ff, p.n_embd, i))
 
     def load_experts(self, weights: WeightLoader, i: int) -> MixtureOfExperts:
         p = self.params
         n, e = p.n_ff_exp, p.n_expert
-        gate, up = (weights.experts(t, p.n_embd, n, e, i) for t in (T.FFN_GATE_EXP, T.FFN_UP_EXP))
+        if weights.has(T.FFN_GATE_UP_EXP, i):  # (one tensor, each expert's gate rows then its up rows)
+            gate, up = weights.expert_halves(T.FFN_GATE_UP_EXP, p.n_embd, n, e, i)
+        else:
+            gate, up = (weights.experts(t, p.n_embd, n, e, i) for t in (T.FFN_GATE_EXP, T.FFN_UP_EXP))
         shared = shared_gate = None
         if weights.has(T.FFN_UP_SHEXP, i):
             shared = FeedForward(*(weights.matrix(t, p.n_embd, p.n_ff_shexp, i) for t in (T.FFN_GATE_SHEXP, T.FFN_UP_SHEXP)),
@@ -230,12 +269,14 @@ class Decoder:
                   (("gate", T.FFN_GATE_EXP, n), ("up", T.FFN_UP_EXP, n), ("down", T.FFN_DOWN_EXP, p.n_embd))}
         return MixtureOfExperts(weights.matrix(T.FFN_GATE_INP, p.n_embd, e, i), gate, up,
                                 weights.experts(T.FFN_DOWN_EXP, n, p.n_embd, e, i), shared, shared_gate,
-                                router_bias=weights.optional_vector(T.FFN_GATE_INP, e, i, "bias"), **biases)
+                                router_bias=weights.optional_vector(T.FFN_GATE_INP, e, i, "bias"), **biases,
+                                expert_scales=weights.optional_per_expert(T.FFN_DOWN_EXP, e, i, "scale"))
 
     def new_cache(self, n_ctx: int, ring: bool = False) -> KVCache:
-        p = self.params
-        return KVCache(self.backend, n_ctx, p.layer_windows, p.n_head_kv, p.head_dim, p.value_dim,
-                       MAX_BATCH, ring=ring, kv_type=self.kv_type)
+        """A cache of every layer with K and V of its own."""
+        own = [layer.attn for i, layer in enumerate(self.layers) if layer.attn.kv_layer == i]
+        shapes = [(a.n_kv_head, a.head_dim, a.value_dim) for a in own]
+        return KVCache(self.backend, n_ctx, [a.window for a in own], shapes, MAX_BATCH, ring=ring, kv_type=self.kv_type)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False):
         """Run tokens at the cache's next positions; logits of the last token (vocab,) or of all (T, vocab)."""
@@ -266,8 +307,7 @@ class Decoder:
             x = x * np.float32(math.sqrt(p.n_embd))
         if p.embedding_scale:  # (Granite's multiplier, from the file)
             x = x * np.float32(p.embedding_scale)
-        for i, layer in enumerate(self.layers):
-            x = self.block(layer, x, batch, cache, i)
+        x = self.blocks(x, batch, cache)
         if not all_logits:
             x = x[-1:]
         logits = be.matmul(self.output, be.rms_norm(x, self.output_norm, p.rms_eps))
@@ -275,42 +315,65 @@ class Decoder:
             logits = logits * np.float32(1.0 / p.logit_scale)
         return be.softcap(logits, p.logit_softcap) if p.logit_softcap > 0 else logits
 
+    def blocks(self, x, batch: Batch, cache: KVCache):
+        for i, layer in enumerate(self.layers):
+            x = self.block(layer, x, batch, cache, i)
+        return x
+
     def attention(self, a: Attention, h, batch: Batch, cache: KVCache, i: int):
-        """Self-attention of h (T, n_embd) through layer i's cache, output projection included."""
+        """Self-attention of h (T, n_embd) through layer i's cache (or the earlier layer's it
+        shares), output projection included."""
         be, p = self.backend, self.params
-        n = h.shape[0]
+        n, heads = h.shape[0], p.n_head
+        q_dim, k_dim = heads * a.head_dim, a.n_kv_head * a.head_dim
         if a.wqkv is not None:
             qkv = be.matmul(a.wqkv, h)
-            q_end, k_end = p.n_head * p.head_dim, (p.n_head + p.n_head_kv) * p.head_dim
-            q, k, v = qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:]
+            q, k, v = qkv[:, :q_dim], qkv[:, q_dim:q_dim + k_dim], qkv[:, q_dim + k_dim:]
+        elif a.wk is None:  # (attends over another layer's keys and values)
+            q, k, v = be.matmul(a.wq, h), None, None
+        elif a.wv is None:  # (values from the keys' projection, before the keys' norm)
+            q, k = be.matmuls([a.wq, a.wk], h)
+            v = k
         else:
             q, k, v = be.matmuls([a.wq, a.wk, a.wv], h)
-        q, k, v = (x if bias is None else x + bias for x, bias in ((q, a.bq), (k, a.bk), (v, a.bv)))
-        norm_width = p.head_dim if self.qk_norm_per_head else None  # (None: a row's whole projection)
+        q = q if a.bq is None else q + a.bq
+        norm_width = a.head_dim if self.qk_norm_per_head else None  # (None: a row's whole projection)
         if a.q_norm is not None:
             q = be.rms_norm(q.reshape(-1, norm_width or q.shape[1]), a.q_norm, p.rms_eps)
-        if a.k_norm is not None:
-            k = be.rms_norm(k.reshape(-1, norm_width or k.shape[1]), a.k_norm, p.rms_eps)
-        q = q.reshape(n, p.n_head, p.head_dim)
-        k = k.reshape(n, p.n_head_kv, p.head_dim)
-        v = v.reshape(n, p.n_head_kv, p.value_dim)
+        q = q.reshape(n, heads, a.head_dim)
         if not a.rotates:
             rotate = _no_rotation  # (a NoPE layer's pinned keys stay as they are in the ring too)
         else:
-            rotate = partial(be.rope, n_rot=p.rope_dim, base=a.rope_base, pos_scale=a.rope_scale,
-                             neox=self.rope_neox, freq_factors=self.rope_factors[cache.n_ctx > p.rope_orig_context])
+            rotate = partial(be.rope, n_rot=a.rope_dim, base=a.rope_base, pos_scale=a.rope_scale,
+                             neox=self.rope_neox, freq_factors=a.rope_factors[cache.n_ctx > p.rope_orig_context])
             # (the magnitude scales the rotated dimensions once: not again where the ring moves keys)
             rotate(q, batch.positions, magnitude=p.rope_attn_factor)
-            rotate(k, batch.positions, magnitude=p.rope_attn_factor)
         # (the batch's positions from the cache's count: the host's, where the batch's may be a device's)
         temperature = self.query_temperature(np.arange(cache.used - n, cache.used)) if p.attn_temp_scale else None
         if temperature is not None:
             q = q * be.asarray(temperature[:, None, None])
-        keys, values, key_pos = cache.store(i, k, v, batch, rotate)
-        out = be.attention(q, keys, values, batch.positions, key_pos, p.attention_scale or 1.0 / math.sqrt(p.head_dim),
-                           a.window, p.attn_softcap, a.sinks)
-        out = be.matmul(a.wo, out.reshape(n, p.n_head * p.value_dim))
+        if k is None:
+            keys, values, key_pos = cache.read(a.kv_layer, batch)
+        else:
+            keys, values, key_pos = cache.store(i, *self.keys_values(a, k, v, batch, rotate), batch, rotate)
+        scale = self.query_scale or p.attention_scale or 1.0 / math.sqrt(a.head_dim)
+        out = be.attention(q, keys, values, batch.positions, key_pos, scale, a.window, p.attn_softcap, a.sinks)
+        out = be.matmul(a.wo, out.reshape(n, heads * a.value_dim))
         return out if a.bo is None else out + a.bo
+
+    def keys_values(self, a: Attention, k, v, batch: Batch, rotate) -> tuple:
+        """A batch's keys and values (T, KV heads, size) from their projections: biased, normed,
+        keys rotated."""
+        be, p, n = self.backend, self.params, k.shape[0]
+        k, v = (x if bias is None else x + bias for x, bias in ((k, a.bk), (v, a.bv)))
+        if a.k_norm is not None:
+            k = be.rms_norm(k.reshape(-1, a.head_dim if self.qk_norm_per_head else k.shape[1]), a.k_norm, p.rms_eps)
+        if a.value_norm is not None:
+            v = be.rms_norm(v.reshape(-1, a.value_dim), a.value_norm, p.rms_eps)
+        k = k.reshape(n, a.n_kv_head, a.head_dim)
+        if a.rotates:
+            rotate(k, batch.positions, magnitude=p.rope_attn_factor)
+        return k, v.reshape(n, a.n_kv_head, a.value_dim)
 
     def feed_forward(self, ffn: FeedForward | MixtureOfExperts, h):
         be = self.backend
@@ -318,7 +381,8 @@ class Decoder:
             return self.mixture_of_experts(ffn, h)
         if ffn.gate is None:
             gate_up = be.matmul(ffn.up, h)
-            gate, up = gate_up[:, :self.params.n_ff], gate_up[:, self.params.n_ff:]
+            n_ff = gate_up.shape[1] // 2
+            gate, up = gate_up[:, :n_ff], gate_up[:, n_ff:]
         else:
             gate, up = be.matmuls([ffn.gate, ffn.up], h)
         return be.matmul(ffn.down, self.activation(gate, up))
@@ -329,15 +393,18 @@ class Decoder:
             return be.clamped_swiglu(gate, up, *self.swiglu_clamp)
         return be.silu_mul(gate, up) if self.gated_activation == "silu" else be.gelu_mul(gate, up)
 
-    def mixture_of_experts(self, moe: MixtureOfExperts, h):
+    def mixture_of_experts(self, moe: MixtureOfExperts, h, router_input=None):
+        """The mixture's output for h, routed by router_input (h where None)."""
         be, p = self.backend, self.params
 
         def expert_biased(y, bias, ids):
             return y if bias is None else y + be.expert_rows(bias, ids)
-        logits = be.matmul(moe.router, h)
+        logits = be.matmul(moe.router, h if router_input is None else router_input)
         if moe.router_bias is not None:
             logits = logits + moe.router_bias
         ids, weights = be.route(logits, p.n_expert_used, p.expert_gating, p.expert_weights_norm, p.expert_weights_scale)
+        if moe.expert_scales is not None:
+            weights = weights * be.expert_rows(moe.expert_scales, ids).reshape(weights.shape)
         gate, up = be.expert_matmuls([moe.gate, moe.up], h, ids)
         gate, up = expert_biased(gate, moe.gate_bias, ids), expert_biased(up, moe.up_bias, ids)
         (down,) = be.expert_matmuls([moe.down], self.activation(gate, up), ids)
