@@ -33,8 +33,7 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True) -
         raise ConversionError(f"{folder} is not a folder")
     file_type = _file_type(type_name)
     hf = read_hf_model(folder)
-    tok, special = read_tokenizer(folder, hf.vocab_size, hf.arch.sentencepiece_first, hf.arch.special_tokens,
-                                  hf.arch.added_tokens_as_marked)
+    tok, special = read_tokenizer(folder, hf.vocab_size, hf.arch)
     if hf.vocab_size == hf.arch.no_bos_vocab_size:
         special["add_bos"] = False
     from .safetensors_io import Checkpoint
@@ -151,9 +150,9 @@ def _tokenizer_metadata(tok, special: dict, arch) -> list:
     md.append(("tokenizer.ggml.token_type", [int(t) for t in tok.token_types], arr, GGUFValueType.INT32))
     if tok.merges is not None:
         md.append(("tokenizer.ggml.merges", tok.merges, arr, GGUFValueType.STRING))
-    for name in ("bos", "eos", "eot", "unk", "pad"):
+    for name in ("bos", "eos", "eot", "unk", "sep", "pad", "mask"):  # (GGUF has no key for a CLS token)
         if name in special:
-            key = "unknown" if name == "unk" else "padding" if name == "pad" else name
+            key = {"unk": "unknown", "sep": "seperator", "pad": "padding"}.get(name, name)
             md.append((f"tokenizer.ggml.{key}_token_id", special[name], GGUFValueType.UINT32, None))
     for name in ("add_bos", "add_eos"):
         if name in special:

@@ -42,9 +42,16 @@ class HFModel:
         hf_name = hf_name.replace("model.language_model.", "model.").replace("language_model.model.", "model.")
         if (hf_name == "lm_head.weight" and self.tied) or hf_name.endswith("rotary_emb.inv_freq"):
             return None
+        layer = re.search(r"layers\.(\d+)\.", hf_name)
+        for suffix, tensor, gguf_suffix in self.arch.renamed:
+            if hf_name.endswith(suffix) and layer:
+                return self.arch.tensor_name(tensor, int(layer[1]), gguf_suffix)
         # (parameters named x_bias are x's bias; bare parameters, such as gpt-oss's experts and
         # sinks, are weights: as llama.cpp's converter renames them)
         name = self._names.get_name(re.sub(r"_bias$", ".bias", hf_name), try_suffixes=(".weight", ".bias"))
+        if name is None and re.search(r"vision|audio|multi_modal_projector", hf_name):
+            raise ConversionError(f"tensor {hf_name!r} belongs to a vision or audio part, which ggrun does not "
+                                  f"support: it converts and runs the text decoder alone")
         if name is None:
             raise ConversionError(f"tensor {hf_name!r} is not part of a supported {self.arch.name} checkpoint")
         return name if name.endswith((".weight", ".bias")) else name + ".weight"
@@ -129,7 +136,9 @@ def model_from_config(cfg: dict) -> HFModel:
     scaling = cfg.get("rope_scaling") or rope
     rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
     llama3 = rope_type == "llama3" and MODEL_TENSOR.ROPE_FREQS in arch.tensors
-    if rope_type not in ("default", "linear", "yarn") + (("longrope", "su") if arch.long_rope else ()) and not llama3:
+    known = ("default", "linear", "yarn") + (("longrope", "su") if arch.long_rope else ()) + (
+        ("proportional",) if arch.global_layers_apart else ())
+    if rope_type not in known and not llama3:
         raise ConversionError(f"RoPE scaling {rope_type!r} is not supported")
     md = {
         "context_length": int(cfg.get("max_position_embeddings", 2048)),
@@ -164,9 +173,9 @@ def model_from_config(cfg: dict) -> HFModel:
         local_theta = local.get("rope_theta", cfg.get("rope_local_base_freq"))
         if local_theta is not None:
             md["rope.freq_base_swa"] = float(local_theta)
-        pattern = _sliding_window_pattern(cfg, n_layer, arch.swa_pattern)
+        pattern = _sliding_window_pattern(cfg, n_layer, arch.swa_pattern, arch.writes_swa_layers)
         if arch.writes_swa_layers:
-            md["attention.sliding_window_pattern"] = [i % pattern < pattern - 1 for i in range(n_layer)]
+            md["attention.sliding_window_pattern"] = pattern
         elif pattern != arch.swa_pattern:
             md["attention.sliding_window_pattern"] = pattern
     md.update({key: float(cfg[key]) for key in ("attn_logit_softcapping", "final_logit_softcapping") if cfg.get(key)})
@@ -178,6 +187,8 @@ def model_from_config(cfg: dict) -> HFModel:
     if rope_layers is not None and list(rope_layers) != [int((i + 1) % 4 != 0) for i in range(n_layer)]:
         raise ConversionError("no_rope_layers other than every fourth layer without RoPE are not supported "
                               "(llama.cpp fixes that interval)")
+    if arch.global_layers_apart:
+        extra_tensors.update(_global_layers(cfg, md, local, rope, n_layer))
     n_expert = _experts(cfg, md, arch)
     md.update({key: float(cfg[name]) for name, key in _MULTIPLIERS.items() if cfg.get(name)})
     tied = bool(cfg.get("tie_word_embeddings", arch.tied_by_default))
@@ -247,7 +258,7 @@ def _experts(cfg: dict, md: dict, arch: Architecture) -> int:
         raise ConversionError("mixtures with dense layers among the expert ones (mlp_only_layers, "
                               "decoder_sparse_step) are not supported")
     md["expert_count"] = n_expert
-    md["expert_used_count"] = int(cfg["num_experts_per_tok"])
+    md["expert_used_count"] = int(cfg.get("num_experts_per_tok") or cfg["top_k_experts"])
     if cfg.get("moe_intermediate_size") or arch.writes_expert_ff_length:
         md["expert_feed_forward_length"] = int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
     shared = cfg.get("shared_expert_intermediate_size") or cfg.get("shared_intermediate_size")
@@ -261,8 +272,50 @@ _MULTIPLIERS = {"attention_multiplier": "attention.scale", "embedding_multiplier
                 "residual_multiplier": "residual_scale", "logits_scaling": "logit_scale"}
 
 
-def _sliding_window_pattern(cfg: dict, n_layer: int, default: int) -> int:
+def _global_layers(cfg: dict, md: dict, local: dict, full: dict, n_layer: int) -> dict:
+    """Gemma 4's layers into md, as llama.cpp's converter writes them: the global layers' head size
+    (key_length; the sliding ones' as key_length_swa) and KV heads (head_count_kv per layer where
+    they differ), double-wide MLPs in the layers that share KV, how many do, the per-layer
+    embeddings' width; and its proportional RoPE as the frequency divisors of the global layers
+    (1 on the rotated pairs, 1e30 on the others: GGUF name -> values)."""
+    types = cfg.get("layer_types") or []
+    overrides = {int(i): c for i, c in (cfg.get("per_layer_config") or {}).items()}
+
+    def global_value(key: str, own: str):
+        found = [c[own] for i, c in sorted(overrides.items()) if i < len(types) and types[i] == "full_attention"
+                 and own in c]
+        return cfg.get(key) if cfg.get(key) is not None else (found[0] if found else None)
+    head_dim_full, head_dim_swa = global_value("global_head_dim", "head_dim"), int(cfg["head_dim"])
+    if head_dim_full is None:
+        raise ConversionError("config.json gives no head size of the global layers (global_head_dim)")
+    shared = int(cfg.get("num_kv_shared_layers") or 0)
+    md["attention.shared_kv_layers"] = shared
+    md["embedding_length_per_layer_input"] = int(cfg.get("hidden_size_per_layer_input") or 0)
+    md.update({"attention.key_length": int(head_dim_full), "attention.value_length": int(head_dim_full),
+               "attention.key_length_swa": head_dim_swa, "attention.value_length_swa": head_dim_swa})
+    if cfg.get("use_double_wide_mlp"):
+        n_ff = int(cfg["intermediate_size"])
+        md["feed_forward_length"] = [n_ff * (2 if i >= n_layer - shared else 1) for i in range(n_layer)]
+    kv_full = global_value("num_global_key_value_heads", "num_key_value_heads")
+    if kv_full is not None and cfg.get("num_key_value_heads") is not None:
+        md["attention.head_count_kv"] = [int(cfg["num_key_value_heads"]) if slides else int(kv_full)
+                                         for slides in md["attention.sliding_window_pattern"]]
+    md["rope.dimension_count"] = int(head_dim_full)
+    md["rope.dimension_count_swa"] = int(head_dim_swa * local.get("partial_rotary_factor", 1.0))
+    rotated = int(head_dim_full * full.get("partial_rotary_factor", 1.0) / 2)
+    return {"rope_freqs.weight": np.array([1.0] * rotated + [1e30] * (int(head_dim_full) // 2 - rotated), np.float32)}
+
+
+def _sliding_window_pattern(cfg: dict, n_layer: int, default: int, as_flags: bool = False) -> int | list[bool]:
+    """Every how many layers one is global; as_flags: whether each layer slides."""
     types = cfg.get("layer_types")
+    if types and as_flags:
+        return [t == "sliding_attention" for t in types]
+    if as_flags:
+        pattern = cfg.get("sliding_window_pattern") or default
+        if isinstance(pattern, str):  # (EXAONE's "LLLG": L slides)
+            return [pattern[i % len(pattern)] == "L" for i in range(n_layer)]
+        return [i % int(pattern) < int(pattern) - 1 for i in range(n_layer)]
     if types:  # e.g. five "sliding_attention" then one "full_attention", repeated
         full = [i for i, t in enumerate(types) if t == "full_attention"]
         pattern = full[0] + 1 if full else n_layer + 1

@@ -51,13 +51,19 @@ def _detect_pre(pre_tokenizer: dict | None) -> str:
     raise ConversionError(f"unsupported pre-tokenizer {json.dumps(pre_tokenizer)[:200]}")
 
 
-def _bpe_from_json(data: dict, vocab_size: int) -> TokenizerData:
+def _merges(model: dict) -> list[str]:
+    return [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+
+
+def _bpe_from_json(data: dict, vocab_size: int, byte_fallback_model: str | None, folder: Path) -> TokenizerData:
     model = data.get("model", {})
     if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
         raise ConversionError(f"tokenizer.json model {model.get('type')!r} is not supported (BPE is)")
     if model.get("byte_fallback"):
-        raise ConversionError("byte-fallback BPE tokenizer.json is not supported; provide tokenizer.model")
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+        if byte_fallback_model is None:
+            raise ConversionError("byte-fallback BPE tokenizer.json is not supported; provide tokenizer.model")
+        return _byte_fallback_bpe(data, byte_fallback_model, folder)
+    merges = _merges(model)
     id_to_token = {i: t for t, i in model["vocab"].items()}
     added = {a["id"]: a for a in data.get("added_tokens", [])}
     for i, a in added.items():
@@ -75,6 +81,47 @@ def _bpe_from_json(data: dict, vocab_size: int) -> TokenizerData:
             tokens.append(id_to_token[i])
             types.append(TokenType.NORMAL)
     return TokenizerData("gpt2", tokens, types, merges=merges, pre=_detect_pre(data.get("pre_tokenizer")))
+
+
+# Gemma 4's tokens that llama.cpp's converter makes user-defined, so that they are always rendered
+# (its chat parser reads them)
+_VISIBLE_TOKENS = {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>",
+                   '<|"|>'}
+_NAMED_SPECIALS = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+
+
+def _byte_fallback_bpe(data: dict, model_name: str, folder: Path) -> TokenizerData:
+    """A byte-fallback BPE tokenizer.json as llama.cpp's LlamaHfVocab reads it (through
+    transformers): the model's vocabulary in id order, then the added tokens past it; every
+    score -1000; <0xNN> pieces bytes, the tokenizer's special tokens (tokenizer_config.json's
+    named ones and its extra ones) control, other added tokens past the vocabulary user-defined;
+    and Gemma 4's visible tokens user-defined."""
+    model = data["model"]
+    if (data.get("decoder") or {}).get("type") != "Sequence":
+        raise ConversionError("a byte-fallback tokenizer.json needs a Sequence decoder (as Llama's has)")
+    by_id = {i: t for t, i in model["vocab"].items()}
+    n_base = len(by_id)
+    if sorted(by_id) != list(range(n_base)):
+        raise ConversionError("tokenizer.json's vocabulary ids are not 0..n-1")
+    added = sorted((a["id"], a["content"]) for a in data.get("added_tokens", []) if a.get("id", -1) >= n_base)
+    tokens = [by_id[i] for i in range(n_base)] + [text for _, text in added]
+    cfg = load_json(folder / "tokenizer_config.json", required=False)
+    named = [_token_text(cfg.get(f"{name}_token")) for name in _NAMED_SPECIALS]
+    extra = cfg.get("extra_special_tokens") or cfg.get("additional_special_tokens") or []
+    extra = extra.values() if isinstance(extra, dict) else extra
+    ids = {t: i for i, t in enumerate(tokens)}
+    special = {ids[t] for t in [*named, *map(_token_text, extra)] if isinstance(t, str) and t in ids}
+    types = []
+    for i, text in enumerate(tokens):
+        if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+            types.append(TokenType.BYTE)
+        elif i in special:
+            types.append(TokenType.CONTROL)
+        elif i >= n_base or text in _VISIBLE_TOKENS:
+            types.append(TokenType.USER_DEFINED)
+        else:
+            types.append(TokenType.NORMAL)
+    return TokenizerData(model_name, tokens, types, scores=[-1000.0] * len(tokens), merges=_merges(model))
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -186,19 +233,20 @@ def _add_tokens(folder: Path, tokens: list, scores: list, types: list, as_marked
             tokens[i], scores[i], types[i] = text, -1000.0, kind
 
 
-def read_tokenizer(folder: Path, vocab_size: int, prefer_sentencepiece: bool,
-                   special_tokens: tuple = (), added_as_marked: bool = False) -> tuple[TokenizerData, dict]:
-    """The vocabulary and the special-token settings (ids, add_bos, chat template);
-    special_tokens: (name, token text) pairs for ids the folder's files do not set;
-    added_as_marked: a SentencePiece vocabulary's added tokens as Phi-3's converter takes them."""
+def read_tokenizer(folder: Path, vocab_size: int, arch) -> tuple[TokenizerData, dict]:
+    """The vocabulary and the special-token settings (ids, add_bos, chat template), as llama.cpp's
+    converter for the architecture (gguf_io.Architecture) reads them."""
     spm, tj = folder / "tokenizer.model", folder / "tokenizer.json"
-    if spm.exists() and (prefer_sentencepiece or not tj.exists()):
-        tok = _spm_from_model(spm, vocab_size, added_as_marked)
+    if spm.exists() and (arch.sentencepiece_first or not tj.exists()) and not arch.byte_fallback_model:
+        tok = _spm_from_model(spm, vocab_size, arch.added_tokens_as_marked)
     elif tj.exists():
-        tok = _bpe_from_json(load_json(tj), vocab_size)
+        tok = _bpe_from_json(load_json(tj), vocab_size, arch.byte_fallback_model, folder)
     else:
         raise ConversionError("no tokenizer.json or tokenizer.model in the folder")
-    return tok, _special_settings(folder, tok, special_tokens)
+    special = _special_settings(folder, tok, arch.special_tokens)
+    if arch.byte_fallback_model:  # (llama.cpp's Gemma 4 converter always adds BOS)
+        special["add_bos"] = True
+    return tok, special
 
 
 def _special_settings(folder: Path, tok: TokenizerData, special_tokens: tuple) -> dict:
@@ -217,8 +265,8 @@ def _special_settings(folder: Path, tok: TokenizerData, special_tokens: tuple) -
         return added.get(value) if isinstance(value, str) else None
 
     out = {}
-    for key, name in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unk"), ("pad_token", "pad")):
-        i = token_id(cfg.get(key))
+    for name in _NAMED_SPECIALS:
+        i = token_id(cfg.get(f"{name}_token"))
         if i is not None:
             out[name] = i
     # those still unset from the ids of generation_config.json, then config.json (as llama.cpp's converter)

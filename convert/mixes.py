@@ -46,15 +46,16 @@ def use_more_bits(i_layer: int, n_layer: int) -> bool:
 
 def quantizable(name: str, shape: tuple[int, ...]) -> bool:
     """Whether llama-quantize quantizes the tensor: a matrix (ggml_n_dims: trailing 1s do not
-    count) of weights, not a norm, nor a mixture's router."""
+    count) of weights, not a norm, nor a mixture's router, nor Gemma 4's per-layer projection
+    ("not too big")."""
     return (len(ggml_dims(shape)) >= 2 and name.endswith("weight") and "_norm.weight" not in name
-            and "ffn_gate_inp.weight" not in name)
+            and "ffn_gate_inp.weight" not in name and "per_layer_model_proj" not in name)
 
 
 def _category(name: str) -> str:
     if name == "output.weight":
         return "output"
-    if name == "token_embd.weight":
+    if name in ("token_embd.weight", "per_layer_token_embd.weight"):  # (Gemma 4's is one too)
         return "token_embd"
     for key in ("attn_qkv", "attn_v", "attn_k", "attn_q", "attn_output"):
         if f"{key}.weight" in name:
