@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+from gguf import TokenType
+
 
 def smollm_folder(gguf_path: Path, folder: Path) -> Path:
     """The real SmolLM2 weights as a safetensors checkpoint, via transformers' GGUF loader."""
@@ -70,10 +72,41 @@ def sentencepiece_tokenizer(source: Path, folder: Path, n_pieces: int) -> None:
     (folder / "tokenizer_config.json").write_text('{"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": true}')
 
 
+def gemma4_tokenizer(source: Path, folder: Path, n_tokens: int) -> None:
+    """Gemma 4's tokenizer.json (byte-fallback BPE over pieces with \u2581 for spaces, split into
+    lines and runs of newlines) cut to its first n_tokens and the merges among them, its special
+    tokens as added tokens, the control ones named special in tokenizer_config.json."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    vocab = _llama_cpp_vocab(source, "gemma-4")
+    kept = {t: i for i, t in enumerate(vocab.tokens[:n_tokens])}
+    merges = [tuple(m.split(" ")) for m in vocab.merges
+              if all(part in kept for part in m.split(" ")) and m.replace(" ", "") in kept]
+    tok = Tokenizer(models.BPE(kept, merges, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[^\\n]+|[\\n]+"), behavior="isolated")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    added = [i for i in range(n_tokens) if vocab.token_types[i] in (TokenType.CONTROL, TokenType.USER_DEFINED)]
+    tok.add_special_tokens([AddedToken(vocab.tokens[i], special=True, normalized=False) for i in added])
+    tok.save(str(folder / "tokenizer.json"))
+    named = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>",
+             "mask_token": "<mask>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", **named,
+        "extra_special_tokens": [vocab.tokens[i] for i in added if vocab.token_types[i] == TokenType.CONTROL
+                                 and vocab.tokens[i] not in named.values()]}))
+
+
 # the dense architectures random_folder builds
 RANDOM_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "granite", "olmo2", "smollm3", "ernie4_5", "phi3",
-                "glm4", "exaone4", "seed_oss", "mistral3")
+                "glm4", "exaone4", "seed_oss", "mistral3", "gemma4")
 GEMMAS = ("gemma2", "gemma3")  # (their norms are stored as w - 1, and they read a SentencePiece tokenizer)
+# Gemma 4 with a window shorter than the tests' inputs, wider heads and one KV head on the global
+# layers (which take values from their keys' projection), the last two layers over the cache of
+# earlier ones (each its own kind's) with double-wide MLPs, per-layer embeddings, a softcap that bites
+GEMMA4_CONFIG = dict(vocab_size=1024, num_hidden_layers=6, layer_types=["sliding_attention", "full_attention"] * 3,
+                     head_dim=64, global_head_dim=128, num_global_key_value_heads=1, attention_k_eq_v=True,
+                     sliding_window=16, num_kv_shared_layers=2, use_double_wide_mlp=True,
+                     hidden_size_per_layer_input=32, vocab_size_per_layer_input=1024, final_logit_softcapping=10.0)
 
 
 def random_folder(arch: str, folder: Path, llama_cpp_source: Path) -> Path:
@@ -86,6 +119,9 @@ def random_folder(arch: str, folder: Path, llama_cpp_source: Path) -> Path:
         config = tf.Gemma3TextConfig(vocab_size=1024, num_hidden_layers=7, head_dim=64, query_pre_attn_scalar=64,
                                      sliding_window=16, **common)
         model_class = tf.Gemma3ForCausalLM
+    elif arch == "gemma4":  # what sets Gemma 4 apart, all switched on (GEMMA4_CONFIG)
+        config = tf.Gemma4TextConfig(**{**common, **GEMMA4_CONFIG})
+        model_class = tf.Gemma4ForCausalLM
     elif arch == "gemma2":  # caps that bite, a query scalar other than the head size
         config = tf.Gemma2Config(vocab_size=1024, num_hidden_layers=4, head_dim=64, query_pre_attn_scalar=32,
                                  sliding_window=16, attn_logit_softcapping=5.0, final_logit_softcapping=10.0, **common)
@@ -132,9 +168,14 @@ def random_folder(arch: str, folder: Path, llama_cpp_source: Path) -> Path:
         for name, p in model.named_parameters():
             if p.dim() == 1:
                 p.copy_(torch.randn_like(p) * 0.3 + (0.0 if arch in GEMMAS else 1.0))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):  # (Gemma 4's output scale of each block)
+                b.copy_(torch.rand_like(b) + 0.5)
     model.save_pretrained(folder)
     if arch in GEMMAS:
         sentencepiece_tokenizer(llama_cpp_source, folder, 1024)
+    elif arch == "gemma4":
+        gemma4_tokenizer(llama_cpp_source, folder, 1024)
     else:  # (byte-level BPE, as Phi-4's folders declare it for llama.cpp's converter too)
         gpt2_tokenizer(llama_cpp_source, folder)
         if arch == "glm4":  # the special tokens llama.cpp's converter looks up by their text
@@ -168,13 +209,23 @@ MOE_CONFIGS = {
         rms_norm_eps=1e-5, rope_parameters=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0,
                                                 truncate=True, original_max_position_embeddings=16,
                                                 rope_theta=150000.0))),
+    # Gemma 4's mixture (26B-A4B): a dense MLP beside the experts, fused gate-and-up experts with a
+    # scale each, the global layer's wider head and single KV head with values from its keys, a window
+    # shorter than the inputs, a final softcap (llama.cpp's graph caps at 30 where the file has none;
+    # transformers does not)
+    "gemma4_text": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
+        vocab_size=1024, layer_types=["sliding_attention", "full_attention"], head_dim=64, global_head_dim=128,
+        num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=16, hidden_size_per_layer_input=0,
+        enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=128,
+        final_logit_softcapping=10.0)),
 }
 
 
 def moe_folder(model_type: str, folder: Path, llama_cpp_source: Path) -> Path:
-    """A small mixture of experts of model_type with GPT-2's tokenizer, its weights drawn from
-    a fixed numpy generator (not transformers' initialization), so that the folder is the same
-    on every machine and llama.cpp's references (tests/data/llama_cpp_moe_mixes.json) hold."""
+    """A small mixture of experts of model_type with GPT-2's tokenizer (Gemma 4's its own), its
+    weights drawn from a fixed numpy generator (not transformers' initialization), so that the
+    folder is the same on every machine and llama.cpp's references
+    (tests/data/llama_cpp_moe_mixes.json) hold."""
     import torch
     import transformers as tf
     config_name, model_name, extra = MOE_CONFIGS[model_type]
@@ -189,7 +240,10 @@ def moe_folder(model_type: str, folder: Path, llama_cpp_source: Path) -> Path:
             values = rng.standard_normal(p.shape, dtype=np.float32)
             p.copy_(torch.from_numpy(values * 0.3 + 1.0 if p.dim() == 1 else values * 0.1))
     model.save_pretrained(folder)
-    gpt2_tokenizer(llama_cpp_source, folder)
+    if model_type == "gemma4_text":
+        gemma4_tokenizer(llama_cpp_source, folder, config.vocab_size)
+    else:
+        gpt2_tokenizer(llama_cpp_source, folder)
     return folder
 
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFWriter
 
 from gguf_io import GGUFFile, read_vocab
 from runner.chat_template import choose_template
+
+from .gguf_copy import rewritten
 
 pexpect = pytest.importorskip("pexpect")
 
@@ -100,24 +101,8 @@ def test_ctrl_d_and_ctrl_c_at_the_prompt_exit_cleanly(home):
 
 
 def _with_template(src: Path, dst: Path, template: str) -> Path:
-    """A copy of a GGUF file with another chat template (tensors copied as raw bytes)."""
-    f = GGUFFile(src)
-    w = GGUFWriter(str(dst), f.architecture)
-    for key, mv in f.metadata.items():
-        if key == "general.architecture":
-            continue
-        value = template if key == "tokenizer.chat_template" else mv.value
-        w.add_key_value(key, value.tolist() if isinstance(value, np.ndarray) else value, mv.type, mv.item_type)
-    for name, t in f.tensors.items():
-        w.add_tensor_info(name, tuple(reversed(t.shape[1:])) + (t.row_bytes,), np.dtype(np.uint8), t.nbytes,
-                          raw_dtype=t.type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for name in f.tensors:
-        w.write_tensor_data(np.ascontiguousarray(f.tensor_bytes(name)).reshape(-1))
-    w.close()
-    return dst
+    """A copy of a GGUF file with another chat template."""
+    return rewritten(src, dst, {"tokenizer.chat_template": template})
 
 
 HOSTILE = ("{% for m in messages %}{{ cycler.__init__.__globals__.os.system('touch PWNED') }}"

@@ -15,6 +15,7 @@ from convert.errors import ConversionError
 from convert.mixes import mix_types
 from gguf_io import GGUFFile, read_params, read_vocab
 
+from .gguf_copy import rewritten
 from .hf_folders import RANDOM_ARCHS, transformers_logits
 from .llama_cpp import PERPLEXITY_TEXT, convert_with_llama_cpp, llama_cpp_perplexity
 
@@ -207,6 +208,35 @@ def test_a_file_with_tensors_the_graph_does_not_take_is_refused(random_models, t
         load_model(out)
 
 
+def test_gemma_4_reads_its_files_as_llama_cpp_does(random_models, tmp_path):
+    """Where a Gemma 4 file gives no final softcap, llama.cpp's graph caps at 30 (as it does Gemma 2's,
+    where also the attention scores' cap is 50 unless the file says); and a file whose shared-KV
+    layers would read other layers' caches than llama.cpp's fixed choice (the second-last layer
+    with its own cache for sliding layers, the last for global ones) is refused."""
+    from gguf_io import GGUFError
+    from runner.load import load_model
+    out = tmp_path / "gemma4.gguf"
+    convert_hf(random_models["gemma4"], out, "F32", progress=False)
+    assert read_params(GGUFFile(out)).logit_softcap == 10.0
+    uncapped = rewritten(out, tmp_path / "uncapped.gguf", {"gemma4.final_logit_softcapping": None})
+    assert (read_params(GGUFFile(uncapped)).logit_softcap, read_params(GGUFFile(uncapped)).attn_softcap) == (30.0, 0.0)
+    convert_hf(random_models["gemma2"], tmp_path / "gemma2.gguf", "F32", progress=False)
+    uncapped = rewritten(tmp_path / "gemma2.gguf", tmp_path / "gemma2-uncapped.gguf",
+                         {"gemma2.final_logit_softcapping": None, "gemma2.attn_logit_softcapping": None})
+    assert (read_params(GGUFFile(uncapped)).logit_softcap, read_params(GGUFFile(uncapped)).attn_softcap) == (30.0, 50.0)
+    p = load_model(out).params
+    assert [p.kv_source(i) for i in range(p.n_layer)] == [0, 1, 2, 3, 2, 3]
+    from click.testing import CliRunner
+
+    from runner.cli import main
+    info = CliRunner().invoke(main, ["info", str(out)]).output
+    assert "head_dim:      64/128 (by layer)" in info and "n_ff:          512/1024 (by layer)" in info, info
+    moved = rewritten(out, tmp_path / "moved.gguf",
+                       {"gemma4.attention.sliding_window_pattern": [True, False, False, True, True, False]})
+    with pytest.raises(GGUFError, match="layer 4 shares the cache of layer 3, not the one llama.cpp's"):
+        load_model(moved)
+
+
 def _broken(folder, tmp_path, change):
     copy = tmp_path / "broken"
     shutil.copytree(folder, copy)
@@ -265,8 +295,10 @@ def test_merges_as_strings_convert_like_merges_as_pairs(smollm_hf, smollm_f32, t
 def test_unsupported_dtype_and_tensor_name_are_refused(random_models, tmp_path):
     from safetensors.numpy import load_file, save_file
     for change, message in ((lambda w: w.update(extra=np.zeros(4, np.int8)), "dtype I8"),
+                            (lambda w: w.update({"model.mystery.weight": np.zeros(4, np.float32)}),
+                             "mystery.weight' is not part of a supported llama checkpoint"),
                             (lambda w: w.update({"model.vision_tower.weight": np.zeros(4, np.float32)}),
-                             "vision_tower.weight' is not part of")):
+                             "vision_tower.weight' belongs to a vision or audio part")):
         folder = tmp_path / message.split()[0].strip("'")
         shutil.copytree(random_models["llama"], folder)
         weights = load_file(folder / "model.safetensors")

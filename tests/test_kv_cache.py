@@ -61,7 +61,7 @@ def test_truncate_inside_a_wrapped_ring_forgets_only_the_dropped_tokens(smollm, 
 
 
 def test_truncate_after_the_ring_wrapped_rotates_pinned_keys_back(smollm, ids):
-    n_ctx, m, p = 24, smollm.model, smollm.params
+    n_ctx, m = 24, smollm.model
     cache = m.new_cache(n_ctx, ring=True)
     m.forward(ids[:4], cache)
     cache.pin()

@@ -172,9 +172,9 @@ def _prefill_and_steps(lm, ids):
 def test_moe_models_match_transformers(moe_folders, moe_files, arch, device):
     if device == "torch-cpu":
         pytest.importorskip("torch")
-    ids = np.random.default_rng(1).integers(0, GPT2_VOCAB, 64).tolist()
-    want = transformers_logits(moe_folders[arch], ids)
     lm = load_model(moe_files[arch][0], device=device)
+    ids = np.random.default_rng(1).integers(0, lm.params.vocab_size, 64).tolist()
+    want = transformers_logits(moe_folders[arch], ids)
     prefill, steps, cache = _prefill_and_steps(lm, ids)
     for got in (prefill, steps):
         assert np.array_equal(got.argmax(1), want.argmax(1))
@@ -190,7 +190,7 @@ def test_quantized_moe_models_compute_their_exact_values(moe_files, arch):
     """A Q4_K_M mixture on the precise path against the same weights widened to F32; the default
     8-bit path's decode steps against its own prefill."""
     _, q4, widened = moe_files[arch]
-    ids = np.random.default_rng(3).integers(0, GPT2_VOCAB, 24).tolist()
+    ids = np.random.default_rng(3).integers(0, load_model(q4).params.vocab_size, 24).tolist()
     exact = load_model(widened).model.forward(ids, load_model(widened).model.new_cache(128), all_logits=True)
     prefill, steps, _ = _prefill_and_steps(load_model(q4, precise=True), ids)
     for got in (prefill, steps):
