@@ -167,8 +167,11 @@ class Decoder:
     def block(self, layer: Layer, x, batch: Batch, cache: KVCache, i: int):
         a = self.attention(layer.attn, self.norm(x, layer.attn_norm), batch, cache, i)
         x = x + self.branch(a, layer.post_attn_norm)
-        f = self.feed_forward(layer.ffn, self.norm(x, layer.ffn_norm))
-        return x + self.branch(f, layer.post_ffn_norm)
+        return x + self.branch(self.feed_forward_branch(layer, x), layer.post_ffn_norm)
+
+    def feed_forward_branch(self, layer: Layer, x):
+        """The feed-forward of the residual stream x, before its post-norm."""
+        return self.feed_forward(layer.ffn, self.norm(x, layer.ffn_norm))
 
     def norm(self, x, weight):
         return x if weight is None else self.backend.rms_norm(x, weight, self.params.rms_eps)

@@ -75,20 +75,14 @@ class Gemma4(Gemma2):
                                *(weights.vector(t, n, i) for t in (T.FFN_PRE_NORM_2, T.FFN_POST_NORM_1,
                                                                      T.FFN_POST_NORM_2)))
 
-    def feed_forward_of(self, layer, x):
-        """The feed-forward branch of the residual stream x (before its post-norm)."""
+    def feed_forward_branch(self, layer, x):
         ffn = layer.ffn
         if not isinstance(ffn, DenseAndExperts):
-            return self.feed_forward(ffn, self.norm(x, layer.ffn_norm))
+            return super().feed_forward_branch(layer, x)
         dense = self.norm(self.feed_forward(ffn.dense, self.norm(x, layer.ffn_norm)), ffn.dense_post_norm)
         experts = self.mixture_of_experts(ffn.experts, self.norm(x, ffn.experts_norm),
                                           router_input=self.norm(x, ffn.router_norm))
         return dense + self.norm(experts, ffn.experts_post_norm)
-
-    def block(self, layer, x, batch, cache, i):
-        a = self.attention(layer.attn, self.norm(x, layer.attn_norm), batch, cache, i)
-        x = x + self.branch(a, layer.post_attn_norm)
-        return x + self.branch(self.feed_forward_of(layer, x), layer.post_ffn_norm)
 
     def layer_rope_factors(self, i: int) -> tuple:
         # (rope_freqs is the global layers' proportional RoPE: the sliding layers rotate plainly)
