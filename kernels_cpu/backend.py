@@ -81,6 +81,9 @@ class CpuBackend:
         # 16-bit ones the file's rows
         return load_matrix(qtype, raw, k, interleaved=not self.precise, types=self.quant_types)
 
+    def load_table(self, qtype, raw, k):
+        return load_matrix(qtype, raw, k, types=self.quant_types)  # (rows read in place: no copy)
+
     def load_experts(self, qtype, raw, k, experts):
         return load_matrix(qtype, raw, k, interleaved=not self.precise, types=self.quant_types, experts=experts)
 

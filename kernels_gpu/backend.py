@@ -49,6 +49,9 @@ class TorchBackend:
     def load_matrix(self, qtype, raw, k):
         return upload(qtype, raw, k, self.device)
 
+    def load_table(self, qtype, raw, k):
+        return self.load_matrix(qtype, raw, k)
+
     def load_experts(self, qtype, raw, k, experts):
         return upload(qtype, raw, k, self.device, experts)
 

@@ -38,6 +38,10 @@ class Backend(Protocol):
     def load_matrix(self, qtype, raw, k: int) -> Any:
         """A weight matrix from raw GGUF rows (N, bytes per row) holding k weights each."""
 
+    def load_table(self, qtype, raw, k: int) -> Any:
+        """load_matrix's, for a matrix that is only looked up by rows (embed), never multiplied:
+        an untied token embedding, Gemma 4's per-layer embeddings."""
+
     def load_experts(self, qtype, raw, k: int, experts: int) -> Any:
         """A mixture's expert matrices from raw GGUF rows (experts * N, bytes per row): expert e
         is rows e*N..(e+1)*N, as GGML lays out a [k, N, experts] tensor."""

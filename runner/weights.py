@@ -45,6 +45,12 @@ class WeightLoader:
         t = self._info(name, (n_in, n_out))
         return self._loaded(name, self.backend.load_matrix(t.type, self.f.tensor_bytes(name), n_in))
 
+    def table(self, tensor: MODEL_TENSOR, n_in: int, n_out: int):
+        """A matrix that is only looked up by rows (backend.load_table): an untied embedding."""
+        name = self.arch.tensor_name(tensor)
+        t = self._info(name, (n_in, n_out))
+        return self._loaded(name, self.backend.load_table(t.type, self.f.tensor_bytes(name), n_in))
+
     def experts(self, tensor: MODEL_TENSOR, n_in: int, n_out: int, n_expert: int, layer: int):
         """A mixture's expert matrices, each mapping n_in features to n_out (GGML shape
         [n_in, n_out, n_expert])."""

@@ -99,6 +99,19 @@ def test_random_models_at_q8_0_compute_their_own_weights(random_models, tmp_path
     assert np.corrcoef(quantized.ravel(), want.ravel())[0, 1] > 0.97
 
 
+def test_lookup_tables_are_read_in_place(random_models, tmp_path):
+    """An untied token embedding and Gemma 4's per-layer embeddings are only looked up by rows: the
+    CPU backend reads them from the mapped file (E2B's per-layer table alone is ~1.9 GB at Q6_K),
+    where the matrices it multiplies are copied into interleaved groups."""
+    from runner.load import load_model
+    for arch in ("glm4", "gemma4"):  # (vocabularies of whole interleaved groups: 50304, 1024)
+        out = tmp_path / f"{arch}.gguf"
+        convert_hf(random_models[arch], out, "Q8_0", progress=False)
+        m = load_model(out).model
+        table = m.tok_embd if arch == "glm4" else m.per_layer_token_embd
+        assert table.reads_file and not m.layers[0].attn.wq.reads_file, arch
+
+
 def test_long_rope_takes_its_long_factors_past_the_original_context(random_models, tmp_path):
     """Phi-3's LongRoPE: a context longer than the trained one (64 here) rotates by the long
     factors, as llama.cpp chooses them (by context size) and transformers (by sequence length)."""

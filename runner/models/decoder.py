@@ -139,10 +139,11 @@ class Decoder:
     def __init__(self, params: ModelParams, weights: WeightLoader, backend):
         self.params, self.backend = params, backend
         p = params
-        self.tok_embd = weights.matrix(T.TOKEN_EMBD, p.n_embd, p.vocab_size)
+        # (an embedding that is not also the output is only looked up: a table, read in place)
+        untied = weights.has(T.OUTPUT)
+        self.tok_embd = (weights.table if untied else weights.matrix)(T.TOKEN_EMBD, p.n_embd, p.vocab_size)
         self.output_norm = weights.vector(T.OUTPUT_NORM, p.n_embd)
-        self.output = (weights.matrix(T.OUTPUT, p.n_embd, p.vocab_size) if weights.has(T.OUTPUT)
-                       else self.tok_embd)
+        self.output = weights.matrix(T.OUTPUT, p.n_embd, p.vocab_size) if untied else self.tok_embd
         # RoPE frequency factors, by whether the context is longer than the trained one: one table
         # for both (Llama 3's), or LongRoPE's short and long tables (Phi-3), or none
         freqs = weights.optional_vector(T.ROPE_FREQS, p.rope_dim // 2)

@@ -57,7 +57,7 @@ class Gemma4(Gemma2):
         self.out_scales = [weights.optional_scalar(T.LAYER_OUT_SCALE, i) for i in range(p.n_layer)]
         n_pl = p.n_embd_per_layer
         if n_pl:
-            self.per_layer_token_embd = weights.matrix(T.PER_LAYER_TOKEN_EMBD, n_pl * p.n_layer, p.vocab_size)
+            self.per_layer_token_embd = weights.table(T.PER_LAYER_TOKEN_EMBD, n_pl * p.n_layer, p.vocab_size)
             self.per_layer_model_proj = weights.matrix(T.PER_LAYER_MODEL_PROJ, p.n_embd, n_pl * p.n_layer)
             self.per_layer_proj_norm = weights.vector(T.PER_LAYER_PROJ_NORM, n_pl)
             self.per_layer = [PerLayerInput(weights.matrix(T.PER_LAYER_INP_GATE, p.n_embd, n_pl, i),
