@@ -82,10 +82,14 @@ class WeightLoader:
     def _decoded(self, tensor: MODEL_TENSOR, shape: tuple[int, ...], layer: int | None, suffix: str,
                  times: float = 1.0):
         """A small tensor of GGML shape `shape`, decoded to float32 (numpy order) onto the backend."""
+        values = self._host_values(tensor, shape, layer, suffix)
+        return self.backend.load_vector(values if times == 1.0 else values * np.float32(times))
+
+    def _host_values(self, tensor: MODEL_TENSOR, shape: tuple[int, ...], layer: int | None, suffix: str):
+        """A small tensor of GGML shape `shape`, decoded to float32 (numpy order) on the host."""
         name = self.arch.tensor_name(tensor, layer, suffix)
         t = self._info(name, shape)
-        values = dequantize(self.f.tensor_bytes(name).reshape(-1), t.type).reshape(tuple(reversed(shape)))
-        return self.backend.load_vector(values if times == 1.0 else values * np.float32(times))
+        return dequantize(self.f.tensor_bytes(name).reshape(-1), t.type).reshape(tuple(reversed(shape)))
 
     def optional_vector(self, tensor: MODEL_TENSOR, n: int, layer: int | None = None, suffix: str = "weight"):
         """vector(...), or None where the file does not have it (as llama.cpp's TENSOR_NOT_REQUIRED)."""
@@ -96,17 +100,11 @@ class WeightLoader:
         one, as backend.expert_rows takes it; None where the file does not have it."""
         if not self.has(tensor, layer, suffix):
             return None
-        name = self.arch.tensor_name(tensor, layer, suffix)
-        t = self._info(name, (n_expert,))
-        return self.backend.load_vector(dequantize(self.f.tensor_bytes(name).reshape(-1), t.type).reshape(n_expert, 1))
+        return self.backend.load_vector(self._host_values(tensor, (n_expert,), layer, suffix).reshape(n_expert, 1))
 
     def optional_scalar(self, tensor: MODEL_TENSOR, layer: int | None = None) -> float | None:
         """A one-value tensor (Gemma 4's layer output scale) as a host float; None where absent."""
-        if not self.has(tensor, layer):
-            return None
-        name = self.arch.tensor_name(tensor, layer)
-        t = self._info(name, (1,))
-        return float(dequantize(self.f.tensor_bytes(name).reshape(-1), t.type)[0])
+        return float(self._host_values(tensor, (1,), layer, "weight")[0]) if self.has(tensor, layer) else None
 
     def optional_table(self, tensor: MODEL_TENSOR, n: int, rows: int, layer: int, suffix: str = "bias"):
         """A small table of `rows` vectors of n (GGML shape [n, rows]: a mixture's per-expert
