@@ -17,9 +17,10 @@ rows are rearranged once, when the model loads, into a copy that replaces the ma
 (as llama.cpp's repacking does): embeddings read rows back out of the groups (row_blocks). The
 precise path (16-bit activations) keeps the file's rows.
 
-Decode passes over a group once per token (groups_dot_int8); prefill (groups_gemm_int8) takes
-TOKENS_PER_PASS tokens per pass, so that each unit's weights are decoded once for all of them:
-a matrix product of 8-bit integers, which outruns BLAS on dequantized float32 tiles.
+groups_dot_int8 takes TOKENS_PER_PASS tokens per pass over a group, so that each unit's weights
+are decoded once for all of them (a verified draft's few tokens, or prefill's many: a matrix
+product of 8-bit integers, which outruns BLAS on dequantized float32 tiles), and the tokens left
+over (a single decode step's) one at a time.
 """
 import numpy as np
 from gguf import GGML_QUANT_SIZES
@@ -31,12 +32,12 @@ from numba.core.extending import intrinsic
 
 from .block_ir import FP4_OFFSET, e8m0_half, fp4_values
 from .cpu_features import int8_isa, target_features
-from .rowdot import switch_on_type
+from .rowdot import for_token_passes, switch_on_type
 from .threads import in_parallel
 from .type_sets import tagged_types
-from .ir import (F32, FAST, I8, I16, I32, I64, array_row, array_shape, byte_pair_sums, byte_quad_sums, const_vector,
-                 load_bytes, offset, pair_products, pair_products_into, prefetch, PREFETCH_BYTES, signed_byte_quad_sums,
-                 splat, vector)
+from .ir import (F32, I8, I16, I32, I64, array_row, array_shape, byte_pair_sums, byte_quad_sums, const_vector,
+                 fused_mul_add, load_bytes, offset, pair_products, pair_products_into, prefetch, PREFETCH_BYTES,
+                 signed_byte_quad_sums, splat, vector)
 
 GROUP = 8  # rows per group: a 256-bit register of int32 or float32
 
@@ -229,7 +230,7 @@ def _group_sums(b, isa, factors, act, i):
 
 def _scale_times_dx(name, dx):
     def scales(b, blk, i, act):
-        return b.fmul(blk.halves(name), splat(b, _scalar(b, act[dx], i, F32), GROUP), flags=FAST)
+        return b.fmul(blk.halves(name), splat(b, _scalar(b, act[dx], i, F32), GROUP))
     return scales
 
 
@@ -283,7 +284,7 @@ def _offset_times_sums(offset):
 
 def _min_times_sums(b, isa, blk, i, act):
     """mins for 32-weight blocks with a float16 min m at byte 2: m times the activations' sum."""
-    return b.fmul(blk.halves(2), splat(b, _scalar(b, act["ssum32"], i, F32), GROUP), flags=FAST)
+    return b.fmul(blk.halves(2), splat(b, _scalar(b, act["ssum32"], i, F32), GROUP))
 
 
 class _Q4_0(_Kind):  # d, qs; offset 8
@@ -346,7 +347,7 @@ class _MXFP4(_Kind):  # e, qs: 4-bit codes of signed values, offset to unsigned 
     @staticmethod
     def scales(b, blk, i, act):
         e = blk.bytes(0, GROUP)
-        return b.fmul(e8m0_half(b, e), splat(b, _scalar(b, act["d32"], i, F32), GROUP), flags=FAST)
+        return b.fmul(e8m0_half(b, e), splat(b, _scalar(b, act["d32"], i, F32), GROUP))
 
     @staticmethod
     def units(b, blk, step, scale):
@@ -387,7 +388,7 @@ class _Q2_K(_Kind):
         mins = [b.zext(_shr(b, plane, 4), vector(I16, GROUP)) for plane in _sixteen_planes(b, blk, 0)]
         sums = b.sitofp(_group_sums(b, isa, mins, act, i), vector(F32, GROUP))
         dx = splat(b, _scalar(b, act["d256"], i, F32), GROUP)
-        return b.fmul(sums, b.fneg(b.fmul(blk.halves(82), dx, flags=FAST)), flags=FAST)
+        return b.fmul(sums, b.fneg(b.fmul(blk.halves(82), dx)))
 
 
 class _Q3_K(_Q2_K):
@@ -480,7 +481,7 @@ class _Q4_K(_Kind):
         mins = [b.zext(m, vector(I16, GROUP)) for m in cls._planes(b, blk, 1)]
         sums = b.sitofp(_group_sums(b, isa, [mins[g // 2] for g in range(16)], act, i), vector(F32, GROUP))
         dx = splat(b, _scalar(b, act["d256"], i, F32), GROUP)
-        return b.fmul(sums, b.fneg(b.fmul(blk.halves(2), dx, flags=FAST)), flags=FAST)
+        return b.fmul(sums, b.fneg(b.fmul(blk.halves(2), dx)))
 
 
 class _Q5_K(_Q4_K):
@@ -607,59 +608,57 @@ def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts):
         for act, acc, total in zip(acts, accs, totals):
             correction = kind.correction(b, isa, blk, i, act)
             ints = b.load(total) if correction is None else b.sub(b.load(total), correction)
-            value = b.fmul(b.sitofp(ints, vector(F32, GROUP)), kind.scales(b, blk, i, act), flags=FAST)
+            # (float operations in a fixed order, no fast-math regrouping: a token's sums round
+            # alike in a pass of one token and of several, see groups_dot_int8)
+            values, scales = b.sitofp(ints, vector(F32, GROUP)), kind.scales(b, blk, i, act)
             mins = kind.mins(b, isa, blk, i, act)
-            if mins is not None:
-                value = b.fadd(value, mins, flags=FAST)
-            b.store(b.fadd(b.load(acc), value, flags=FAST), acc)
+            value = b.fmul(values, scales) if mins is None else fused_mul_add(b, values, scales, mins)
+            b.store(b.fadd(b.load(acc), value), acc)
     return [b.load(acc) for acc in accs]
 
 
 ACTIVATIONS = ("q32", "d32", "sum32", "ssum32", "q256", "d256", "sum16")
 
 
-def _groups_kernel(tokens_per_pass):
-    """groups_dot_int8 for `tokens_per_pass` tokens at a time (see there)."""
-
-    @intrinsic
-    def kernel(typingctx, kinds, qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col):
-        isa = int8_isa()
-        qtypes = [t for t in tagged_types(kinds) if t in LAYOUTS]
-
-        def codegen(context, b, signature, args):
-            _, qtype_v, wv, first_v, last_v, *act_values, outv, colv = args
-            w_type, out_type = signature.args[2], signature.args[12]
-            passes = b.udiv(array_shape(context, b, out_type, outv)[0], ir.Constant(I64, tokens_per_pass))
-            group_rows = ir.Constant(I64, GROUP)
-            first_group = b.udiv(first_v, group_rows)
-
-            def emit(qt):
-                n_blocks = b.udiv(array_shape(context, b, w_type, wv)[1], ir.Constant(I64, GROUP * GGML_QUANT_SIZES[qt][1]))
-                with cgutils.for_range(b, b.sub(b.udiv(last_v, group_rows), first_group)) as groups:
-                    group_ptr = array_row(context, b, w_type, wv, b.add(first_group, groups.index))
-                    with cgutils.for_range(b, passes) as pass_loop:
-                        tokens = [b.add(b.mul(pass_loop.index, ir.Constant(I64, tokens_per_pass)), ir.Constant(I64, j))
-                                  for j in range(tokens_per_pass)]
-                        acts = [{name: array_row(context, b, ty, v, t)
-                                 for name, ty, v in zip(ACTIVATIONS, signature.args[5:12], act_values)} for t in tokens]
-                        sums = _emit_groups(b, isa, qt, group_ptr, n_blocks, acts)
-                        for t, value in zip(tokens, sums):
-                            out_row = b.bitcast(array_row(context, b, out_type, outv, t), F32.as_pointer())
-                            at = b.gep(out_row, [b.add(colv, b.mul(groups.index, group_rows))])
-                            b.store(value, b.bitcast(at, vector(F32, GROUP).as_pointer()), align=4)
-            switch_on_type(b, qtype_v, emit, qtypes)
-            return context.get_dummy_value()
-        return types.none(kinds, qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col), codegen
-    return kernel
+# Tokens per pass over a group: their accumulators fit AVX-512's 32 registers (AVX2 has 16).
+TOKENS_PER_PASS = 4 if "avx512vl" in target_features() else 2
 
 
-groups_dot_int8 = _groups_kernel(1)
-groups_dot_int8.__doc__ = """out[t, col + r - first] = row r dotted with x[t], for rows first <= r < last (multiples of
+@intrinsic
+def groups_dot_int8(typingctx, kinds, qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col):
+    """out[t, col + r - first] = row r dotted with x[t], for rows first <= r < last (multiples of
     GROUP) and every token t < len(out), of a matrix of qtype in interleaved groups (w: (rows /
     GROUP, bytes)), x in the 8-bit format the type pairs with (activations.py). Callers guarantee
     last <= GROUP * len(w), x as long as a row for every token, col + last - first <=
-    out.shape[1], and a qtype of LAYOUTS of those the array kinds' dtype names (type_sets)."""
-# Prefill's: several tokens per pass over a group, each unit's weights decoded once for all of
-# them (their accumulators fit AVX-512's 32 registers; AVX2 has 16). len(out) must be a multiple.
-TOKENS_PER_PASS = 4 if "avx512vl" in target_features() else 2
-groups_gemm_int8 = _groups_kernel(TOKENS_PER_PASS)
+    out.shape[1], and a qtype of LAYOUTS of those the array kinds' dtype names (type_sets).
+
+    The tokens go TOKENS_PER_PASS at a time over each group, each unit's weights decoded once for
+    all of them, then one at a time: a token's sums are the same instructions either way, so a
+    token's products are bit for bit the same whatever tokens it comes with (speculative
+    decoding relies on it: a verified draft's logits are a plain step's)."""
+    isa = int8_isa()
+    qtypes = [t for t in tagged_types(kinds) if t in LAYOUTS]
+
+    def codegen(context, b, signature, args):
+        _, qtype_v, wv, first_v, last_v, *act_values, outv, colv = args
+        w_type, out_type = signature.args[2], signature.args[12]
+        n_tokens = array_shape(context, b, out_type, outv)[0]
+        group_rows = ir.Constant(I64, GROUP)
+        first_group = b.udiv(first_v, group_rows)
+
+        def emit(qt):
+            n_blocks = b.udiv(array_shape(context, b, w_type, wv)[1], ir.Constant(I64, GROUP * GGML_QUANT_SIZES[qt][1]))
+            with cgutils.for_range(b, b.sub(b.udiv(last_v, group_rows), first_group)) as groups:
+                group_ptr = array_row(context, b, w_type, wv, b.add(first_group, groups.index))
+
+                def store(tokens):
+                    acts = [{name: array_row(context, b, ty, v, t)
+                             for name, ty, v in zip(ACTIVATIONS, signature.args[5:12], act_values)} for t in tokens]
+                    for t, value in zip(tokens, _emit_groups(b, isa, qt, group_ptr, n_blocks, acts)):
+                        out_row = b.bitcast(array_row(context, b, out_type, outv, t), F32.as_pointer())
+                        at = b.gep(out_row, [b.add(colv, b.mul(groups.index, group_rows))])
+                        b.store(value, b.bitcast(at, vector(F32, GROUP).as_pointer()), align=4)
+                for_token_passes(b, n_tokens, TOKENS_PER_PASS, store)
+        switch_on_type(b, qtype_v, emit, qtypes)
+        return context.get_dummy_value()
+    return types.none(kinds, qtype, w, first, last, q32, d32, sum32, ssum32, q256, d256, sum16, out, col), codegen

@@ -161,13 +161,22 @@ def mul_add(b, x, y, z):
     return b.fadd(b.fmul(x, y, flags=FAST), z, flags=FAST)
 
 
-def horizontal_sum(b, v):
+def fused_mul_add(b, x, y, z):
+    """x * y + z as one FMA where the target has them (llvm.fmuladd), in exactly this order: unlike
+    mul_add's, LLVM may not regroup it with the operations around it, so the same IR rounds the
+    same way wherever it is emitted (see rowdot.emit_rows' tokens per pass)."""
+    n = x.type.count
+    return x86_call(b, f"llvm.fmuladd.v{n}f32", x.type, [x, y, z])
+
+
+def horizontal_sum(b, v, flags=FAST):
+    """The sum of v's lanes, pairwise; flags=() keeps that order (no regrouping)."""
     n = v.type.count
     while n > 1:
         n //= 2
         low = b.shuffle_vector(v, v, const_vector(I32, range(n)))
         high = b.shuffle_vector(v, v, const_vector(I32, range(n, 2 * n)))
-        v = b.fadd(low, high, flags=FAST)
+        v = b.fadd(low, high, flags=flags)
     return b.extract_element(v, ir.Constant(I32, 0))
 
 

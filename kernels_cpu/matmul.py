@@ -25,8 +25,7 @@ from .activations import (Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS, quantize_activatio
                           rounding_kind)
 from .intrinsics import pointer_at
 from .cpu_features import memory_streams
-from .interleaved import (GROUP, TOKENS_PER_PASS, byte_places, groups_dot_int8, groups_gemm_int8, interleave,
-                          interleaves, row_blocks)
+from .interleaved import GROUP, byte_places, groups_dot_int8, interleave, interleaves, row_blocks
 from .type_sets import WeightTypes
 from .rowdot import row_dequantize, rows_dot
 from .rowdot_float import FLOAT_BYTES, row_float32, rows_dot_float
@@ -136,16 +135,16 @@ def products(mats, tasks, x, out, formats, rounding, streams):
 @njit(cache=True, parallel=True)
 def many_products(mats, tasks, acts, out):
     """out = x @ W.T for many tokens and a matrix of interleaved groups (its products table
-    mats), x in 8-bit activations acts (quantize_activations) of a multiple of TOKENS_PER_PASS
-    tokens; tasks (m, first, last, col) as products' (of PREFILL_TASK_ROWS rows)."""
+    mats), x in 8-bit activations acts (quantize_activations); tasks (m, first, last, col) as
+    products' (of PREFILL_TASK_ROWS rows)."""
     q32, d32, sum32, ssum32, q256, d256, sum16 = acts
     for j in prange(tasks.shape[0]):
         m = tasks[j, 0]
         raw, _ = matrix_arrays(mats, m)
         for t in range(0, out.shape[0], PREFILL_TOKEN_BLOCK):
             u = t + PREFILL_TOKEN_BLOCK
-            groups_gemm_int8(mats, mats[m].qtype, raw, tasks[j, 1], tasks[j, 2], q32[t:u], d32[t:u], sum32[t:u],
-                             ssum32[t:u], q256[t:u], d256[t:u], sum16[t:u], out[t:u], tasks[j, 3])
+            groups_dot_int8(mats, mats[m].qtype, raw, tasks[j, 1], tasks[j, 2], q32[t:u], d32[t:u], sum32[t:u],
+                            ssum32[t:u], q256[t:u], d256[t:u], sum16[t:u], out[t:u], tasks[j, 3])
 
 
 @njit(cache=True, nogil=True)
@@ -261,9 +260,9 @@ class WeightMatrix:
         n_tokens = x.values.shape[0]
         if self.groups is not None and x.tiles is None:
             acts = x.int8(self.descriptor, _formats([self]))
-            out = np.empty((max(acts[0].shape[0], acts[4].shape[0]), n), dtype=np.float32)
+            out = np.empty((n_tokens, n), dtype=np.float32)
             many_products(self.descriptor, self.prefill_tasks, acts, out)
-            return out[:n_tokens]
+            return out
         out = np.empty((n_tokens, n), dtype=np.float32)
 
         def amx_tile(first, last):
@@ -303,19 +302,15 @@ class _ManyTokens:
         return amx.activation_tiles(self.values) if amx.usable() else None
 
     def int8(self, kinds: np.ndarray, formats: int) -> tuple:
-        """The activations rounded to the 8-bit `formats` (quantize_activations's tuple), for a
-        multiple of TOKENS_PER_PASS tokens (padded with zeros), on all threads; made once for all
-        the matrices that pair with the same formats."""
+        """The activations rounded to the 8-bit `formats` (quantize_activations's tuple), on all
+        threads; made once for all the matrices that pair with the same formats."""
         found = self._int8.get(formats)
         if found is None:
-            n, k = self.values.shape
-            padded = np.zeros((-(-n // TOKENS_PER_PASS) * TOKENS_PER_PASS, k), dtype=np.float32)
-            padded[:n] = self.values
             parts = {}
 
             def rounded(first, last):
-                parts[first] = quantize_int8(padded[first:last], formats, kinds)
-            in_parallel(rounded, len(padded))
+                parts[first] = quantize_int8(self.values[first:last], formats, kinds)
+            in_parallel(rounded, len(self.values))
             found = self._int8[formats] = tuple(np.concatenate([parts[first][j] for first in sorted(parts)])
                                                 for j in range(len(parts[0])))
         return found

@@ -3,7 +3,8 @@ activations (rows_dot_float) and conversion to float32 (row_float32).
 
 Each weight is widened to float32 in registers (vcvtph2ps for F16, a 16-bit shift for BF16) and
 multiplied exactly, so decode reads two bytes per weight where a float32 copy of the matrix took
-four (llama.cpp reads two too, and rounds the activations to F16 or BF16 besides).
+four (llama.cpp reads two too, and rounds the activations to F16 or BF16 besides). A few tokens
+(a verified draft) take TOKENS_PER_PASS at a time over each row, which is read from memory once.
 """
 from gguf import GGMLQuantizationType as T
 from llvmlite import ir
@@ -11,15 +12,20 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .ir import (F32, FAST, I16, I32, I64, LANES, array_row, array_shape, horizontal_sum, lanes_below, load_vector,
-                 masked_load, mul_add, vector)
+from .ir import (F32, I16, I32, I64, LANES, array_row, array_shape, fused_mul_add, horizontal_sum, lanes_below,
+                 load_vector, masked_load, vector)
+from .cpu_features import target_features
 from .rowdot import emit_rows, switch_on_type
 from .type_sets import tagged_types
 
 # GGUF's float types and their bytes per weight
 FLOAT_BYTES = {T.F32: 4, T.F16: 2, T.BF16: 2}
-# Independent accumulator chains, so that consecutive multiply-adds need not wait for one another.
-ACCUMULATORS = 4
+# Independent accumulator chains a token, so that consecutive multiply-adds need not wait for one
+# another (decode is bound by reading the weights: two chains outrun it).
+ACCUMULATORS = 2
+# Tokens per pass over a row (several: a verified draft), each weight widened once for all of
+# them: their chains fit AVX-512's 32 registers (AVX2's 16 hold two tokens' of 16-lane vectors).
+TOKENS_PER_PASS = 8 if "avx512f" in target_features() else 2
 
 
 def _as_float32(b, qtype, raw):
@@ -53,29 +59,38 @@ def _load_x(b, x_ptr, at, mask=None):
     return masked_load(b, at_ptr, mask, 4)
 
 
-def _emit_row(b, qtype, row_ptr, x_ptr, k):
-    """IR for one row of k weights dotted with x, as float32: ACCUMULATORS chains of LANES lanes
-    over whole steps, then single vectors, then a masked tail."""
+def _emit_row(b, qtype, row_ptr, x_ptrs, k):
+    """IR for one row of k weights dotted with each token's x (x_ptrs), as float32: per token,
+    ACCUMULATORS chains of LANES lanes over whole steps, then single vectors, then a masked tail.
+    Each weight vector is loaded and widened once for all the tokens; a token's sums are the
+    same operations however many tokens come with it, in an order LLVM may not change (no
+    fast-math regrouping), so its result is bit for bit the same."""
     zero = ir.Constant(vector(F32, LANES), [0.0] * LANES)
-    accs = [cgutils.alloca_once_value(b, zero) for _ in range(ACCUMULATORS)]
+    accs = [[cgutils.alloca_once_value(b, zero) for _ in range(ACCUMULATORS)] for _ in x_ptrs]
     step = ACCUMULATORS * LANES
 
-    def add(acc, at, mask=None):
-        b.store(mul_add(b, _load(b, qtype, row_ptr, at, mask), _load_x(b, x_ptr, at, mask), b.load(acc)), acc)
+    def add(chain, at, mask=None):
+        w = _load(b, qtype, row_ptr, at, mask)
+        for x_ptr, acc in zip(x_ptrs, accs):
+            b.store(fused_mul_add(b, w, _load_x(b, x_ptr, at, mask), b.load(acc[chain])), acc[chain])
 
     steps = b.udiv(k, ir.Constant(I64, step))
     with cgutils.for_range(b, steps) as loop:
         first = b.mul(loop.index, ir.Constant(I64, step))
-        for j, acc in enumerate(accs):
-            add(acc, b.add(first, ir.Constant(I64, j * LANES)))
+        for j in range(ACCUMULATORS):
+            add(j, b.add(first, ir.Constant(I64, j * LANES)))
     done = b.mul(steps, ir.Constant(I64, step))
     with cgutils.for_range(b, b.udiv(b.sub(k, done), ir.Constant(I64, LANES))) as loop:
-        add(accs[0], b.add(done, b.mul(loop.index, ir.Constant(I64, LANES))))
+        add(0, b.add(done, b.mul(loop.index, ir.Constant(I64, LANES))))
     whole = b.sub(k, b.urem(k, ir.Constant(I64, LANES)))
-    add(accs[1], whole, lanes_below(b, b.sub(k, whole)))  # (no lanes when k is a multiple of LANES)
-    total = b.fadd(b.fadd(b.load(accs[0]), b.load(accs[1]), flags=FAST),
-                   b.fadd(b.load(accs[2]), b.load(accs[3]), flags=FAST), flags=FAST)
-    return horizontal_sum(b, total)
+    add(ACCUMULATORS - 1, whole, lanes_below(b, b.sub(k, whole)))  # (no lanes when k is a multiple of LANES)
+    sums = []
+    for acc in accs:
+        total = b.load(acc[0])
+        for chain in acc[1:]:
+            total = b.fadd(total, b.load(chain))
+        sums.append(horizontal_sum(b, total, flags=()))
+    return sums
 
 
 def _float_types(kinds):
@@ -97,9 +112,10 @@ def rows_dot_float(typingctx, kinds, qtype, w, first, last, x, out, col):
         k = array_shape(context, b, x_type, xv)[1]
 
         def emit(qt):
-            def row_dot(row, t):
-                return _emit_row(b, qt, array_row(context, b, w_type, wv, row), array_row(context, b, x_type, xv, t), k)
-            emit_rows(context, b, first_v, last_v, (out_type, outv), colv, row_dot)
+            def row_dot(row, tokens):
+                return _emit_row(b, qt, array_row(context, b, w_type, wv, row),
+                                 [array_row(context, b, x_type, xv, t) for t in tokens], k)
+            emit_rows(context, b, first_v, last_v, (out_type, outv), colv, row_dot, TOKENS_PER_PASS)
         switch_on_type(b, qtype_v, emit, qtypes)
         return context.get_dummy_value()
     return types.none(kinds, qtype, w, first, last, x, out, col), codegen
