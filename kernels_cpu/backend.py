@@ -215,20 +215,30 @@ class CpuBackend:
         out = attention(q, keys, values, q_pos, k_pos, scale, window, softcap, sinks)
         return self._recorded(out, "attention", q, keys, values, q_pos, k_pos, scale, window, softcap, sinks)
 
+    @staticmethod
+    def _gate_operands(gate, up):
+        """gate and up as contiguous arrays: one token's are already (column slices of a stacked
+        product's single row), several tokens' are copied, so that a gate compiles to the same
+        loop for one token as for several and a token's values are bit for bit the same either way
+        (a strided array gets a kernel of its own, which LLVM vectorizes and fuses differently)."""
+        return np.ascontiguousarray(gate), np.ascontiguousarray(up)
+
     def silu_mul(self, gate, up):
+        gate, up = self._gate_operands(gate, up)
         ops.silu_mul(gate, up)
         if self.recorder is not None:
             self.recorder.gated(Op.SILU_MUL, gate, up)
         return gate
 
     def gelu_mul(self, gate, up):
+        gate, up = self._gate_operands(gate, up)
         ops.gelu_mul(gate, up)
         if self.recorder is not None:
             self.recorder.gated(Op.GELU_MUL, gate, up)
         return gate
 
     def clamped_swiglu(self, gate, up, alpha, limit):
-        gate, up = np.ascontiguousarray(gate), np.ascontiguousarray(up)
+        gate, up = self._gate_operands(gate, up)
         ops.clamped_swiglu(gate, up, np.float32(alpha), np.float32(limit))
         if self.recorder is not None:
             self.recorder.gated(Op.CLAMPED_SWIGLU, gate, up, alpha=alpha, limit=limit)

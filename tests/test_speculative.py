@@ -170,11 +170,13 @@ def test_run_reports_the_drafts(smollm_path):
     assert bad.returncode != 0 and "self:Q9_9: unknown type" in bad.stderr and "Traceback" not in bad.stderr
 
 
-@pytest.mark.parametrize("name", ["smollm_path", "gemma_path"])
+@pytest.mark.parametrize("name", ["smollm_path", "gemma_path", "smollm_f32"])
 def test_a_pass_of_a_few_tokens_computes_them_as_single_steps(request, name):
-    """Bit for bit (what greedy verification rests on): Gemma 3's per-head K norms over a stacked
+    """Bit for bit (what greedy verification rests on), whether the products take the tokens
+    several per pass or one at a time. Found so: Gemma 3's per-head K norms over a stacked
     product's strided rows once rounded differently for several tokens than for one (0.17-0.8 in
-    the logits, past the 8-bit activations)."""
+    the logits, past the 8-bit activations), and so did SwiGLU's gate over strided columns (1e-8,
+    which F32 weights keep and an 8-bit rounding now and then turns into 0.8)."""
     from runner.load import load_model
     lm = load_model(request.getfixturevalue(name))
     m = lm.model
