@@ -588,7 +588,11 @@ def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts):
     with cgutils.for_range(b, n_blocks) as loop:
         i = loop.index
         blk = _Block(b, qtype, offset(b, group_ptr, b.mul(i, ir.Constant(I64, block_bytes))))
-        if len(acts) == 1:  # decode: each group is read once, from memory
+        # A one-token pass (a decode step) reads the group from memory: fetch ahead. (Passes of
+        # several tokens leave it to the hardware prefetchers: prefill's groups are in L2 already,
+        # and a draft's first pass was not measured with prefetches; the one-token passes after
+        # them find the group in L1, where a prefetch costs an instruction a line.)
+        if len(acts) == 1:
             for line in range(0, block_bytes, 64):
                 prefetch(b, offset(b, blk.ptr, PREFETCH_BYTES + line))
         first = b.mul(i, ir.Constant(I64, GGML_QUANT_SIZES[qtype][0]))
