@@ -231,16 +231,21 @@ def rows_dot(typingctx, kinds, qtype, w, mins, first, last, xq, dx, xsum, out, c
 
 def for_token_passes(b, n_tokens, tokens_per_pass, body):
     """IR calling body(tokens) for every token below n_tokens (an i64 value): tokens_per_pass at a
-    time (tokens: a list of that many i64 values), then the rest one at a time."""
-    loops = [(n_tokens, ir.Constant(I64, 0), 1)]  # (passes, first token, tokens per pass)
-    if tokens_per_pass > 1:
-        whole = b.udiv(n_tokens, ir.Constant(I64, tokens_per_pass))
-        done = b.mul(whole, ir.Constant(I64, tokens_per_pass))
-        loops = [(whole, ir.Constant(I64, 0), tokens_per_pass), (b.sub(n_tokens, done), done, 1)]
-    for count, start, per_pass in loops:
-        with cgutils.for_range(b, count) as passes:
-            first = b.add(start, b.mul(passes.index, ir.Constant(I64, per_pass)))
-            body([b.add(first, ir.Constant(I64, j)) for j in range(per_pass)])
+    time (tokens: a list of that many i64 values), then what is left in at most one pass of each
+    smaller power of two (7 tokens after passes of 8: 4, 2, 1), so that a short draft too is read
+    once for several tokens. (tokens_per_pass: a power of two.)"""
+    per_pass = ir.Constant(I64, tokens_per_pass)
+    with cgutils.for_range(b, b.udiv(n_tokens, per_pass)) as passes:
+        first = b.mul(passes.index, per_pass)
+        body([b.add(first, ir.Constant(I64, j)) for j in range(tokens_per_pass)])
+    done = b.sub(n_tokens, b.urem(n_tokens, per_pass))
+    size = tokens_per_pass // 2
+    while size:
+        fits = b.icmp_unsigned(">=", b.sub(n_tokens, done), ir.Constant(I64, size))
+        with b.if_then(fits):
+            body([b.add(done, ir.Constant(I64, j)) for j in range(size)])
+        done = b.select(fits, b.add(done, ir.Constant(I64, size)), done)
+        size //= 2
 
 
 def emit_rows(context, b, first, last, out, col, emit_row, tokens_per_pass=1):
