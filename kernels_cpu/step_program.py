@@ -21,6 +21,7 @@ from enum import IntEnum
 
 import numpy as np
 from numba import carray, njit
+from numba.extending import overload
 
 from . import ops
 from .attention import attention_few
@@ -137,12 +138,56 @@ def _input(inputs, i, dtype):
     return carray(pointer_at(inputs[i, 0], dtype), (inputs[i, 1],))
 
 
+# A mixture of experts' operations: a program without them (a dense model's) compiles without
+# their kernels, which took ~9 s of a first run's ~21 s.
+MIXTURE_OPS = (Op.ROUTE, Op.EXPERT_PRODUCTS, Op.COMBINE, Op.SIGMOID_GATE, Op.EXPERT_ROWS)
+
+
+def mixture_tag(has_mixture: bool) -> np.ndarray:
+    """An empty array whose type says whether a program runs MIXTURE_OPS (fixed when it compiles)."""
+    return np.empty(0, dtype=np.dtype([("mixture" if has_mixture else "dense", np.uint8)]))
+
+
+def _mixture_op(tag, op, a, f, mats, rounding, streams):
+    """Runs program row (op, a, f) if it is one of MIXTURE_OPS (and the tag says mixture)."""
+
+
+@overload(_mixture_op)
+def _mixture_op_impl(tag, op, a, f, mats, rounding, streams):
+    if "mixture" not in tag.dtype.fields:
+        return lambda tag, op, a, f, mats, rounding, streams: None
+
+    def run(tag, op, a, f, mats, rounding, streams):
+        if op == Op.ROUTE:
+            shape = (a[Route.TOKENS], a[Route.K])
+            route(_f32(a[Route.LOGITS], (a[Route.TOKENS], a[Route.EXPERTS])), a[Route.GATING], a[Route.NORM] != 0,
+                  np.float32(f[RouteParams.SCALE]), _i32(a[Route.IDS], shape), _f32(a[Route.WEIGHTS], shape))
+        elif op == Op.EXPERT_PRODUCTS:
+            first, slots = a[ExpertProducts.FIRST], a[ExpertProducts.SLOTS]
+            expert_products(mats[first:first + a[ExpertProducts.MATRICES]], _i32(a[ExpertProducts.IDS], (slots,)),
+                            _f32(a[ExpertProducts.X], (a[ExpertProducts.X_ROWS], a[ExpertProducts.K])),
+                            _f32(a[ExpertProducts.OUT], (a[ExpertProducts.MATRICES], slots, a[ExpertProducts.N])),
+                            a[ExpertProducts.FORMATS], rounding, streams)
+        elif op == Op.COMBINE:
+            tokens, k, n = a[Combine.TOKENS], a[Combine.K], a[Combine.N]
+            combine(_f32(a[Combine.Y], (tokens * k, n)), _f32(a[Combine.WEIGHTS], (tokens, k)),
+                    _f32(a[Combine.OUT], (tokens, n)))
+        elif op == Op.SIGMOID_GATE:
+            rows = a[SigmoidGate.ROWS]
+            sigmoid_gate(_f32(a[SigmoidGate.X], (rows, a[SigmoidGate.WIDTH])), _f32(a[SigmoidGate.G], (rows, 1)))
+        elif op == Op.EXPERT_ROWS:
+            slots, n = a[ExpertRows.SLOTS], a[ExpertRows.N]
+            expert_rows(_f32(a[ExpertRows.TABLE], (a[ExpertRows.EXPERTS], n)), _i32(a[ExpertRows.IDS], (slots,)),
+                        _f32(a[ExpertRows.OUT], (slots, n)))
+    return run
+
+
 @njit(cache=True)
-def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, streams, group_tags):
+def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, streams, group_tags, mixture):
     """One replay of a recorded step; kv_like (empty) has the cache's element type, rounding
     (activations.rounding_kind) says how the products round activations, streams how they read
     the weights (cpu_features.memory_streams), group_tags the queries per KV head of attention
-    (intrinsics.rows_tag)."""
+    (intrinsics.rows_tag), mixture (mixture_tag) whether it runs a mixture's operations."""
     for i in range(code.shape[0]):
         op, a, f = code[i, 0], code[i, 1:], params[i]
         if op == Op.EMBED:
@@ -214,31 +259,12 @@ def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, st
         elif op == Op.SOFTCAP:
             n = a[Softcap.N]
             ops.softcap(_f32(a[Softcap.X], (n,)), np.float32(f[SoftcapParams.CAP]), _f32(a[Softcap.OUT], (n,)))
-        elif op == Op.ROUTE:
-            shape = (a[Route.TOKENS], a[Route.K])
-            route(_f32(a[Route.LOGITS], (a[Route.TOKENS], a[Route.EXPERTS])), a[Route.GATING], a[Route.NORM] != 0,
-                  np.float32(f[RouteParams.SCALE]), _i32(a[Route.IDS], shape), _f32(a[Route.WEIGHTS], shape))
-        elif op == Op.EXPERT_PRODUCTS:
-            first, slots = a[ExpertProducts.FIRST], a[ExpertProducts.SLOTS]
-            expert_products(mats[first:first + a[ExpertProducts.MATRICES]], _i32(a[ExpertProducts.IDS], (slots,)),
-                            _f32(a[ExpertProducts.X], (a[ExpertProducts.X_ROWS], a[ExpertProducts.K])),
-                            _f32(a[ExpertProducts.OUT], (a[ExpertProducts.MATRICES], slots, a[ExpertProducts.N])),
-                            a[ExpertProducts.FORMATS], rounding, streams)
-        elif op == Op.COMBINE:
-            tokens, k, n = a[Combine.TOKENS], a[Combine.K], a[Combine.N]
-            combine(_f32(a[Combine.Y], (tokens * k, n)), _f32(a[Combine.WEIGHTS], (tokens, k)),
-                    _f32(a[Combine.OUT], (tokens, n)))
-        elif op == Op.SIGMOID_GATE:
-            rows = a[SigmoidGate.ROWS]
-            sigmoid_gate(_f32(a[SigmoidGate.X], (rows, a[SigmoidGate.WIDTH])), _f32(a[SigmoidGate.G], (rows, 1)))
-        elif op == Op.EXPERT_ROWS:
-            slots, n = a[ExpertRows.SLOTS], a[ExpertRows.N]
-            expert_rows(_f32(a[ExpertRows.TABLE], (a[ExpertRows.EXPERTS], n)), _i32(a[ExpertRows.IDS], (slots,)),
-                        _f32(a[ExpertRows.OUT], (slots, n)))
         elif op == Op.CLAMPED_SWIGLU:
             shape = (a[ClampedSwiglu.ROWS], a[ClampedSwiglu.WIDTH])
             ops.clamped_swiglu(_f32(a[ClampedSwiglu.GATE], shape), _f32(a[ClampedSwiglu.UP], shape),
                                np.float32(f[ClampedSwigluParams.ALPHA]), np.float32(f[ClampedSwigluParams.LIMIT]))
+        else:
+            _mixture_op(mixture, op, a, f, mats, rounding, streams)
 
 
 @njit(cache=True, inline="always")
@@ -552,6 +578,7 @@ class StepProgram:
         self.rounding = rounding_kind(r.precise)
         groups = r.groups or [1]
         self.group_tags = (rows_tag(groups[0]), rows_tag(groups[-1]))
+        self.mixture = mixture_tag(bool(np.isin(self.code[:, 0], MIXTURE_OPS).any()))
         self.inputs = r.inputs
         self.keep = list(r.keep.values())  # the memory the program names by address
         self.output = output
@@ -568,7 +595,7 @@ class StepProgram:
             check_row_ids(batch.ids, self.id_limit)
         inputs = np.array([(a.ctypes.data, a.shape[0]) for a in arrays], dtype=np.int64)
         run_program(self.code, self.params, self.mats, self.tasks, self.caches, inputs, self.kv_like, self.rounding,
-                    memory_streams(), self.group_tags)
+                    memory_streams(), self.group_tags, self.mixture)
         return self.output.copy()
 
 

@@ -182,6 +182,7 @@ def test_moe_models_match_transformers(moe_folders, moe_files, arch, device):
     if device == "cpu":  # the steps replayed a recorded program that routes inside it
         program = cache.replays[REPLAY_KEY]
         assert {Op.ROUTE, Op.EXPERT_PRODUCTS, Op.COMBINE} <= set(program.code[:, 0].tolist())
+        assert program.mixture.dtype.names == ("mixture",)
         assert lm.backend.replay_checked
 
 
