@@ -40,7 +40,7 @@ class CpuBackend:
         self._no_sinks: dict = {}  # heads -> sink logits that take no weight
         self.constants = weakref.WeakValueDictionary()  # id -> weight vector (a step program reads them)
         self.recorder = None  # a step_program.Recorder while a decode step is being recorded
-        self.replay_checked = False  # a replay agreed with an eager step (step_program.run_step)
+        self.replay_checked = set()  # pass shapes whose replay agreed with an eager pass (step_program.run_step)
         self.quant_types = WeightTypes()  # of the model's matrices: the kernels compile for these alone
 
     @property
@@ -99,14 +99,21 @@ class CpuBackend:
         return self.matmuls([w], x)[0]
 
     def matmuls(self, ws, x):
-        if self.recorder is None:
-            return matmuls(ws, x, self.precise)
         stack = decode_stack(ws, x)
         if stack is None:
-            self.recorder.fail("products that do not run the decode kernel")
+            if self.recorder is not None:
+                self.recorder.fail("products that do not run the decode kernel")
             return matmuls(ws, x, self.precise)
         out = self._recorded(stack.products(x, self.precise), "products", stack, x)
-        return [out[:, a:b] for a, b in stack.spans]
+        return self.split(out, [b - a for a, b in stack.spans])
+
+    def split(self, x, widths):
+        starts = np.cumsum([0, *widths[:-1]]).tolist()
+        if x.shape[0] == 1 or len(widths) == 1:  # (one row's pieces are contiguous already)
+            return [x[:, a:a + w] for a, w in zip(starts, widths)]
+        # several tokens' pieces copied out contiguous, which a recorded pass can name (and the
+        # kernels after them take as they take one token's)
+        return [self._recorded(x.view(np.ndarray)[:, a:a + w].copy(), "columns", x, a) for a, w in zip(starts, widths)]
 
     def route(self, logits, k, gating, norm, scale):
         logits = np.ascontiguousarray(logits)

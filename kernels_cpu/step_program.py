@@ -5,7 +5,8 @@ interpreter, argument typing and per-call set-up cost more than a tenth of the s
 first one-token step over a cache runs eagerly while a Recorder writes down each backend
 operation: which kernel, on which memory. Later steps replay that program inside one Numba
 function; the host only passes the step's inputs (token id, position, slots, the positions the
-slots hold).
+slots hold). A verified draft's pass of a few tokens is recorded and replayed the same way, one
+program per number of tokens.
 
 A program is a table of integer rows, one per operation (`Op`), whose operands are named and
 typed by OPERANDS; they name memory by address: the activations the recording step allocated
@@ -54,6 +55,7 @@ class Op(IntEnum):
     EXPERT_ROWS = 17   # out[s] = the table's row of slot s's expert
     CLAMPED_SWIGLU = 18  # gate = gpt-oss's clamped swiglu(gate, up)
     MULTIPLY = 19    # out = a * b (routing weights by per-expert factors: Gemma 4)
+    COLUMNS = 20     # out = columns first.. of x (one matrix's products of a stack, for several tokens)
 
 
 # What an operand names, which the recorder checks as it writes a row:
@@ -81,7 +83,8 @@ def _operation(name: str, params: tuple = (), **kinds):
 
 Embed, _ = _operation("Embed", matrix="matrix", ids="input", out="f32", width="count")
 Scale, ScaleParams = _operation("Scale", ("factor",), x="f32", out="f32", n="count")
-Add, _ = _operation("Add", a="f32", b="f32", out="f32", n="count")
+# (b: n values, or one row of `width` that every row of a adds: a bias over several tokens)
+Add, _ = _operation("Add", a="f32", b="f32", out="f32", n="count", width="count")
 RmsNorm, RmsNormParams = _operation("RmsNorm", ("eps",), x="f32", weight="f32", out="f32", rows="count",
                                     width="count")
 Products, _ = _operation("Products", x="f32", out="f32", tokens="count", k="count", n="count", first="tasks",
@@ -108,11 +111,12 @@ SigmoidGate, _ = _operation("SigmoidGate", x="f32", g="f32", rows="count", width
 ExpertRows, _ = _operation("ExpertRows", table="f32", ids="i32", out="f32", experts="count", slots="count",
                            n="count")
 ClampedSwiglu, ClampedSwigluParams = _operation("ClampedSwiglu", ("alpha", "limit"), **Gated.kinds)
+Columns, _ = _operation("Columns", x="f32", out="f32", rows="count", stride="count", first="count", width="count")
 OPERANDS = {Op.EMBED: Embed, Op.SCALE: Scale, Op.ADD: Add, Op.RMS_NORM: RmsNorm, Op.PRODUCTS: Products,
             Op.ROPE_TABLE: RopeTable, Op.ROPE: Rope, Op.STORE_KV: StoreKv, Op.ATTENTION: Attention,
             Op.SILU_MUL: Gated, Op.GELU_MUL: Gated, Op.SOFTCAP: Softcap, Op.ROUTE: Route,
             Op.EXPERT_PRODUCTS: ExpertProducts, Op.COMBINE: Combine, Op.SIGMOID_GATE: SigmoidGate,
-            Op.EXPERT_ROWS: ExpertRows, Op.CLAMPED_SWIGLU: ClampedSwiglu, Op.MULTIPLY: Add}
+            Op.EXPERT_ROWS: ExpertRows, Op.CLAMPED_SWIGLU: ClampedSwiglu, Op.MULTIPLY: Add, Op.COLUMNS: Columns}
 ARGS = max(len(operands) for operands in OPERANDS.values())
 PARAMS = max(len(operands.params) for operands in OPERANDS.values())
 # columns of a program's cache table: keys (kv heads, tiles, dim, tile) and values (kv heads, slots, dim)
@@ -198,16 +202,19 @@ def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, st
             x, out = _f32(a[Scale.X], (n,)), _f32(a[Scale.OUT], (n,))
             for j in range(n):
                 out[j] = x[j] * factor
-        elif op == Op.ADD:
-            n = a[Add.N]
-            x, y, out = _f32(a[Add.A], (n,)), _f32(a[Add.B], (n,)), _f32(a[Add.OUT], (n,))
-            for j in range(n):
-                out[j] = x[j] + y[j]
-        elif op == Op.MULTIPLY:
-            n = a[Add.N]
-            x, y, out = _f32(a[Add.A], (n,)), _f32(a[Add.B], (n,)), _f32(a[Add.OUT], (n,))
-            for j in range(n):
-                out[j] = x[j] * y[j]
+        elif op == Op.ADD or op == Op.MULTIPLY:
+            width = a[Add.WIDTH]
+            shape = (a[Add.N] // width, width)
+            x, y, out = _f32(a[Add.A], shape), _f32(a[Add.B], (width,)), _f32(a[Add.OUT], shape)
+            for r in range(shape[0]):
+                for j in range(width):
+                    out[r, j] = x[r, j] + y[j] if op == Op.ADD else x[r, j] * y[j]
+        elif op == Op.COLUMNS:
+            rows, width, first = a[Columns.ROWS], a[Columns.WIDTH], a[Columns.FIRST]
+            x, out = _f32(a[Columns.X], (rows, a[Columns.STRIDE])), _f32(a[Columns.OUT], (rows, width))
+            for r in range(rows):
+                for j in range(width):
+                    out[r, j] = x[r, first + j]
         elif op == Op.RMS_NORM:
             shape = (a[RmsNorm.ROWS], a[RmsNorm.WIDTH])
             ops.rms_norm(_f32(a[RmsNorm.X], shape), _f32(a[RmsNorm.WEIGHT], (shape[1],)),
@@ -456,6 +463,11 @@ class Recorder:
                  k=x.shape[1], n=out.shape[1], first=self.n_tasks - len(tasks), last=self.n_tasks,
                  formats=stack.formats)
 
+    def columns(self, x, first, out):
+        rows, width = out.shape
+        self.add(Op.COLUMNS, x=self.address(x, x.size), out=self.address(out, out.size), rows=rows,
+                 stride=x.shape[1], first=first, width=width)
+
     def rope_table(self, positions, n_rot, base, pos_scale, freq_factors, magnitude):
         """The step's cos/sin tables for one rotation, made once per step and recorded."""
         key = (n_rot, base, pos_scale, None if freq_factors is None else freq_factors.tobytes(), magnitude)
@@ -532,7 +544,8 @@ class Recorder:
 
     def ufunc(self, ufunc, method, inputs, kwargs, result):
         """Residual sums, biases and scale factors: x + y, x * y and x * s on activations (x and y
-        of one size: a broadcast fails address's size check)."""
+        of one size, or y one row that every row of x takes: a bias over several tokens; another
+        broadcast fails address's size check)."""
         arrays = [x for x in inputs if isinstance(x, np.ndarray) and x.ndim > 0]
         scalars = [x for x in inputs if not (isinstance(x, np.ndarray) and x.ndim > 0)]
         if method != "__call__" or kwargs or not isinstance(result, np.ndarray):
@@ -541,8 +554,10 @@ class Recorder:
         out = self.traced(result)
         n = result.size
         if ufunc in (np.add, np.multiply) and len(arrays) == 2:
-            self.add(Op.ADD if ufunc is np.add else Op.MULTIPLY, a=self.address(arrays[0], n),
-                     b=self.address(arrays[1], n), out=self.address(result, n), n=n)
+            x, y = sorted(arrays, key=lambda a: -a.size)  # (both commute, bit for bit)
+            width = y.size if y.size < n and y.ndim == 1 and result.shape[-1] == y.size else n
+            self.add(Op.ADD if ufunc is np.add else Op.MULTIPLY, a=self.address(x, n), b=self.address(y, width),
+                     out=self.address(result, n), n=n, width=width)
         elif ufunc is np.multiply and len(arrays) == 1 and len(scalars) == 1:
             self.add(Op.SCALE, x=self.address(arrays[0], n), out=self.address(result, n), n=n,
                      factor=float(np.float32(scalars[0])))
@@ -603,21 +618,23 @@ REPLAY_KEY = "cpu step program"
 
 
 def run_step(backend, compute, batch, replays: dict):
-    """A one-token step: replayed from the cache's program, or run eagerly and recorded. A
-    backend's first replay also runs eagerly (a step over the same slots writes the same keys and
-    values, so the two agree bit for bit) and drops the program if they differ: a value the model
-    read past the tracing would otherwise be replayed as the recording step saw it, silently.
-    (Its model's code is the same over every cache, so one check per backend tells.)"""
+    """A pass of a few tokens (a decode step, a verified draft): replayed from the cache's
+    program for passes of its shape, or run eagerly and recorded. A backend's first replay of each
+    shape also runs eagerly (a pass over the same slots writes the same keys and values, so the
+    two agree bit for bit) and drops the program if they differ: a value the model read past the
+    tracing would otherwise be replayed as the recording pass saw it, silently. (Its model's code
+    is the same over every cache, so one check per backend and shape tells.)"""
     program = replays.get(REPLAY_KEY, False)
     if program is None:  # recorded once and found not replayable
         return compute(batch)
     if program is not False:
         replayed = program.replay(batch)
-        if backend.replay_checked:
+        shape = (len(batch.ids), *replayed.shape)
+        if shape in backend.replay_checked:
             return replayed
         eager = np.array(compute(batch))
         if np.array_equal(replayed, eager):
-            backend.replay_checked = True
+            backend.replay_checked.add(shape)
         else:
             replays[REPLAY_KEY] = None
         return eager

@@ -27,9 +27,10 @@ class Backend(Protocol):
         """Bytes the device can still allocate; None for the host's memory (not checked)."""
 
     def run(self, compute, batch, replays: dict | None) -> Any:
-        """compute(batch with its arrays on the device). `replays` (a KV cache's store) marks a
-        one-token step that the backend may record once and replay (CUDA graphs on the GPU, a
-        compiled step program on the CPU)."""
+        """compute(batch with its arrays on the device). `replays` (a KV cache's store for passes
+        of this shape, KVCache.replays_for) marks a pass of at most few_tokens tokens that the
+        backend may record once and replay (CUDA graphs on the GPU, a compiled step program on the
+        CPU)."""
 
     def to_numpy(self, x) -> Any: ...
     def softcap(self, x, cap: float) -> Any:
@@ -51,6 +52,9 @@ class Backend(Protocol):
     def matmul(self, w, x) -> Any: ...
     def matmuls(self, ws, x) -> list:
         """[matmul(w, x) for w in ws], in one pass where the backend can."""
+    def split(self, x, widths) -> list:
+        """x (T, sum(widths))'s columns in consecutive pieces of these widths (a fused matrix's
+        projections)."""
     def route(self, logits, k: int, gating: str, norm: bool, scale: float) -> tuple:
         """Each token's k most probable experts of router logits (T, experts): ids (T, k), best
         first, and weights (T, k), their probabilities ("softmax" over the experts or "sigmoid"

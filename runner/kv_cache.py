@@ -89,13 +89,20 @@ class KVCache:
         self.evicted = 0    # tokens the ring has overwritten in the global layers
         self._pinned: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # layer -> pinned keys, values as written
         self._rotated_to: dict[int, int] = {}  # layer -> the shift its pinned keys are rotated to now
-        self.replays: dict = {}  # a backend's recorded steps over this cache's buffers (CUDA graphs, CPU programs)
+        # a backend's recorded steps over this cache's buffers (CUDA graphs, CPU programs), by
+        # their shape (see replays_for); None: every pass runs eagerly
+        self.replays: dict | None = {}
         # Keep what each pass overwrites in a wrapped ring, for truncate to put back (speculative
         # decoding sets it). Of the last pass: per global kind, the slots it took from older tokens
         # and their positions; per layer, those slots' rows as they were.
         self.undo_overwrites = False
         self._overwritten_slots: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._overwritten_rows: dict[int, tuple] = {}
+
+    def replays_for(self, n_tokens: int, all_logits: bool) -> dict | None:
+        """The store of a backend's recorded passes of n_tokens tokens (returning the logits of
+        all of them, or of the last) over this cache; None when passes here run eagerly."""
+        return None if self.replays is None else self.replays.setdefault((n_tokens, all_logits), {})
 
     def _slots(self, kind, positions: np.ndarray) -> np.ndarray:
         if kind[0] == "window":

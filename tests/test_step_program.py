@@ -12,26 +12,31 @@ from runner.load import load_model
 from .hf_folders import RANDOM_ARCHS
 
 
-def _decode(lm, prompt, n, replay, **cache_args):
-    """Logits of the prompt's last token and of n greedy steps after it; and the cache."""
+def _decode(lm, prompt, n, replay, chunk=1, **cache_args):
+    """Logits of the prompt's last token and of n greedy passes after it, each of `chunk` tokens
+    (the greedy one and those after it in the vocabulary: a verified draft's shape) with the
+    logits of all of them where chunk > 1; and the cache."""
     cache = lm.model.new_cache(**cache_args)
     if not replay:
-        cache.replays = None  # every step eager
-    logits = [lm.model.forward(prompt, cache)]
+        cache.replays = None  # every pass eager
+    logits = [lm.model.forward(prompt, cache)[None]]
     for _ in range(n):
-        logits.append(lm.model.forward([int(np.argmax(logits[-1]))], cache))
+        token = int(np.argmax(logits[-1][-1]))
+        tokens = [(token + j) % lm.params.vocab_size for j in range(chunk)]
+        logits.append(lm.model.forward(tokens, cache, all_logits=True) if chunk > 1 else lm.model.forward(tokens, cache)[None])
         if cache_args.get("ring") and cache.pinned == 0 and cache.used > 8:
             cache.pin()  # (pinned keys move once the ring wraps: those steps run eagerly)
-    return np.array(logits), cache
+    return logits, cache
 
 
-def _assert_replay_is_exact(lm, prompt, n, replayable=True, **cache_args):
-    eager, _ = _decode(lm, prompt, n, replay=False, **cache_args)
-    replayed, cache = _decode(lm, prompt, n, replay=True, **cache_args)
-    assert (cache.replays[REPLAY_KEY] is not None) == replayable
-    assert np.array_equal(replayed, eager)
+def _assert_replay_is_exact(lm, prompt, n, replayable=True, chunk=1, **cache_args):
+    eager, _ = _decode(lm, prompt, n, replay=False, chunk=chunk, **cache_args)
+    replayed, cache = _decode(lm, prompt, n, replay=True, chunk=chunk, **cache_args)
+    program = cache.replays_for(chunk, chunk > 1)[REPLAY_KEY]
+    assert (program is not None) == replayable
+    assert all(np.array_equal(a, b) for a, b in zip(replayed, eager))
     if replayable and lm.model.params.n_expert == 0:  # (a dense model's replay compiles no expert kernels)
-        assert cache.replays[REPLAY_KEY].mixture.dtype.names == ("dense",)
+        assert program.mixture.dtype.names == ("dense",)
 
 
 @pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0"])
@@ -52,11 +57,13 @@ def test_ring_steps_replay_until_pinned_keys_move(smollm):
     _assert_replay_is_exact(smollm, [1, 504, 3458, 314], 60, n_ctx=32, ring=True)
 
 
+@pytest.mark.parametrize("chunk", [1, 5], ids=["steps", "passes of 5 tokens"])
 @pytest.mark.parametrize("arch", RANDOM_ARCHS)
-def test_every_architecture_replays_exactly(random_models, tmp_path, arch):
+def test_every_architecture_replays_exactly(random_models, tmp_path, arch, chunk):
+    """One-token steps, and passes of a few tokens with the logits of each (a verified draft)."""
     out = tmp_path / f"{arch}-q8.gguf"
     convert_hf(random_models[arch], out, "Q8_0", progress=False)
-    _assert_replay_is_exact(load_model(out), [1, 2, 3], 8, n_ctx=32)
+    _assert_replay_is_exact(load_model(out), [1, 2, 3], 8 if chunk == 1 else 4, chunk=chunk, n_ctx=48)
 
 
 @pytest.mark.parametrize("outtype", ["F32", "F16", "BF16"])
@@ -101,7 +108,7 @@ def test_a_step_that_reads_activation_values_is_not_replayed(smollm_path, monkey
     cache = lm.model.new_cache(32)
     lm.model.forward([1, 504], cache)
     lm.model.forward([3458], cache)
-    assert cache.replays[REPLAY_KEY] is None  # refused by the recorder itself, before any replay
+    assert cache.replays_for(1, False)[REPLAY_KEY] is None  # refused by the recorder itself, before any replay
 
 
 def test_a_read_the_tracing_cannot_see_is_caught_by_the_first_replay(smollm_path, monkeypatch):
@@ -118,10 +125,10 @@ def test_a_read_the_tracing_cannot_see_is_caught_by_the_first_replay(smollm_path
     cache = lm.model.new_cache(32)
     lm.model.forward([1, 504], cache)
     lm.model.forward([3458], cache)
-    assert cache.replays[REPLAY_KEY] is not None  # recorded: the read was not seen
+    assert cache.replays_for(1, False)[REPLAY_KEY] is not None  # recorded: the read was not seen
     eager, _ = _decode(lm, [1, 504, 3458, 314], 6, replay=False, n_ctx=32)
     replayed, cache = _decode(lm, [1, 504, 3458, 314], 6, replay=True, n_ctx=32)
-    assert cache.replays[REPLAY_KEY] is None and np.array_equal(replayed, eager)
+    assert cache.replays_for(1, False)[REPLAY_KEY] is None and np.array_equal(replayed, eager)
 
 
 def test_program_rows_take_named_operands_of_their_kind(smollm):
@@ -130,11 +137,11 @@ def test_program_rows_take_named_operands_of_their_kind(smollm):
     recorder = Recorder(batch, smollm.backend.constants, precise=False)
     x = recorder.traced(np.zeros((1, 4), np.float32))
     out = recorder.traced(np.zeros((1, 4), np.float32))
-    recorder.add(Op.ADD, a=recorder.address(x, 4), b=recorder.address(x, 4), out=recorder.address(out, 4), n=4)
+    recorder.add(Op.ADD, a=recorder.address(x, 4), b=recorder.address(x, 4), out=recorder.address(out, 4), n=4, width=4)
     with pytest.raises(TypeError, match="ADD takes a, b, out, n"):
         recorder.add(Op.ADD, x=recorder.address(x, 4), out=recorder.address(out, 4), n=4)
     with pytest.raises(TypeError, match="ADD's b = .* is not the address of float32 memory"):
-        recorder.add(Op.ADD, a=recorder.address(x, 4), b=12345, out=recorder.address(out, 4), n=4)
+        recorder.add(Op.ADD, a=recorder.address(x, 4), b=12345, out=recorder.address(out, 4), n=4, width=4)
     with pytest.raises(TypeError, match="EMBED's ids = 7 is not one of the step's inputs"):
         recorder.add(Op.EMBED, matrix=recorder.matrix(smollm.model.tok_embd), ids=7, out=recorder.address(out, 4),
                      width=4)

@@ -295,14 +295,16 @@ class Decoder:
 
     def _forward_batch(self, tokens, cache: KVCache, all_logits: bool):
         batch = cache.reserve(tokens)
-        # A one-token step is the same computation every time, up to the batch's values, so a
-        # backend may record it once and replay it; not while the ring moves the pinned keys,
-        # which the host drives, nor where queries get a temperature other than 1 (a recorded
-        # step has none).
-        replayable = (len(tokens) == 1 and not all_logits and not cache.rotates_pinned
-                      and self.query_temperature(batch.positions) is None)
+        # A decode step, or a pass of a few tokens that returns the logits of each (a verified
+        # draft), is the same computation every time, up to the batch's values, so a backend may
+        # record it once and replay it (a short prompt's pass, which comes once, is not worth
+        # recording); not while the ring moves the pinned keys, which the host drives, nor where
+        # queries get a temperature other than 1 (a recorded step has none).
+        replayable = ((len(tokens) == 1 or all_logits and len(tokens) <= self.backend.few_tokens)
+                      and not cache.rotates_pinned and self.query_temperature(batch.positions) is None)
         compute = partial(self._compute, cache=cache, all_logits=all_logits)
-        return self.backend.to_numpy(self.backend.run(compute, batch, cache.replays if replayable else None))
+        replays = cache.replays_for(len(tokens), all_logits) if replayable else None
+        return self.backend.to_numpy(self.backend.run(compute, batch, replays))
 
     def _compute(self, batch: Batch, cache: KVCache, all_logits: bool):
         be, p = self.backend, self.params
@@ -332,7 +334,7 @@ class Decoder:
         q_dim, k_dim = heads * a.head_dim, a.n_kv_head * a.head_dim
         if a.wqkv is not None:
             qkv = be.matmul(a.wqkv, h)
-            q, k, v = qkv[:, :q_dim], qkv[:, q_dim:q_dim + k_dim], qkv[:, q_dim + k_dim:]
+            q, k, v = be.split(qkv, [q_dim, k_dim, qkv.shape[1] - q_dim - k_dim])
         elif a.wk is None:  # (attends over another layer's keys and values)
             q, k, v = be.matmul(a.wq, h), None, None
         elif a.wv is None:  # (values from the keys' projection, before the keys' norm)
@@ -386,7 +388,7 @@ class Decoder:
         if ffn.gate is None:
             gate_up = be.matmul(ffn.up, h)
             n_ff = gate_up.shape[1] // 2
-            gate, up = gate_up[:, :n_ff], gate_up[:, n_ff:]
+            gate, up = be.split(gate_up, [n_ff, n_ff])
         else:
             gate, up = be.matmuls([ffn.gate, ffn.up], h)
         return be.matmul(ffn.down, self.activation(gate, up))

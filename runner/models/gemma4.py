@@ -107,7 +107,7 @@ class Gemma4(Gemma2):
         projected = be.matmul(self.per_layer_model_proj, x) * np.float32(1 / math.sqrt(p.n_embd))
         projected = be.rms_norm(projected.reshape(-1, n_pl), self.per_layer_proj_norm, p.rms_eps).reshape(n, -1)
         inputs = (projected + tokens) * np.float32(1 / math.sqrt(2))
-        return [inputs[:, i * n_pl:(i + 1) * n_pl] for i in range(p.n_layer)]
+        return be.split(inputs, [n_pl] * p.n_layer)
 
     def per_layer_branch(self, w: PerLayerInput, x, layer_input):
         be = self.backend
