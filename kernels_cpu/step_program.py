@@ -123,6 +123,13 @@ PARAMS = max(len(operands.params) for operands in OPERANDS.values())
 CACHE_COLUMNS = 8
 
 
+# Whether a value is an operand of each kind, for a Recorder (see KINDS).
+_VALID = {"f32": lambda r, v: v in r._memory, "f64": lambda r, v: v in r._memory, "i32": lambda r, v: v in r._memory,
+          "matrix": lambda r, v: 0 <= v < len(r.mats), "tasks": lambda r, v: 0 <= v <= r.n_tasks,
+          "input": lambda r, v: 0 <= v < len(r.inputs), "cache": lambda r, v: 0 <= v < len(r.caches),
+          "count": lambda r, v: v >= 0, "flag": lambda r, v: v in (0, 1), "formats": lambda r, v: v >= 0}
+
+
 class NotReplayable(Exception):
     """The step does something the program cannot express."""
 
@@ -384,8 +391,9 @@ class Recorder:
         elif array.dtype != dtype or not array.flags.c_contiguous or array.size != size:
             self.fail(f"an operand that is not a contiguous {np.dtype(dtype).name} array of the expected size")
         self.keep[id(array)] = array
-        self._memory.add(array.ctypes.data)
-        return array.ctypes.data
+        at = array.ctypes.data
+        self._memory.add(at)
+        return at
 
     def input(self, array, dtype) -> int:
         i = self._input_ids.get(id(array))
@@ -433,12 +441,7 @@ class Recorder:
         value = int(value)
         if self.failed is not None:  # not a program any more: the step just runs eagerly
             return value
-        valid = {"f32": value in self._memory, "f64": value in self._memory, "i32": value in self._memory,
-                 "matrix": 0 <= value < len(self.mats),
-                 "tasks": 0 <= value <= self.n_tasks, "input": 0 <= value < len(self.inputs),
-                 "cache": 0 <= value < len(self.caches), "count": value >= 0, "flag": value in (0, 1),
-                 "formats": value >= 0}[kind]
-        if not valid:
+        if not _VALID[kind](self, value):
             raise TypeError(f"{op.name}'s {name} = {value} is not {KINDS[kind]}")
         return value
 

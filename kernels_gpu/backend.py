@@ -70,7 +70,7 @@ class TorchBackend:
 
     def run(self, compute, batch, replays=None):
         """compute(batch on the device); a one-token step with `replays` (its cache's graph
-        store) goes through a recorded graph when graphs are on."""
+        store for one-token steps) goes through a recorded graph when graphs are on."""
         if replays is None or not self.graphs:
             return compute(self.upload(batch))
         return replay_step(compute, batch, replays, self.upload, self._graph_pool)
@@ -80,6 +80,9 @@ class TorchBackend:
 
     def matmuls(self, ws, x):
         return [self.products.matmul(w, x) for w in ws]
+
+    def split(self, x, widths):
+        return list(torch.split(x, list(widths), dim=1))
 
     def route(self, logits, k, gating, norm, scale):
         return ops.route(logits, k, gating, norm, scale)
