@@ -20,7 +20,7 @@ precise path (16-bit activations) keeps the file's rows.
 groups_dot_int8 takes TOKENS_PER_PASS tokens per pass over a group, so that each unit's weights
 are decoded once for all of them (a verified draft's few tokens, or prefill's many: a matrix
 product of 8-bit integers, which outruns BLAS on dequantized float32 tiles), and the tokens left
-over (a single decode step's) one at a time.
+over in passes of fewer (rowdot.for_token_passes; a single decode step's alone).
 """
 import numpy as np
 from gguf import GGML_QUANT_SIZES
@@ -637,9 +637,10 @@ def groups_dot_int8(typingctx, kinds, qtype, w, first, last, q32, d32, sum32, ss
     out.shape[1], and a qtype of LAYOUTS of those the array kinds' dtype names (type_sets).
 
     The tokens go TOKENS_PER_PASS at a time over each group, each unit's weights decoded once for
-    all of them, then one at a time: a token's sums are the same instructions either way, so a
-    token's products are bit for bit the same whatever tokens it comes with (speculative
-    decoding relies on it: a verified draft's logits are a plain step's)."""
+    all of them, then what is left in passes of fewer (rowdot.for_token_passes): a token's sums
+    are the same instructions in a pass of any size, so a token's products are bit for bit the
+    same whatever tokens it comes with (speculative decoding relies on it: a verified draft's
+    logits are a plain step's)."""
     isa = int8_isa()
     qtypes = [t for t in tagged_types(kinds) if t in LAYOUTS]
 
