@@ -27,6 +27,7 @@ class CpuBackend:
     few_tokens = FEW_TOKENS
     supported_types = SUPPORTED_TYPES
     kv_types = tuple(ELEMENTS)
+    binds_replays = True  # (a step program takes its cache's buffers as it replays: step_program.py)
 
     def __init__(self, threads: int | None = None, precise: bool = False):
         # precise: decode's products take 16-bit activations (rowdot.py), not llama.cpp's 8-bit ones

@@ -2,7 +2,7 @@
 
 A decode step of a small model is some 300 kernel calls. Called one by one from Python, the
 interpreter, argument typing and per-call set-up cost more than a tenth of the step. So the
-first one-token step over a cache runs eagerly while a Recorder writes down each backend
+first one-token step of a model runs eagerly while a Recorder writes down each backend
 operation: which kernel, on which memory. Later steps replay that program inside one Numba
 function; the host only passes the step's inputs (token id, position, slots, the positions the
 slots hold). A verified draft's pass of a few tokens is recorded and replayed the same way, one
@@ -10,14 +10,17 @@ program per number of tokens.
 
 A program is a table of integer rows, one per operation (`Op`), whose operands are named and
 typed by OPERANDS; they name memory by address: the activations the recording step allocated
-(kept alive by the program and rewritten by every replay), the model's weights and the cache's
-arrays. Model code also computes with numpy operators (residual sums, biases, scales); during the
-recording its arrays are `_Traced`, which records those too. Whatever the recorder cannot express
-(an untraced temporary, a float weight matrix, an unknown numpy function, a read of an
-activation's values into Python) marks the step not replayable, and it runs eagerly as before.
+(kept alive by the program and rewritten by every replay), the model's weights, and rows of a
+cache table, which each replay binds to the buffers of the cache it runs over, so one recording
+serves every cache of the model (a recording costs a few eager passes). Model code also computes
+with numpy operators (residual sums, biases, scales); during the recording its arrays are
+`_Traced`, which records those too. Whatever the recorder cannot express (an untraced temporary,
+a float weight matrix, an unknown numpy function, a read of an activation's values into Python)
+marks the step not replayable, and it runs eagerly as before.
 """
 from __future__ import annotations
 
+import weakref
 from enum import IntEnum
 
 import numpy as np
@@ -126,7 +129,7 @@ CACHE_COLUMNS = 8
 # Whether a value is an operand of each kind, for a Recorder (see KINDS).
 _VALID = {"f32": lambda r, v: v in r._memory, "f64": lambda r, v: v in r._memory, "i32": lambda r, v: v in r._memory,
           "matrix": lambda r, v: 0 <= v < len(r.mats), "tasks": lambda r, v: 0 <= v <= r.n_tasks,
-          "input": lambda r, v: 0 <= v < len(r.inputs), "cache": lambda r, v: 0 <= v < len(r.caches),
+          "input": lambda r, v: 0 <= v < len(r.inputs), "cache": lambda r, v: 0 <= v < len(r.cache_layers),
           "count": lambda r, v: v >= 0, "flag": lambda r, v: v in (0, 1), "formats": lambda r, v: v >= 0}
 
 
@@ -340,8 +343,9 @@ _SHAPE_ONLY = frozenset({np.shape, np.ndim, np.size, np.reshape, np.result_type,
 class Recorder:
     """Writes down a step's operations while the backend runs them eagerly (see module doc)."""
 
-    def __init__(self, batch, constants, precise):
+    def __init__(self, batch, constants, precise, cache_keys: list):
         self.precise = precise      # how the products round activations (the backend's choice)
+        self.cache_keys = cache_keys  # the pass's cache's key buffers, per layer
         self.rows: list = []
         self.failed: str | None = None
         self.constants = constants  # id -> the weight vectors the backend loaded
@@ -359,7 +363,7 @@ class Recorder:
         self._mat_ids: dict = {}
         self.tasks = [np.zeros((0, 4), np.int64)]
         self.n_tasks = 0
-        self.caches: list = []
+        self.cache_layers: list = []  # the cache table's rows: the layer whose buffers each binds
         self._cache_ids: dict = {}
         self.rope_tables: dict = {}
         self.kv_dtype = None
@@ -418,13 +422,15 @@ class Recorder:
     def cache(self, keys, values) -> int:
         index = self._cache_ids.get(id(keys))
         if index is None:
-            index = self._cache_ids[id(keys)] = len(self.caches)
-            self.keep[id(keys)], self.keep[id(values)] = keys, values
+            index = self._cache_ids[id(keys)] = len(self.cache_layers)
+            layer = next((i for i, k in enumerate(self.cache_keys) if k is keys), None)
             keys, values = as_kernel_array(keys), as_kernel_array(values)
-            if self.kv_dtype not in (None, keys.dtype) or keys.dtype != values.dtype or keys.ndim != 4:
+            if layer is None:
+                self.fail("keys that are not a layer's of the pass's cache")
+            elif self.kv_dtype not in (None, keys.dtype) or keys.dtype != values.dtype or keys.ndim != 4:
                 self.fail("caches of mixed or unknown layouts")
             self.kv_dtype = keys.dtype
-            self.caches.append([keys.ctypes.data, *keys.shape, values.ctypes.data, *values.shape[1:]])
+            self.cache_layers.append(layer)
         return index
 
     def add(self, op: Op, **named):
@@ -591,7 +597,9 @@ class StepProgram:
         self.params = np.array([p for _, p in r.rows], dtype=np.float64).reshape(-1, 2)
         self.mats = np.concatenate(r.mats) if r.mats else np.zeros(0, dtype=tagged_dtype(MATRIX, ()))
         self.tasks = np.concatenate(r.tasks)
-        self.caches = np.array(r.caches, dtype=np.int64).reshape(-1, CACHE_COLUMNS)
+        self.cache_layers = r.cache_layers
+        self.caches = np.zeros((len(r.cache_layers), CACHE_COLUMNS), dtype=np.int64)
+        self._bound: list = []  # weak references to the buffers the cache table names now
         self.kv_like = np.zeros(0, dtype=r.kv_dtype or np.float32)
         self.rounding = rounding_kind(r.precise)
         groups = r.groups or [1]
@@ -602,7 +610,19 @@ class StepProgram:
         self.output = output
         self.id_limit = min(r.embedding_rows) if r.embedding_rows else None
 
-    def replay(self, batch) -> np.ndarray:
+    def bind(self, cache_keys: list, cache_values: list) -> None:
+        """Point the cache table at these buffers (a cache's, per layer), unless it names them."""
+        buffers = [(cache_keys[i], cache_values[i]) for i in self.cache_layers]
+        if len(self._bound) == len(buffers) and all(ref() is k for ref, (k, _) in zip(self._bound, buffers)):
+            return
+        for row, (keys, values) in zip(self.caches, buffers):
+            keys, values = as_kernel_array(keys), as_kernel_array(values)
+            if keys.dtype != self.kv_like.dtype:  # (KVCache keeps a store per element type)
+                raise ValueError(f"a cache of {keys.dtype} elements for a pass recorded over {self.kv_like.dtype}")
+            row[:] = [keys.ctypes.data, *keys.shape, values.ctypes.data, *values.shape[1:]]
+        self._bound = [weakref.ref(keys) for keys, _ in buffers]
+
+    def replay(self, batch, cache_keys: list, cache_values: list) -> np.ndarray:
         arrays = []
         for name, j, dtype in self.inputs:
             array = getattr(batch, name) if j is None else getattr(batch, name)[j]
@@ -611,6 +631,7 @@ class StepProgram:
             arrays.append(array)
         if self.id_limit is not None:
             check_row_ids(batch.ids, self.id_limit)
+        self.bind(cache_keys, cache_values)
         inputs = np.array([(a.ctypes.data, a.shape[0]) for a in arrays], dtype=np.int64)
         run_program(self.code, self.params, self.mats, self.tasks, self.caches, inputs, self.kv_like, self.rounding,
                     memory_streams(), self.group_tags, self.mixture)
@@ -620,18 +641,19 @@ class StepProgram:
 REPLAY_KEY = "cpu step program"
 
 
-def run_step(backend, compute, batch, replays: dict):
-    """A pass of a few tokens (a decode step, a verified draft): replayed from the cache's
-    program for passes of its shape, or run eagerly and recorded. A backend's first replay of each
+def run_step(backend, compute, batch, replays):
+    """A pass of a few tokens (a decode step, a verified draft): replayed from the program for
+    passes of its shape (replays.store: the model's, KVCache.replays_for), bound to the buffers of
+    the pass's cache, or run eagerly and recorded. A backend's first replay of each
     shape also runs eagerly (a pass over the same slots writes the same keys and values, so the
     two agree bit for bit) and drops the program if they differ: a value the model read past the
     tracing would otherwise be replayed as the recording pass saw it, silently. (Its model's code
     is the same over every cache, so one check per backend and shape tells.)"""
-    program = replays.get(REPLAY_KEY, False)
+    program = replays.store.get(REPLAY_KEY, False)
     if program is None:  # recorded once and found not replayable
         return compute(batch)
     if program is not False:
-        replayed = program.replay(batch)
+        replayed = program.replay(batch, replays.keys, replays.values)
         shape = (len(batch.ids), *replayed.shape)
         if shape in backend.replay_checked:
             return replayed
@@ -639,13 +661,13 @@ def run_step(backend, compute, batch, replays: dict):
         if np.array_equal(replayed, eager):
             backend.replay_checked.add(shape)
         else:
-            replays[REPLAY_KEY] = None
+            replays.store[REPLAY_KEY] = None
         return eager
-    recorder = Recorder(batch, backend.constants, backend.precise)
+    recorder = Recorder(batch, backend.constants, backend.precise, replays.keys)
     backend.recorder = recorder
     try:
         output = compute(batch)
     finally:
         backend.recorder = None
-    replays[REPLAY_KEY] = recorder.program(output)
+    replays.store[REPLAY_KEY] = recorder.program(output)
     return np.array(output)

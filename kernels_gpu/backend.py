@@ -23,6 +23,7 @@ class TorchBackend:
     few_tokens = 1  # (one-token steps run the compiled products; more tokens dequantize tiles)
     supported_types = frozenset(QUANT_TYPES)  # (tests/test_structure.py: DEQUANTIZE covers them)
     kv_types = tuple(kv_layout.ELEMENTS)
+    binds_replays = False  # (a CUDA graph replays over the cache it was recorded on)
 
     def __init__(self, device: str = "cuda", threads: int | None = None, compiled: bool | None = None,
                  graphs: bool | None = None):

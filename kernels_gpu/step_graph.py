@@ -65,12 +65,13 @@ class StepGraph:
         return self.output
 
 
-def replay_step(compute, batch, replays: dict, upload, pool):
+def replay_step(compute, batch, replays, upload, pool):
     """Run a one-token step through its recorded graph, recording it first when its shapes are new.
-    `replays` lives with the KV cache the graph writes to, so a graph never outlives its cache."""
+    replays.store lives with the KV cache the graph writes to (a graph replays over the buffers it
+    was recorded on: TorchBackend.binds_replays is False), so a graph never outlives its cache."""
     batch = pad_key_positions(batch)
     key = tuple(len(k) for k in batch.key_positions)
-    graph = replays.get(key)
+    graph = replays.store.get(key)
     if graph is None:
-        graph = replays[key] = StepGraph(compute, upload(batch), pool)
+        graph = replays.store[key] = StepGraph(compute, upload(batch), pool)
     return graph.replay(batch)

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .kv_cache import PassReplays
 
 
 class BackendError(Exception):
@@ -22,15 +25,17 @@ class Backend(Protocol):
     few_tokens: int             # the most tokens a forward pass runs through decode's kernels (more: prefill's)
     supported_types: frozenset  # GGML tensor types load_matrix takes
     kv_types: tuple             # KV cache element types new_kv makes ("f32", "f16", "q8_0")
+    binds_replays: bool         # whether a recorded pass replays over any cache of its model (see run)
 
     def free_memory(self) -> int | None:
         """Bytes the device can still allocate; None for the host's memory (not checked)."""
 
-    def run(self, compute, batch, replays: dict | None) -> Any:
-        """compute(batch with its arrays on the device). `replays` (a KV cache's store for passes
-        of this shape, KVCache.replays_for) marks a pass of at most few_tokens tokens that the
-        backend may record once and replay (CUDA graphs on the GPU, a compiled step program on the
-        CPU)."""
+    def run(self, compute, batch, replays: PassReplays | None) -> Any:
+        """compute(batch with its arrays on the device). `replays` (KVCache.replays_for: where
+        passes of this shape are kept, and the cache's buffers) marks a pass of at most few_tokens
+        tokens that the backend may record once and replay (CUDA graphs on the GPU, over the
+        cache they were recorded on; a compiled step program on the CPU, bound to the cache's
+        buffers as it replays, which binds_replays says)."""
 
     def to_numpy(self, x) -> Any: ...
     def softcap(self, x, cap: float) -> Any:

@@ -36,7 +36,7 @@ def depth_steps(lm, n_gen: int, depths) -> list[float]:
     """Seconds per decode step at each depth, from n_gen single steps at every depth taken in turn
     (medians). These machines' phases move separate runs' tok/s by up to 2x; steps alternating
     between the depths see the same phases, so their ratios hold across them."""
-    warm_up = 2  # (the first step over a cache is recorded, the second replays it)
+    warm_up = 2  # (a model's first step is recorded, the second replays it)
     contexts = [list(_context(lm, depth, n_gen + warm_up)) for depth in depths]
     seconds = [[] for _ in depths]
     for step in range(n_gen + warm_up):

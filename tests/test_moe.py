@@ -180,7 +180,7 @@ def test_moe_models_match_transformers(moe_folders, moe_files, arch, device):
         assert np.array_equal(got.argmax(1), want.argmax(1))
         assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
     if device == "cpu":  # the steps replayed a recorded program that routes inside it
-        program = cache.replays_for(1, False)[REPLAY_KEY]
+        program = cache.replays_for(1, False).store[REPLAY_KEY]
         assert {Op.ROUTE, Op.EXPERT_PRODUCTS, Op.COMBINE} <= set(program.code[:, 0].tolist())
         assert program.mixture.dtype.names == ("mixture",)
         assert lm.backend.replay_checked

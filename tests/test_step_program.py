@@ -2,6 +2,8 @@
 what the same steps compute eagerly, operation by operation."""
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -32,7 +34,7 @@ def _decode(lm, prompt, n, replay, chunk=1, **cache_args):
 def _assert_replay_is_exact(lm, prompt, n, replayable=True, chunk=1, **cache_args):
     eager, _ = _decode(lm, prompt, n, replay=False, chunk=chunk, **cache_args)
     replayed, cache = _decode(lm, prompt, n, replay=True, chunk=chunk, **cache_args)
-    program = cache.replays_for(chunk, chunk > 1)[REPLAY_KEY]
+    program = cache.replays_for(chunk, chunk > 1).store[REPLAY_KEY]
     assert (program is not None) == replayable
     assert all(np.array_equal(a, b) for a, b in zip(replayed, eager))
     if replayable and lm.model.params.n_expert == 0:  # (a dense model's replay compiles no expert kernels)
@@ -73,6 +75,24 @@ def test_float_weights_replay_exactly(random_models, tmp_path, outtype):
     _assert_replay_is_exact(load_model(out), [1, 2, 3], 8, n_ctx=32)
 
 
+@pytest.mark.parametrize("chunk", [1, 5], ids=["steps", "passes of 5 tokens"])
+def test_one_recording_replays_over_every_cache_of_the_model(smollm_path, chunk):
+    """A pass recorded over one cache replays over the model's later caches, of other sizes too,
+    bound to their buffers (also where the recording's cache is gone), as they compute eagerly."""
+    lm = load_model(smollm_path)
+    prompt = [1, 504, 3458, 314]
+    n = 6 if chunk == 1 else 4
+    _, first = _decode(lm, prompt, 3, replay=True, chunk=chunk, n_ctx=32)
+    program = first.replays_for(chunk, chunk > 1).store[REPLAY_KEY]
+    del first
+    gc.collect()
+    for n_ctx in (64, 32):
+        eager, _ = _decode(lm, prompt, n, replay=False, chunk=chunk, n_ctx=n_ctx)
+        replayed, cache = _decode(lm, prompt, n, replay=True, chunk=chunk, n_ctx=n_ctx)
+        assert cache.replays_for(chunk, chunk > 1).store[REPLAY_KEY] is program  # (not recorded again)
+        assert all(np.array_equal(a, b) for a, b in zip(replayed, eager))
+
+
 def test_replay_rejects_token_ids_outside_the_vocabulary(smollm):
     cache = smollm.model.new_cache(16)
     smollm.model.forward([1, 2], cache)
@@ -104,11 +124,11 @@ def test_a_step_that_reads_activation_values_is_not_replayed(smollm_path, monkey
         return y * np.float32(DATA_DEPENDENT[read](y)) if i == 0 else y
 
     monkeypatch.setattr(lm.model, "block", scaled_block)
-    _assert_replay_is_exact(lm, [1, 504, 3458, 314], 6, replayable=False, n_ctx=32)
     cache = lm.model.new_cache(32)
     lm.model.forward([1, 504], cache)
     lm.model.forward([3458], cache)
-    assert cache.replays_for(1, False)[REPLAY_KEY] is None  # refused by the recorder itself, before any replay
+    assert cache.replays_for(1, False).store[REPLAY_KEY] is None  # refused by the recorder itself, before any replay
+    _assert_replay_is_exact(lm, [1, 504, 3458, 314], 6, replayable=False, n_ctx=32)
 
 
 def test_a_read_the_tracing_cannot_see_is_caught_by_the_first_replay(smollm_path, monkeypatch):
@@ -125,16 +145,16 @@ def test_a_read_the_tracing_cannot_see_is_caught_by_the_first_replay(smollm_path
     cache = lm.model.new_cache(32)
     lm.model.forward([1, 504], cache)
     lm.model.forward([3458], cache)
-    assert cache.replays_for(1, False)[REPLAY_KEY] is not None  # recorded: the read was not seen
+    assert cache.replays_for(1, False).store[REPLAY_KEY] is not None  # recorded: the read was not seen
     eager, _ = _decode(lm, [1, 504, 3458, 314], 6, replay=False, n_ctx=32)
     replayed, cache = _decode(lm, [1, 504, 3458, 314], 6, replay=True, n_ctx=32)
-    assert cache.replays_for(1, False)[REPLAY_KEY] is None and np.array_equal(replayed, eager)
+    assert cache.replays_for(1, False).store[REPLAY_KEY] is None and np.array_equal(replayed, eager)
 
 
 def test_program_rows_take_named_operands_of_their_kind(smollm):
     from kernels_cpu.step_program import Op, Recorder
-    batch = smollm.model.new_cache(8).reserve([1])
-    recorder = Recorder(batch, smollm.backend.constants, precise=False)
+    cache = smollm.model.new_cache(8)
+    recorder = Recorder(cache.reserve([1]), smollm.backend.constants, precise=False, cache_keys=cache.keys)
     x = recorder.traced(np.zeros((1, 4), np.float32))
     out = recorder.traced(np.zeros((1, 4), np.float32))
     recorder.add(Op.ADD, a=recorder.address(x, 4), b=recorder.address(x, 4), out=recorder.address(out, 4), n=4, width=4)

@@ -89,7 +89,7 @@ def test_replayed_steps_match_eager_steps_across_slot_buckets(both_backends):
             for t in range(12):
                 logits.append(lm.model.forward([int(np.argmax(logits[-1]))], cache))
             results.append(np.array(logits))
-            assert (len(cache.replays_for(1, False)) == 2) == graphs  # buckets of 256 and 300 slots
+            assert (len(cache.replays_for(1, False).store) == 2) == graphs  # buckets of 256 and 300 slots
         finally:
             lm.model.backend = saved
     assert np.allclose(results[0], results[1], atol=1e-4)

@@ -138,6 +138,7 @@ class Decoder:
 
     def __init__(self, params: ModelParams, weights: WeightLoader, backend):
         self.params, self.backend = params, backend
+        self.replays: dict = {}  # the backend's recorded passes, where its caches share them (KVCache)
         p = params
         # (an embedding that is not also the output is only looked up: a table, read in place)
         untied = weights.has(T.OUTPUT)
@@ -280,7 +281,8 @@ class Decoder:
         """A cache of every layer with K and V of its own."""
         own = [layer.attn for i, layer in enumerate(self.layers) if layer.attn.kv_layer == i]
         shapes = [(a.n_kv_head, a.head_dim, a.value_dim) for a in own]
-        return KVCache(self.backend, n_ctx, [a.window for a in own], shapes, MAX_BATCH, ring=ring, kv_type=self.kv_type)
+        return KVCache(self.backend, n_ctx, [a.window for a in own], shapes, MAX_BATCH, ring=ring, kv_type=self.kv_type,
+                       model_replays=self.replays)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False):
         """Run tokens at the cache's next positions; logits of the last token (vocab,) or of all (T, vocab)."""
