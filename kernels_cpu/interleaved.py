@@ -592,6 +592,7 @@ def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts, from_memory):
     value): whether this pass is the first over the group, which reads it from memory."""
     kind = KINDS[qtype]
     block_bytes = GROUP * GGML_QUANT_SIZES[qtype][1]
+    lines_per_step = -(-block_bytes // (64 * kind.steps))  # (cache lines each step fetches ahead)
     zero = ir.Constant(vector(F32, GROUP), [0.0] * GROUP)
     accs = [cgutils.alloca_once_value(b, zero) for _ in acts]
     totals = [cgutils.alloca_once(b, vector(I32, GROUP)) for _ in acts]  # a block's integer sums
@@ -600,12 +601,6 @@ def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts, from_memory):
     with cgutils.for_range(b, n_blocks) as loop:
         i = loop.index
         blk = _Block(b, qtype, offset(b, group_ptr, b.mul(i, ir.Constant(I64, block_bytes))))
-        # The first pass over a group reads it from memory, the passes after it from L1: the first
-        # fetches the cache lines PREFETCH_BYTES ahead, a step's share of the block in each step (a
-        # Q4_K super-block's 18 fetches at once, before its four steps, left K-quants' decode
-        # reading 15-17 GB/s where Q4_1's read 26; spread, 22-23: 1.31x Q4_K, 1.28x Q6_K from
-        # memory, A/B in one process, 2 threads of an AMD EPYC Zen 5).
-        lines_per_step = -(-block_bytes // (64 * kind.steps))
         first = b.mul(i, ir.Constant(I64, GGML_QUANT_SIZES[qtype][0]))
         table = kind.scale_table(b, blk)
         if table is not None:
@@ -614,6 +609,12 @@ def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts, from_memory):
         for total in totals:
             b.store(_zero_i32(), total)
         with cgutils.for_range(b, ir.Constant(I64, kind.steps)) as step:
+            # The first pass over a group reads it from memory, the passes after it from L1: the
+            # first fetches the cache lines PREFETCH_BYTES ahead, a step's share of the block in
+            # each step (a Q4_K super-block's 18 fetches at once, before its four steps, left the
+            # K-quants' decode reading 15-17 GB/s where Q4_1's read 26; spread, 22-25: Q4_K
+            # 1.24-1.39x, Q6_K 1.26-1.42x from memory, A/B in one process, 2 threads of an AMD
+            # EPYC Zen 5 with AVX-512 and AVX512-VNNI).
             with b.if_then(from_memory):
                 ahead = b.add(ir.Constant(I64, PREFETCH_BYTES), b.mul(step.index, ir.Constant(I64, 64 * lines_per_step)))
                 for line in range(lines_per_step):
