@@ -143,17 +143,18 @@ def _type_suffix(t):
 
 
 # Kernels that stream from memory ask for the cache line this many bytes ahead of what they
-# read: the hardware prefetchers alone left decode's products waiting on memory. Attention over
-# 2048 slots of SmolLM2 took ~15% less time in a decode step (16 KiB ahead measured the same);
-# decode's interleaved Q4_K groups read 10-16% faster from 2 threads (AMD EPYC Zen 5).
+# read: the hardware prefetchers alone left decode's products waiting on memory. Decode's
+# interleaved Q4_K groups read 10-16% faster from 2 threads (AMD EPYC Zen 5); hints into L2
+# instead, or 8 KiB ahead, read them no faster. (Attention's own: intrinsics.KV_PREFETCH_BYTES.)
 PREFETCH_BYTES = 4096
 
 
-def prefetch(b, ptr):
-    """A read hint for the cache line at ptr (never faults, so it may point past the data)."""
+def prefetch(b, ptr, into_l1=True):
+    """A read hint for the cache line at ptr (never faults, so it may point past the data): into
+    every level (prefetcht0), or with into_l1=False into L2 and beyond (prefetcht1)."""
     fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.VoidType(), [ptr.type, I32, I32, I32]),
                                         "llvm.prefetch.p0")
-    b.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+    b.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3 if into_l1 else 2), ir.Constant(I32, 1)])
 
 
 def mul_add(b, x, y, z):
