@@ -12,7 +12,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .ir import (F32, I8, I16, I32, I64, LANES, PREFETCH_BYTES, array_row, array_shape, fused_mul_add,
+from .ir import (F32, I8, I16, I32, I64, LANES, array_row, array_shape, fused_mul_add,
                  horizontal_sum, lanes_below, load_vector, masked_load, offset, prefetch, vector)
 from .cpu_features import target_features
 from .rowdot import emit_rows, switch_on_type
@@ -25,11 +25,16 @@ FLOAT_BYTES = {T.F32: 4, T.F16: 2, T.BF16: 2}
 ACCUMULATORS = 2
 # Tokens per pass over a row (several: a verified draft), each weight widened once for all of
 # them: their chains fit AVX-512's 32 registers (AVX2's 16 hold two tokens' of 16-lane vectors).
-# A pass of 4 tokens or more fetches its row PREFETCH_BYTES ahead: the hardware prefetchers
-# alone left it waiting on memory for much of the time it computed (an 8-token pass over SmolLM2
-# F32's matrices: 34-40 ms without the fetches, 29-32 ms with them, one token 14-20 ms; AMD EPYC
-# Zen 5, 2 threads). Passes of fewer tokens keep up with memory without them.
 TOKENS_PER_PASS = 8 if "avx512f" in target_features() else 2
+# A pass of 4 tokens or more asks for its row's lines PASS_PREFETCH_BYTES ahead, into L2: with
+# the hardware prefetchers alone, its arithmetic and its reads took turns (one thread over a 37 MB
+# F32 matrix: 1.5 ms for one token, 3.5 ms for 8, about the sum of the read and the arithmetic
+# from cache). Whole passes over SmolLM2 F32, in one process (AMD EPYC Zen 5, 2 threads): 4 KiB
+# ahead into L1, as the quantized products fetch, 1.27x faster than none at 8 tokens; 12 KiB into
+# L2 a further 1.14-1.20x at 8 tokens and 1.28-1.34x at 5 (8, 16 or 24 KiB: 1.08-1.16x at 8;
+# prefetcht2 at 8 KiB: 0.98x). Passes of fewer tokens keep up with memory without them (one token:
+# 0.93x with them).
+PASS_PREFETCH_BYTES = 12288
 
 
 def _as_float32(b, qtype, raw):
@@ -81,10 +86,10 @@ def _emit_row(b, qtype, row_ptr, x_ptrs, k):
     steps = b.udiv(k, ir.Constant(I64, step))
     with cgutils.for_range(b, steps) as loop:
         first = b.mul(loop.index, ir.Constant(I64, step))
-        if len(x_ptrs) >= 4:  # (see TOKENS_PER_PASS: several tokens' arithmetic outlasts the prefetchers)
+        if len(x_ptrs) >= 4:  # (see PASS_PREFETCH_BYTES)
             ahead = offset(b, b.bitcast(row_ptr, I8.as_pointer()), b.mul(first, ir.Constant(I64, FLOAT_BYTES[qtype])))
             for line in range(0, step * FLOAT_BYTES[qtype], 64):
-                prefetch(b, offset(b, ahead, PREFETCH_BYTES + line))
+                prefetch(b, offset(b, ahead, PASS_PREFETCH_BYTES + line), into_l1=False)
         for j in range(ACCUMULATORS):
             add(j, b.add(first, ir.Constant(I64, j * LANES)))
     done = b.mul(steps, ir.Constant(I64, step))
