@@ -26,15 +26,17 @@ ACCUMULATORS = 2
 # Tokens per pass over a row (several: a verified draft), each weight widened once for all of
 # them: their chains fit AVX-512's 32 registers (AVX2's 16 hold two tokens' of 16-lane vectors).
 TOKENS_PER_PASS = 8 if "avx512f" in target_features() else 2
-# A pass of 4 tokens or more asks for its row's lines PASS_PREFETCH_BYTES ahead, into L2: with
-# the hardware prefetchers alone, its arithmetic and its reads took turns (one thread over a 37 MB
-# F32 matrix: 1.5 ms for one token, 3.5 ms for 8, about the sum of the read and the arithmetic
-# from cache). Whole passes over SmolLM2 F32, in one process (AMD EPYC Zen 5, 2 threads): 4 KiB
-# ahead into L1, as the quantized products fetch, 1.27x faster than none at 8 tokens; 12 KiB into
-# L2 a further 1.14-1.20x at 8 tokens and 1.28-1.34x at 5 (8, 16 or 24 KiB: 1.08-1.16x at 8;
-# prefetcht2 at 8 KiB: 0.98x). Passes of fewer tokens keep up with memory without them (one token:
-# 0.93x with them).
+# A pass of PREFETCHING_PASS tokens or more asks for its row's lines PASS_PREFETCH_BYTES ahead,
+# into L2: with the hardware prefetchers alone, its arithmetic and its reads took turns (one
+# thread over a 37 MB F32 matrix: 1.5 ms for one token, 3.5 ms for 8, about the sum of the read
+# and of the arithmetic from cache). Whole passes over SmolLM2 F32, in one process (AMD EPYC
+# Zen 5, 2 threads): 4 KiB ahead into L1, as the quantized products fetch, 1.27x faster than none
+# at 8 tokens; 12 KiB into L2 a further 1.14-1.20x at 8 tokens and 1.28-1.34x at 5 (8, 16 or 24
+# KiB: 1.08-1.16x at 8; prefetcht2 at 8 KiB: 0.98x). On the AVX2 path (compiled for Haswell),
+# whose passes take 2 tokens: 8 tokens 1.27-1.47x, 3 tokens 1.26x. One token keeps up with memory
+# without them (0.93x with them); passes of 2 tokens on AVX-512 gained nothing.
 PASS_PREFETCH_BYTES = 12288
+PREFETCHING_PASS = min(4, TOKENS_PER_PASS)
 
 
 def _as_float32(b, qtype, raw):
@@ -86,7 +88,7 @@ def _emit_row(b, qtype, row_ptr, x_ptrs, k):
     steps = b.udiv(k, ir.Constant(I64, step))
     with cgutils.for_range(b, steps) as loop:
         first = b.mul(loop.index, ir.Constant(I64, step))
-        if len(x_ptrs) >= 4:  # (see PASS_PREFETCH_BYTES)
+        if len(x_ptrs) >= PREFETCHING_PASS:  # (see PASS_PREFETCH_BYTES)
             ahead = offset(b, b.bitcast(row_ptr, I8.as_pointer()), b.mul(first, ir.Constant(I64, FLOAT_BYTES[qtype])))
             for line in range(0, step * FLOAT_BYTES[qtype], 64):
                 prefetch(b, offset(b, ahead, PASS_PREFETCH_BYTES + line), into_l1=False)
