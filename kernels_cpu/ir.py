@@ -147,6 +147,11 @@ def _type_suffix(t):
 # interleaved Q4_K groups read 10-16% faster from 2 threads (AMD EPYC Zen 5); hints into L2
 # instead, or 8 KiB ahead, read them no faster. (Attention's own: intrinsics.KV_PREFETCH_BYTES.)
 PREFETCH_BYTES = 4096
+# A pass of several tokens over the weights (a verified draft) computes for longer per byte than
+# one token does, and asks for lines further ahead, into L2 (prefetch's into_l1=False): with
+# PREFETCH_BYTES' fetches into L1 its arithmetic and its reads still took turns. Measured in
+# rowdot_float.py (float rows) and interleaved.py (8-bit products of quantized groups).
+PASS_PREFETCH_BYTES = 12288
 
 
 def prefetch(b, ptr, into_l1=True):

@@ -12,7 +12,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .ir import (F32, I8, I16, I32, I64, LANES, array_row, array_shape, fused_mul_add,
+from .ir import (F32, I8, I16, I32, I64, LANES, PASS_PREFETCH_BYTES, array_row, array_shape, fused_mul_add,
                  horizontal_sum, lanes_below, load_vector, masked_load, offset, prefetch, vector)
 from .cpu_features import target_features
 from .rowdot import emit_rows, switch_on_type
@@ -26,8 +26,8 @@ ACCUMULATORS = 2
 # Tokens per pass over a row (several: a verified draft), each weight widened once for all of
 # them: their chains fit AVX-512's 32 registers (AVX2's 16 hold two tokens' of 16-lane vectors).
 TOKENS_PER_PASS = 8 if "avx512f" in target_features() else 2
-# A pass of PREFETCHING_PASS tokens or more asks for its row's lines PASS_PREFETCH_BYTES ahead,
-# into L2: with the hardware prefetchers alone, its arithmetic and its reads took turns (one
+# A pass of PREFETCHING_PASS tokens or more asks for its row's lines ir.PASS_PREFETCH_BYTES
+# ahead, into L2: with the hardware prefetchers alone, its arithmetic and its reads took turns (one
 # thread over a 37 MB F32 matrix: 1.5 ms for one token, 3.5 ms for 8, about the sum of the read
 # and of the arithmetic from cache). Whole passes over SmolLM2 F32, in one process (AMD EPYC
 # Zen 5, 2 threads): 4 KiB ahead into L1, as the quantized products fetch, 1.27x faster than none
@@ -35,7 +35,6 @@ TOKENS_PER_PASS = 8 if "avx512f" in target_features() else 2
 # KiB: 1.08-1.16x at 8; prefetcht2 at 8 KiB: 0.98x). On the AVX2 path (compiled for Haswell),
 # whose passes take 2 tokens: 8 tokens 1.27-1.47x, 3 tokens 1.26x. One token keeps up with memory
 # without them (0.93x with them); passes of 2 tokens on AVX-512 gained nothing.
-PASS_PREFETCH_BYTES = 12288
 PREFETCHING_PASS = min(4, TOKENS_PER_PASS)
 
 
