@@ -26,16 +26,17 @@ ACCUMULATORS = 2
 # Tokens per pass over a row (several: a verified draft), each weight widened once for all of
 # them: their chains fit AVX-512's 32 registers (AVX2's 16 hold two tokens' of 16-lane vectors).
 TOKENS_PER_PASS = 8 if "avx512f" in target_features() else 2
-# A pass of PREFETCHING_PASS tokens or more asks for its row's lines ir.PASS_PREFETCH_BYTES
-# ahead, into L2: with the hardware prefetchers alone, its arithmetic and its reads took turns (one
-# thread over a 37 MB F32 matrix: 1.5 ms for one token, 3.5 ms for 8, about the sum of the read
-# and of the arithmetic from cache). Whole passes over SmolLM2 F32, in one process (AMD EPYC
-# Zen 5, 2 threads): 4 KiB ahead into L1, as the quantized products fetch, 1.27x faster than none
-# at 8 tokens; 12 KiB into L2 a further 1.14-1.20x at 8 tokens and 1.28-1.34x at 5 (8, 16 or 24
-# KiB: 1.08-1.16x at 8; prefetcht2 at 8 KiB: 0.98x). On the AVX2 path (compiled for Haswell),
-# whose passes take 2 tokens: 8 tokens 1.27-1.47x, 3 tokens 1.26x. One token keeps up with memory
-# without them (0.93x with them); passes of 2 tokens on AVX-512 gained nothing.
-PREFETCHING_PASS = min(4, TOKENS_PER_PASS)
+# The first pass over a row, if it takes 2 tokens or more, asks for the row's lines
+# ir.PASS_PREFETCH_BYTES ahead, into L2: with the hardware prefetchers alone, its arithmetic and
+# its reads took turns (one thread over a 37 MB F32 matrix: 1.5 ms for one token, 3.5 ms for 8,
+# about the sum of the read and of the arithmetic from cache). Whole passes over SmolLM2 F32, in
+# one process (AMD EPYC Zen 5, 2 threads), against 4 KiB ahead into L1 (as one token's quantized
+# products fetch) in passes of 4 tokens or more: 8 tokens 1.14-1.20x, 5 tokens 1.28-1.34x, 2
+# tokens 1.29-1.36x, 6 tokens 1.07x; no fetches at all were 1.27x slower than those at 8 tokens
+# (8, 16 or 24 KiB ahead: 1.08-1.16x at 8; prefetcht2: 0.98x; fetching in the later passes over
+# the row too, which read it from cache: 0.94-1.03x). On the AVX2 path (compiled for Haswell),
+# whose passes take 2 tokens, against no fetches: 8 tokens 1.27-1.47x, 3 tokens 1.26x. One token
+# keeps up with memory without them (0.93x with them).
 
 
 def _as_float32(b, qtype, raw):
@@ -69,12 +70,13 @@ def _load_x(b, x_ptr, at, mask=None):
     return masked_load(b, at_ptr, mask, 4)
 
 
-def _emit_row(b, qtype, row_ptr, x_ptrs, k):
+def _emit_row(b, qtype, row_ptr, x_ptrs, k, from_memory):
     """IR for one row of k weights dotted with each token's x (x_ptrs), as float32: per token,
     ACCUMULATORS chains of LANES lanes over whole steps, then single vectors, then a masked tail.
     Each weight vector is loaded and widened once for all the tokens; a token's sums are the
     same operations however many tokens come with it, in an order LLVM may not change (no
-    fast-math regrouping), so its result is bit for bit the same."""
+    fast-math regrouping), so its result is bit for bit the same. from_memory (an i1 value): this
+    is the first pass over the row."""
     zero = ir.Constant(vector(F32, LANES), [0.0] * LANES)
     accs = [[cgutils.alloca_once_value(b, zero) for _ in range(ACCUMULATORS)] for _ in x_ptrs]
     step = ACCUMULATORS * LANES
@@ -87,10 +89,11 @@ def _emit_row(b, qtype, row_ptr, x_ptrs, k):
     steps = b.udiv(k, ir.Constant(I64, step))
     with cgutils.for_range(b, steps) as loop:
         first = b.mul(loop.index, ir.Constant(I64, step))
-        if len(x_ptrs) >= PREFETCHING_PASS:  # (see PASS_PREFETCH_BYTES)
-            ahead = offset(b, b.bitcast(row_ptr, I8.as_pointer()), b.mul(first, ir.Constant(I64, FLOAT_BYTES[qtype])))
-            for line in range(0, step * FLOAT_BYTES[qtype], 64):
-                prefetch(b, offset(b, ahead, PASS_PREFETCH_BYTES + line), into_l1=False)
+        if len(x_ptrs) > 1:  # (see PASS_PREFETCH_BYTES)
+            with b.if_then(from_memory):
+                ahead = offset(b, b.bitcast(row_ptr, I8.as_pointer()), b.mul(first, ir.Constant(I64, FLOAT_BYTES[qtype])))
+                for line in range(0, step * FLOAT_BYTES[qtype], 64):
+                    prefetch(b, offset(b, ahead, PASS_PREFETCH_BYTES + line), into_l1=False)
         for j in range(ACCUMULATORS):
             add(j, b.add(first, ir.Constant(I64, j * LANES)))
     done = b.mul(steps, ir.Constant(I64, step))
@@ -128,7 +131,8 @@ def rows_dot_float(typingctx, kinds, qtype, w, first, last, x, out, col):
         def emit(qt):
             def row_dot(row, tokens):
                 return _emit_row(b, qt, array_row(context, b, w_type, wv, row),
-                                 [array_row(context, b, x_type, xv, t) for t in tokens], k)
+                                 [array_row(context, b, x_type, xv, t) for t in tokens], k,
+                                 b.icmp_unsigned("==", tokens[0], ir.Constant(I64, 0)))
             emit_rows(context, b, first_v, last_v, (out_type, outv), colv, row_dot, TOKENS_PER_PASS)
         switch_on_type(b, qtype_v, emit, qtypes)
         return context.get_dummy_value()
