@@ -43,7 +43,9 @@ FEW_TOKENS = 8
 # process (AMD EPYC Zen 5, 2 threads), took SmolLM2 1.07x, the 1B shape 1.02x and the small MoE
 # shape 1.16x less time (its experts' 768- and 2048-row matrices come in tasks per chosen
 # expert). A stack too small to give each thread TASKS_PER_THREAD such tasks takes tasks of
-# fewer rows, down to MIN_TASK_ROWS (task_rows).
+# fewer rows, down to MIN_TASK_ROWS, and so does one whose threads would get unequal shares
+# (task_rows: SmolLM2's stacks in tasks of 48 rows, whole steps in one process 1.02-1.05x faster
+# for one token of the Q4_1 file and 1.00-1.09x for passes of 8 tokens).
 TASK_ROWS, MIN_TASK_ROWS, TASKS_PER_THREAD = 64, 16, 4
 # Prefill's 8-bit products: tasks of this many rows (their blocks stay in L2 while the tokens
 # pass), tokens in blocks of this many (their activations stay in L2 while the rows pass).
@@ -345,7 +347,7 @@ class _Stack:
         ends = np.cumsum([m.shape[0] for m in matrices]).tolist()
         self.n, self.spans = ends[-1], list(zip([0] + ends[:-1], ends))
         self.mats = _table(matrices)
-        self.tasks = _tasks(matrices, [0] + ends[:-1], task_rows(self.n))
+        self.tasks = _tasks(matrices, [0] + ends[:-1], task_rows([m.shape[0] for m in matrices]))
         self.formats = _formats(matrices)
 
     def products(self, x: np.ndarray, precise: bool = False) -> np.ndarray:
@@ -377,11 +379,21 @@ def _formats(matrices) -> int:
     return (Q8_K_ACTIVATIONS if "q8_k" in paired else 0) | (Q8_0_ACTIVATIONS if "q8_0" in paired else 0)
 
 
-def task_rows(n_rows: int) -> int:
-    """Rows per task of a products stack of n_rows rows on this thread count (see TASK_ROWS);
-    a multiple of MIN_TASK_ROWS, so that tasks hold whole groups of interleaved rows."""
-    fitting = n_rows // (TASKS_PER_THREAD * numba.get_num_threads()) // MIN_TASK_ROWS * MIN_TASK_ROWS
-    return max(MIN_TASK_ROWS, min(TASK_ROWS, fitting))
+def task_rows(row_counts: list) -> int:
+    """Rows per task of a products stack of matrices of these row counts, on this thread count:
+    at most TASK_ROWS, and at most what gives each thread TASKS_PER_THREAD tasks, down to
+    MIN_TASK_ROWS; among those, the one whose busiest thread has the fewest rows (the parallel
+    loop hands each thread an equal count of its iterations, and in a pass of several tokens, bound
+    by arithmetic, a thread with one task more than the others keeps them waiting: SmolLM2's
+    576-row matrices in tasks of 64 are 5 tasks against 4), the most rows on a tie. A multiple of
+    MIN_TASK_ROWS, so that tasks hold whole groups of interleaved rows."""
+    threads, streams = numba.get_num_threads(), memory_streams()
+    fitting = sum(row_counts) // (TASKS_PER_THREAD * threads) // MIN_TASK_ROWS * MIN_TASK_ROWS
+
+    def busiest(rows):
+        iterations = -(-sum(-(-n // rows) for n in row_counts) // streams)  # (see products)
+        return -(-iterations // threads) * streams * rows
+    return min(range(max(MIN_TASK_ROWS, min(TASK_ROWS, fitting)), MIN_TASK_ROWS - 1, -MIN_TASK_ROWS), key=busiest)
 
 
 def _tasks(matrices, first_columns, rows):
