@@ -149,3 +149,26 @@ def test_every_real_tensor_decodes_like_reference(model, request):
 
 def test_supported_types_cover_the_issue_list():
     assert set(TYPES) | set(K_QUANT_SCALES) <= SUPPORTED_TYPES
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("row_counts", [[576, 192, 192], [576], [1536, 1536], [2048, 512, 512], [49152], [32, 32],
+                                        [768] * 3, [8192, 8192]], ids=str)
+def test_decode_tasks_share_rows_evenly_between_threads(monkeypatch, row_counts, threads):
+    """The decode products' task size: whole groups of interleaved rows, at most TASK_ROWS, and no
+    size they allow would leave the busiest thread fewer rows (the parallel loop gives each
+    thread an equal count of tasks, one after the other: SmolLM2's 576-row matrices in tasks
+    of 64 rows left one thread 5 tasks and the other 4)."""
+    from kernels_cpu import matmul
+    monkeypatch.setattr(matmul, "memory_streams", lambda: 1)
+    monkeypatch.setattr(matmul.numba, "get_num_threads", lambda: threads)
+    rows = matmul.task_rows(row_counts)
+    assert rows % matmul.MIN_TASK_ROWS == 0 and matmul.MIN_TASK_ROWS <= rows <= matmul.TASK_ROWS
+
+    def busiest(size):  # the most rows one thread's share of consecutive tasks holds
+        tasks = [min(size, n - first) for n in row_counts for first in range(0, n, size)]
+        share = -(-len(tasks) // threads)
+        return max(sum(tasks[i:i + share]) for i in range(0, len(tasks), share))
+    assert all(busiest(rows) <= busiest(size) for size in range(matmul.MIN_TASK_ROWS, rows, matmul.MIN_TASK_ROWS))
+    if threads == 2 and row_counts in ([576, 192, 192], [576]):
+        assert busiest(rows) * 2 == sum(row_counts)
