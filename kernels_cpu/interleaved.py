@@ -617,7 +617,7 @@ def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts, from_memory):
             # EPYC Zen 5 with AVX-512 and AVX512-VNNI). A pass of several tokens fetches
             # PASS_PREFETCH_BYTES ahead into L2 instead: whole passes, in one process, 1.10x
             # faster at 8 tokens on the 1B shape (1.07-1.12x on Gemma 3, 1.03-1.04x on SmolLM2
-            # Q4_1), 1.17x at 3 tokens and 1.03x at 2 on Gemma 3; the AVX2 path (passes of 2
+            # Q4_1), 1.17-1.32x at 3 tokens and 1.03x at 2 on Gemma 3; the AVX2 path (passes of 2
             # tokens, compiled for Haswell) 1.12x at 8 tokens on the 1B shape.
             with b.if_then(from_memory):
                 several = len(acts) > 1
