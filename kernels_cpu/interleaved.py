@@ -35,9 +35,9 @@ from .cpu_features import int8_isa, target_features
 from .rowdot import for_token_passes, switch_on_type
 from .threads import in_parallel
 from .type_sets import tagged_types
-from .ir import (F32, I8, I16, I32, I64, PASS_PREFETCH_BYTES, PREFETCH_BYTES, array_row, array_shape,
-                 byte_pair_sums, byte_quad_sums, const_vector, fused_mul_add, load_bytes, offset, pair_products,
-                 pair_products_into, prefetch, signed_byte_quad_sums, splat, vector)
+from .ir import (F32, I8, I16, I32, I64, array_row, array_shape, byte_pair_sums, byte_quad_sums, const_vector,
+                 fused_mul_add, load_bytes, offset, pair_products, pair_products_into, prefetch_weights,
+                 signed_byte_quad_sums, splat, vector)
 
 GROUP = 8  # rows per group: a 256-bit register of int32 or float32
 
@@ -620,11 +620,9 @@ def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts, from_memory):
             # Q4_1), 1.17-1.32x at 3 tokens and 1.03x at 2 on Gemma 3; the AVX2 path (passes of 2
             # tokens, compiled for Haswell) 1.12x at 8 tokens on the 1B shape.
             with b.if_then(from_memory):
-                several = len(acts) > 1
-                ahead = b.add(ir.Constant(I64, PASS_PREFETCH_BYTES if several else PREFETCH_BYTES),
-                              b.mul(step.index, ir.Constant(I64, 64 * lines_per_step)))
+                at = b.mul(step.index, ir.Constant(I64, 64 * lines_per_step))
                 for line in range(lines_per_step):
-                    prefetch(b, offset(b, blk.ptr, b.add(ahead, ir.Constant(I64, 64 * line))), into_l1=not several)
+                    prefetch_weights(b, offset(b, blk.ptr, b.add(at, ir.Constant(I64, 64 * line))), len(acts))
             for unit in kind.units(b, blk, step.index, lambda j: b.load(b.gep(scales, [j]))):
                 for act, total in zip(acts, totals):
                     xs = [_four(b, act[kind.activations], b.add(first, ir.Constant(I64, at) if isinstance(at, int) else at))

@@ -154,6 +154,16 @@ PREFETCH_BYTES = 4096
 PASS_PREFETCH_BYTES = 12288
 
 
+def prefetch_weights(b, ptr, tokens):
+    """A read hint for the weights' cache line a pass over `tokens` tokens reads next from ptr:
+    PREFETCH_BYTES past it into L1 for one token, PASS_PREFETCH_BYTES past it into L2 for
+    several."""
+    if tokens > 1:
+        prefetch(b, offset(b, ptr, PASS_PREFETCH_BYTES), into_l1=False)
+    else:
+        prefetch(b, offset(b, ptr, PREFETCH_BYTES))
+
+
 def prefetch(b, ptr, into_l1=True):
     """A read hint for the cache line at ptr (never faults, so it may point past the data): into
     every level (prefetcht0), or with into_l1=False into L2 and beyond (prefetcht1)."""

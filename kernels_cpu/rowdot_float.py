@@ -12,8 +12,8 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .ir import (F32, I8, I16, I32, I64, LANES, PASS_PREFETCH_BYTES, array_row, array_shape, fused_mul_add,
-                 horizontal_sum, lanes_below, load_vector, masked_load, offset, prefetch, vector)
+from .ir import (F32, I8, I16, I32, I64, LANES, array_row, array_shape, fused_mul_add, horizontal_sum,
+                 lanes_below, load_vector, masked_load, offset, prefetch_weights, vector)
 from .cpu_features import target_features
 from .rowdot import emit_rows, switch_on_type
 from .type_sets import tagged_types
@@ -27,9 +27,9 @@ ACCUMULATORS = 2
 # them: their chains fit AVX-512's 32 registers (AVX2's 16 hold two tokens' of 16-lane vectors).
 TOKENS_PER_PASS = 8 if "avx512f" in target_features() else 2
 # The first pass over a row, if it takes 2 tokens or more, asks for the row's lines
-# ir.PASS_PREFETCH_BYTES ahead, into L2: with the hardware prefetchers alone, its arithmetic and
-# its reads took turns (one thread over a 37 MB F32 matrix: 1.5 ms for one token, 3.5 ms for 8,
-# about the sum of the read and of the arithmetic from cache). Whole passes over SmolLM2 F32, in
+# ir.PASS_PREFETCH_BYTES ahead, into L2 (ir.prefetch_weights): with the hardware prefetchers
+# alone, its arithmetic and its reads took turns (one thread over a 37 MB F32 matrix: 1.5 ms for
+# one token, 3.5 ms for 8, about the sum of the read and of the arithmetic from cache). Whole passes over SmolLM2 F32, in
 # one process (AMD EPYC Zen 5, 2 threads), against 4 KiB ahead into L1 (as one token's quantized
 # products fetch) in passes of 4 tokens or more: 8 tokens 1.14-1.20x, 5 tokens 1.28-1.34x, 2
 # tokens 1.29-1.36x, 6 tokens 1.07x; no fetches at all were 1.27x slower than those at 8 tokens
@@ -89,11 +89,11 @@ def _emit_row(b, qtype, row_ptr, x_ptrs, k, from_memory):
     steps = b.udiv(k, ir.Constant(I64, step))
     with cgutils.for_range(b, steps) as loop:
         first = b.mul(loop.index, ir.Constant(I64, step))
-        if len(x_ptrs) > 1:  # (see PASS_PREFETCH_BYTES)
+        if len(x_ptrs) > 1:  # (see the fetches' note above _as_float32)
             with b.if_then(from_memory):
                 ahead = offset(b, b.bitcast(row_ptr, I8.as_pointer()), b.mul(first, ir.Constant(I64, FLOAT_BYTES[qtype])))
                 for line in range(0, step * FLOAT_BYTES[qtype], 64):
-                    prefetch(b, offset(b, ahead, PASS_PREFETCH_BYTES + line), into_l1=False)
+                    prefetch_weights(b, offset(b, ahead, line), len(x_ptrs))
         for j in range(ACCUMULATORS):
             add(j, b.add(first, ir.Constant(I64, j * LANES)))
     done = b.mul(steps, ir.Constant(I64, step))
