@@ -36,7 +36,6 @@ class TorchBackend:
         self.threads = 1 if cuda else torch.get_num_threads()
         self.products = Products(compiled=cuda if compiled is None else compiled)
         self.graphs = cuda if graphs is None else graphs
-        self._graph_pool = torch.cuda.graph_pool_handle() if cuda and self.graphs else None
 
     def _tensor(self, a, dtype=None):
         """Host arrays (positions, slots) onto the device; device tensors pass through."""
@@ -74,7 +73,7 @@ class TorchBackend:
         store for one-token steps) goes through a recorded graph when graphs are on."""
         if replays is None or not self.graphs:
             return compute(self.upload(batch))
-        return replay_step(compute, batch, replays, self.upload, self._graph_pool)
+        return replay_step(compute, batch, replays, self.upload)
 
     def matmul(self, w, x):
         return self.products.matmul(w, x)

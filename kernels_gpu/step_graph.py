@@ -65,13 +65,19 @@ class StepGraph:
         return self.output
 
 
-def replay_step(compute, batch, replays, upload, pool):
+def replay_step(compute, batch, replays, upload):
     """Run a one-token step through its recorded graph, recording it first when its shapes are new.
     replays.store lives with the KV cache the graph writes to (a graph replays over the buffers it
-    was recorded on: TorchBackend.binds_replays is False), so a graph never outlives its cache."""
+    was recorded on: TorchBackend.binds_replays is False), so a graph never outlives its cache.
+
+    A cache's graphs share one memory pool, the first graph's, and so the pool dies with them.
+    (One pool handle for the whole backend broke on an H200: once every graph recorded into it
+    was freed with its cache, torch released the pool, and recording into the same handle again
+    failed an assertion in CUDA's caching allocator.)"""
     batch = pad_key_positions(batch)
     key = tuple(len(k) for k in batch.key_positions)
     graph = replays.store.get(key)
     if graph is None:
+        pool = next((g.graph.pool() for g in replays.store.values() if g.graph is not None), None)
         graph = replays.store[key] = StepGraph(compute, upload(batch), pool)
     return graph.replay(batch)
