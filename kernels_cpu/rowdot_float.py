@@ -23,9 +23,17 @@ FLOAT_BYTES = {T.F32: 4, T.F16: 2, T.BF16: 2}
 # Independent accumulator chains a token, so that consecutive multiply-adds need not wait for one
 # another (decode is bound by reading the weights: two chains outrun it).
 ACCUMULATORS = 2
-# Tokens per pass over a row (several: a verified draft), each weight widened once for all of
-# them: their chains fit AVX-512's 32 registers (AVX2's 16 hold two tokens' of 16-lane vectors).
-TOKENS_PER_PASS = 8 if "avx512f" in target_features() else 2
+# Several tokens (a verified draft) go over a group of rows at a time, ROWS_PER_PASS rows by
+# TOKENS_PER_PASS tokens, each weight widened once for all the tokens and each token's values
+# loaded once for all the rows: with AVX-512's 32 registers, 2 rows by 4 tokens (16 chains) load
+# 6 vectors a 16 multiply-adds where one row by 8 tokens loaded 18, and the memory-operand loads,
+# not the multiply-adds, had bound the pass. SmolLM2 F32's forward pass over 8 tokens against
+# one token's, the same process, on an AMD EPYC Zen 4 (2 threads, 3 processes each): 1.08-1.24x
+# (2 by 4), 1.33-1.65x (1 by 8), 1.08-1.37x (2 by 8, whose 32 chains spill), 1.23x (3 by 4).
+# AVX2's 16 registers hold one row by two tokens' chains of 16-lane vectors (2 by 2: 1.84-4.3x
+# against 1.58-1.98x: its chains spill).
+TOKENS_PER_PASS = 4 if "avx512f" in target_features() else 2
+ROWS_PER_PASS = 2 if "avx512f" in target_features() else 1
 # The first pass over a row, if it takes 2 tokens or more, asks for the row's lines
 # ir.PASS_PREFETCH_BYTES ahead, into L2 (ir.prefetch_weights): with the hardware prefetchers
 # alone, its arithmetic and its reads took turns (one thread over a 37 MB F32 matrix: 1.5 ms for
@@ -70,30 +78,36 @@ def _load_x(b, x_ptr, at, mask=None):
     return masked_load(b, at_ptr, mask, 4)
 
 
-def _emit_row(b, qtype, row_ptr, x_ptrs, k, from_memory):
-    """IR for one row of k weights dotted with each token's x (x_ptrs), as float32: per token,
-    ACCUMULATORS chains of LANES lanes over whole steps, then single vectors, then a masked tail.
-    Each weight vector is loaded and widened once for all the tokens; a token's sums are the
-    same operations however many tokens come with it, in an order LLVM may not change (no
-    fast-math regrouping), so its result is bit for bit the same. from_memory (an i1 value): this
-    is the first pass over the row."""
+def _emit_rows(b, qtype, row_ptrs, x_ptrs, k, from_memory):
+    """IR for rows of k weights (row_ptrs) each dotted with each token's x (x_ptrs), as float32
+    sums per row, per token: per row and token, ACCUMULATORS chains of LANES lanes over whole
+    steps, then single vectors, then a masked tail. Each weight vector is loaded and widened once
+    for all the tokens, and each token's vector once for all the rows; a row's sum for a token is
+    the same operations however many rows and tokens come with it, in an order LLVM may not
+    change (no fast-math regrouping), so it is bit for bit the same. from_memory (an i1 value):
+    this is the first pass over the rows."""
     zero = ir.Constant(vector(F32, LANES), [0.0] * LANES)
-    accs = [[cgutils.alloca_once_value(b, zero) for _ in range(ACCUMULATORS)] for _ in x_ptrs]
+    accs = [[[cgutils.alloca_once_value(b, zero) for _ in range(ACCUMULATORS)] for _ in x_ptrs] for _ in row_ptrs]
     step = ACCUMULATORS * LANES
 
     def add(chain, at, mask=None):
-        w = _load(b, qtype, row_ptr, at, mask)
-        for x_ptr, acc in zip(x_ptrs, accs):
-            b.store(fused_mul_add(b, w, _load_x(b, x_ptr, at, mask), b.load(acc[chain])), acc[chain])
+        ws = [_load(b, qtype, row_ptr, at, mask) for row_ptr in row_ptrs]
+        for t, x_ptr in enumerate(x_ptrs):
+            x = _load_x(b, x_ptr, at, mask)
+            for w, row_accs in zip(ws, accs):
+                acc = row_accs[t][chain]
+                b.store(fused_mul_add(b, w, x, b.load(acc)), acc)
 
     steps = b.udiv(k, ir.Constant(I64, step))
     with cgutils.for_range(b, steps) as loop:
         first = b.mul(loop.index, ir.Constant(I64, step))
         if len(x_ptrs) > 1:  # (see the fetches' note above _as_float32)
             with b.if_then(from_memory):
-                ahead = offset(b, b.bitcast(row_ptr, I8.as_pointer()), b.mul(first, ir.Constant(I64, FLOAT_BYTES[qtype])))
-                for line in range(0, step * FLOAT_BYTES[qtype], 64):
-                    prefetch_weights(b, offset(b, ahead, line), len(x_ptrs))
+                for row_ptr in row_ptrs:
+                    ahead = offset(b, b.bitcast(row_ptr, I8.as_pointer()),
+                                   b.mul(first, ir.Constant(I64, FLOAT_BYTES[qtype])))
+                    for line in range(0, step * FLOAT_BYTES[qtype], 64):
+                        prefetch_weights(b, offset(b, ahead, line), len(x_ptrs))
         for j in range(ACCUMULATORS):
             add(j, b.add(first, ir.Constant(I64, j * LANES)))
     done = b.mul(steps, ir.Constant(I64, step))
@@ -102,11 +116,13 @@ def _emit_row(b, qtype, row_ptr, x_ptrs, k, from_memory):
     whole = b.sub(k, b.urem(k, ir.Constant(I64, LANES)))
     add(ACCUMULATORS - 1, whole, lanes_below(b, b.sub(k, whole)))  # (no lanes when k is a multiple of LANES)
     sums = []
-    for acc in accs:
-        total = b.load(acc[0])
-        for chain in acc[1:]:
-            total = b.fadd(total, b.load(chain))
-        sums.append(horizontal_sum(b, total, flags=()))
+    for row_accs in accs:
+        sums.append([])
+        for acc in row_accs:
+            total = b.load(acc[0])
+            for chain in acc[1:]:
+                total = b.fadd(total, b.load(chain))
+            sums[-1].append(horizontal_sum(b, total, flags=()))
     return sums
 
 
@@ -129,11 +145,11 @@ def rows_dot_float(typingctx, kinds, qtype, w, first, last, x, out, col):
         k = array_shape(context, b, x_type, xv)[1]
 
         def emit(qt):
-            def row_dot(row, tokens):
-                return _emit_row(b, qt, array_row(context, b, w_type, wv, row),
-                                 [array_row(context, b, x_type, xv, t) for t in tokens], k,
-                                 b.icmp_unsigned("==", tokens[0], ir.Constant(I64, 0)))
-            emit_rows(context, b, first_v, last_v, (out_type, outv), colv, row_dot, TOKENS_PER_PASS)
+            def row_dot(rows, tokens):
+                return _emit_rows(b, qt, [array_row(context, b, w_type, wv, row) for row in rows],
+                                  [array_row(context, b, x_type, xv, t) for t in tokens], k,
+                                  b.icmp_unsigned("==", tokens[0], ir.Constant(I64, 0)))
+            emit_rows(context, b, first_v, last_v, (out_type, outv), colv, row_dot, TOKENS_PER_PASS, ROWS_PER_PASS)
         switch_on_type(b, qtype_v, emit, qtypes)
         return context.get_dummy_value()
     return types.none(kinds, qtype, w, first, last, x, out, col), codegen

@@ -165,10 +165,10 @@ def rows_dot_int8(typingctx, kinds, qtype, w, first, last, q32, d32, sum32, ssum
         def emit(qt):
             emit_row = _emit_super_blocks if GGML_QUANT_SIZES[qt][0] == 256 else _emit_blocks32
 
-            def row_dot(row, tokens):
-                t, = tokens
+            def row_dot(rows, tokens):
+                (row,), (t,) = rows, tokens
                 act = {name: array_row(context, b, ty, v, t) for name, (ty, v) in zip(ACTIVATIONS, act_arrays)}
-                return [emit_row(b, isa, qt, array_row(context, b, w_type, wv, row), row_bytes, act)]
+                return [[emit_row(b, isa, qt, array_row(context, b, w_type, wv, row), row_bytes, act)]]
             emit_rows(context, b, first_v, last_v, (signature.args[12], outv), colv, row_dot)
         switch_on_type(b, qtype_v, emit, qtypes)
         return context.get_dummy_value()
