@@ -19,7 +19,7 @@ from .chat_template import ChatTemplateError
 from .generate import ModelOutputError, PromptError
 from .kv_cache import DEFAULT_CONTEXT, ContextFullError
 from .registry import MODELS, RegistryError
-from .speculative import DraftError, describe_speculation
+from .speculative import DRAFT_P_MIN, DraftError, describe_speculation
 
 
 class InputError(Exception):
@@ -159,10 +159,10 @@ draft_options = _options(
                  help="Most tokens drafted per target pass (the CPU verifies up to 8 tokens at once: 7 at most)."),
     click.option("--draft-min", type=click.IntRange(0), default=0, show_default=True,
                  help="Fewest tokens drafted per target pass (where a draft is made at all)."),
-    click.option("--draft-p-min", type=click.FloatRange(0, 1), default=0.2, show_default=True,
+    click.option("--draft-p-min", type=click.FloatRange(0, 1), default=DRAFT_P_MIN, show_default=True,
                  help="A draft model stops drafting where its top probability falls below this (llama.cpp's "
                       "default is 0.75; ggrun's passes of up to 8 tokens cost little more than one, so longer "
-                      "drafts pay: 0.2 measured best for SmolLM2)."))
+                      "drafts pay: see runner/speculative.py)."))
 
 system_options = _options(
     click.option("-sys", "--system-prompt", "--system", "system", help="System prompt."),

@@ -27,7 +27,8 @@ from kernels_cpu.cpu_features import cpu_description, int8_isa  # noqa: E402
 from runner.bench import speculative_row  # noqa: E402
 from runner.engine import load  # noqa: E402
 from runner.registry import cache_dir, resolve  # noqa: E402
-from runner.speculative import PromptLookup, check_vocabularies, describe_speculation, make_drafter  # noqa: E402
+from runner.speculative import (DRAFT_P_MIN, PromptLookup, check_vocabularies, describe_speculation,  # noqa: E402
+                                make_drafter)
 
 
 def case(name, lm, n, rounds, new_drafter, prompt=None):
@@ -50,15 +51,15 @@ def main(n=128, rounds=2):
     def loader(path):
         return load(Path(resolve(str(path))), threads)
     case("1. F32 target, Q4_1 draft", target, n, rounds,
-         lambda: make_drafter(target, str(smollm), 0, 2048, False, 0.2, loader))
+         lambda: make_drafter(target, str(smollm), 0, 2048, False, DRAFT_P_MIN, loader))
     case("2. F32 target, self:Q4_0", target, n, rounds,
-         lambda: make_drafter(target, "self:Q4_0", 0, 2048, False, 0.2, loader))
+         lambda: make_drafter(target, "self:Q4_0", 0, 2048, False, DRAFT_P_MIN, loader))
     gemma = load(Path(resolve("gemma3-270m")), threads)
     code = inspect.getsource(PromptLookup) + inspect.getsource(check_vocabularies)
     text = f"Rewrite this function with one change: rename `sequence` to `tokens`.\n\n```python\n{code}```\n"
     ids = gemma.tokenizer.encode(text)
     case(f"3. Gemma 3 270M, --lookup 3 ({len(ids)}-token editing prompt)", gemma, n, rounds,
-         lambda: make_drafter(gemma, None, 3, 2048, False, 0.2, loader), ids)
+         lambda: make_drafter(gemma, None, 3, 2048, False, DRAFT_P_MIN, loader), ids)
     if os.environ.get("GGRUN_BENCH_7B") == "1":
         from convert.random_model import SHAPE_7B, LlamaShape, write_random_llama
         big, tiny = cache_dir() / "models" / "random-7b-q4_k_m.gguf", cache_dir() / "bench" / "random-7b-draft.gguf"
@@ -69,7 +70,7 @@ def main(n=128, rounds=2):
                                                 vocab_size=SHAPE_7B.vocab_size), progress=False)
         target7b = load(big, threads)
         case("4. 7B-shaped random target, tiny random draft", target7b, max(8, n // 8), rounds,
-             lambda: make_drafter(target7b, str(tiny), 0, 2048, False, 0.2, loader), [1, 500, 600, 700])
+             lambda: make_drafter(target7b, str(tiny), 0, 2048, False, DRAFT_P_MIN, loader), [1, 500, 600, 700])
 
 
 if __name__ == "__main__":
