@@ -26,12 +26,12 @@ ACCUMULATORS = 2
 # Several tokens (a verified draft) go over a group of rows at a time, ROWS_PER_PASS rows by
 # TOKENS_PER_PASS tokens, each weight widened once for all the tokens and each token's values
 # loaded once for all the rows: with AVX-512's 32 registers, 2 rows by 4 tokens (16 chains) load
-# 6 vectors a 16 multiply-adds where one row by 8 tokens loaded 18, and the memory-operand loads,
-# not the multiply-adds, had bound the pass. SmolLM2 F32's forward pass over 8 tokens against
+# 6 vectors a 16 multiply-adds where one row by 8 tokens loaded 18 (the loads, more than the
+# multiply-adds, seem to bound a pass from cache). SmolLM2 F32's forward pass over 8 tokens against
 # one token's, the same process, on an AMD EPYC Zen 4 (2 threads, 3 processes each): 1.08-1.24x
 # (2 by 4), 1.33-1.65x (1 by 8), 1.08-1.37x (2 by 8, whose 32 chains spill), 1.23x (3 by 4).
-# AVX2's 16 registers hold one row by two tokens' chains of 16-lane vectors (2 by 2: 1.84-4.3x
-# against 1.58-1.98x: its chains spill).
+# AVX2's 16 registers hold one row by two tokens' chains of 16-lane vectors (2 by 2, whose chains
+# spill: 1.84-4.3x, against 1.58-1.98x).
 TOKENS_PER_PASS = 4 if "avx512f" in target_features() else 2
 ROWS_PER_PASS = 2 if "avx512f" in target_features() else 1
 # The first pass over a row, if it takes 2 tokens or more, asks for the row's lines
