@@ -30,6 +30,7 @@ from kernels_cpu.cpu_features import int8_isa, target_features
 from kernels_cpu.interleaved import LAYOUTS as INTERLEAVED
 from kernels_cpu.interleaved import interleaves
 from kernels_cpu.matmul import load_matrix
+from kernels_cpu.rowdot_float import FLOAT_BYTES
 
 from .test_kernels import _random_k_blocks, _weights
 
@@ -182,17 +183,17 @@ def _random_rows(rng, qtype, n, k):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16, *LEGACY, *K_QUANTS], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [*FLOAT_BYTES, *LEGACY, *K_QUANTS], ids=lambda t: t.name)
 def test_products_alone_or_together_are_the_same_bits(qtype, layout):
     """A few tokens' products go several tokens per pass over the weights (a verified draft), a
     single token's one at a time: a token's results must not depend on which tokens come with it,
     to the last bit, or greedy speculative decoding could part from plain decoding at a near tie."""
-    if layout == "interleaved" and qtype in (T.F32, T.F16, T.BF16):
+    if layout == "interleaved" and qtype in FLOAT_BYTES:
         pytest.skip("float rows are not interleaved")
     rng = np.random.default_rng(int(qtype))
     # float rows go in pairs for several tokens: an odd count leaves one out of them; quantized
     # ones interleave in groups, which need a multiple of their size
-    n, k = (47 if qtype in (T.F32, T.F16, T.BF16) else 48), 768
+    n, k = (47 if qtype in FLOAT_BYTES else 48), 768
     m = _matrix(qtype, _random_rows(rng, qtype, n, k), k, layout)
     x = _activations(rng, 8, k, "hard")
     alone = np.concatenate([m.matmul(x[t:t + 1]) for t in range(8)])
