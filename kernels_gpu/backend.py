@@ -2,8 +2,8 @@
 
 Weights stay in their GGUF blocks on the device (matmul.py); every op is plain torch, so the same
 code runs on the CPU, where the tests check it against the Numba kernels and gguf.quants. On
-CUDA the decode products are compiled (dequantization fused into the row dots) and one-token
-steps are replayed from CUDA graphs (step_graph.py).
+CUDA the products of quantized weights run Triton kernels that decode the blocks in registers
+(triton_products.py), and one-token steps are replayed from CUDA graphs (step_graph.py).
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ class TorchBackend:
     binds_replays = False  # (a CUDA graph replays over the cache it was recorded on)
 
     def __init__(self, device: str = "cuda", threads: int | None = None, compiled: bool | None = None,
-                 graphs: bool | None = None):
+                 graphs: bool | None = None, triton: bool | None = None, precise: bool = False):
+        """precise: prefill's products multiply float32 tiles in float32 on CUDA, not in TF32."""
         self.device = torch.device(device)
         self.cuda = cuda = self.device.type == "cuda"
         self.name = self.label = "cuda" if cuda else "torch-cpu"
@@ -34,7 +35,8 @@ class TorchBackend:
         if threads and not cuda:
             torch.set_num_threads(threads)
         self.threads = 1 if cuda else torch.get_num_threads()
-        self.products = Products(compiled=cuda if compiled is None else compiled)
+        self.products = Products(compiled=cuda if compiled is None else compiled, triton=cuda if triton is None else triton,
+                                 tf32=cuda and not precise)
         self.graphs = cuda if graphs is None else graphs
 
     def _tensor(self, a, dtype=None):

@@ -3,12 +3,16 @@
 A matrix is its GGUF rows uploaded as bytes, (N, bytes per row) uint8: a 4-bit matrix occupies
 its ~4.5 bits per weight on the device. Products never dequantize the whole matrix:
 
-- one token (decode), compiled (CUDA): `dequantize(rows) * x` summed along each row, a function
-  that torch.compile turns into one Triton reduction that reads the quantized bytes and keeps
-  the dequantized weights in registers.
-- more tokens (prefill), or any product run eagerly (CPU): tiles of rows are dequantized to
-  float32 and multiplied by the device's BLAS, so a tile of weights serves every token at once;
-  only one tile exists at a time.
+- one token (decode) on CUDA: quantized types run triton_products' row dots, which decode each
+  block in registers; the float types run `dequantize(rows) * x` summed along each row, which
+  torch.compile fuses into one reduction.
+- more tokens (prefill): tiles of rows are dequantized to float32 (by triton_products on CUDA,
+  by dequant.py's torch ops elsewhere) and multiplied by the device's BLAS, so a tile of weights
+  serves every token at once; only one tile exists at a time. On CUDA the BLAS multiplies in
+  TF32 (float32's range, 10 bits of mantissa: the inputs' precision of llama.cpp's float16 BLAS
+  path) unless the backend is precise.
+
+Run eagerly on the CPU (torch-cpu), every product takes the tiles: the tests' reference path.
 """
 from __future__ import annotations
 
@@ -20,8 +24,9 @@ from gguf import GGML_QUANT_SIZES
 
 from .dequant import DEQUANTIZE
 
-# Floats in one dequantized tile (16 MiB of float32): bounds the memory a product borrows.
-TILE_ELEMENTS = 1 << 22
+# Floats in one dequantized tile: bounds the memory a product borrows; 16 MiB of float32 on the
+# CPU, 256 MiB on a GPU, where a whole 7B FFN matrix is one tile and one BLAS product.
+TILE_ELEMENTS = {"cpu": 1 << 22, "cuda": 1 << 26}
 
 
 class QuantMatrix:
@@ -35,7 +40,7 @@ class QuantMatrix:
             raise ValueError(f"{raw.shape[0]} rows do not divide into {experts} experts")
         self.qtype, self.raw, self.k, self.experts = qtype, raw, k, experts
         self.n = raw.shape[0]
-        self.tile_rows = max(1, TILE_ELEMENTS // k)
+        self.tile_rows = max(1, TILE_ELEMENTS.get(raw.device.type, TILE_ELEMENTS["cpu"]) // k)
         self._views = {}
 
     def expert(self, e: int) -> QuantMatrix:
@@ -66,10 +71,16 @@ def expert_row_dots(dequantize, raw: torch.Tensor, x: torch.Tensor) -> torch.Ten
 
 
 class Products:
-    """Matrix products on one device; `compiled` fuses dequantization into the decode products."""
+    """Matrix products on one device. `compiled` fuses dequantization into the decode products of
+    the float types; `triton` runs triton_products' kernels for the quantized types (on the CPU
+    only where Triton interprets, as the tests do)."""
 
-    def __init__(self, compiled: bool):
-        self.compiled = compiled
+    def __init__(self, compiled: bool, triton: bool = False, tf32: bool = False):
+        self.compiled, self.tf32 = compiled, tf32
+        self.triton = None
+        if triton:
+            from . import triton_products
+            self.triton = triton_products
         self._row_dots = {}
         if compiled:
             # Every type's row-dot function shares one code object, whose compiled variants (a
@@ -91,14 +102,30 @@ class Products:
             self._row_dots[qtype, dots] = fn
         return fn
 
+    def _kernels(self, qtype):
+        """triton_products where it runs and has the block layout, else None."""
+        return self.triton if self.triton is not None and qtype in self.triton.DECODERS else None
+
+    def _dequantize(self, w: QuantMatrix, tile: torch.Tensor) -> torch.Tensor:
+        kernels = self._kernels(w.qtype)
+        return DEQUANTIZE[w.qtype](tile) if kernels is None else kernels.dequantize(w.qtype, tile, w.k)
+
     def matmul(self, w: QuantMatrix, x: torch.Tensor) -> torch.Tensor:
         """x (T, k) @ W.T -> (T, N) float32."""
-        if x.shape[0] == 1 and self.compiled:
-            return self._dots(w.qtype)(w.raw, x[0])[None]
+        if x.shape[0] == 1:
+            kernels = self._kernels(w.qtype)
+            if kernels is not None:
+                return kernels.row_dots(w.qtype, w.raw, w.k, x.reshape(-1).contiguous())[None]
+            if self.compiled:
+                return self._dots(w.qtype)(w.raw, x[0])[None]
         # eagerly, a dequantized tile times x is the same arithmetic as the row dots, and faster
         out = torch.empty((x.shape[0], w.n), dtype=torch.float32, device=x.device)
-        for start, tile in w.tiles():
-            out[:, start:start + tile.shape[0]] = x @ DEQUANTIZE[w.qtype](tile).T
+        tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, self.tf32
+        try:
+            for start, tile in w.tiles():
+                out[:, start:start + tile.shape[0]] = x @ self._dequantize(w, tile).T
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
         return out
 
 
@@ -111,6 +138,9 @@ class Products:
         x = x.repeat_interleave(flat.numel() // x.shape[0], dim=0) if x.shape[0] != flat.numel() else x
         n = w.n // w.experts
         if ids.shape[0] == 1:
+            kernels = self._kernels(w.qtype)
+            if kernels is not None:
+                return kernels.row_dots(w.qtype, w.raw, w.k, x.contiguous(), flat, w.experts).view(-1, n)
             raw = w.raw.view(w.experts, n, -1)[flat]
             if self.compiled:
                 return self._dots(w.qtype, expert_row_dots)(raw, x)

@@ -138,7 +138,8 @@ def resolve_device(device: str) -> str:
 def make_backend(device: str = "cpu", threads: int | None = None, precise: bool = False) -> Backend:
     """The backend for a device: "cpu" (Numba), "cuda" (torch on the GPU), "torch-cpu" (the torch
     kernels on the CPU, as the tests run them) or "auto". precise: the CPU's decode products take
-    16-bit activations instead of 8-bit ones (the torch kernels multiply floats either way)."""
+    16-bit activations instead of 8-bit ones, and CUDA's prefill products multiply in float32
+    instead of TF32 (its decode products are float32 either way)."""
     device = resolve_device(device)
     if device == "cpu":
         from kernels_cpu.backend import CpuBackend
@@ -152,4 +153,4 @@ def make_backend(device: str = "cpu", threads: int | None = None, precise: bool 
         why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
         raise BackendError(f"--device cuda: CUDA is not available ({why}, torch {torch.__version__})")
     from kernels_gpu.backend import TorchBackend
-    return TorchBackend("cuda" if device == "cuda" else "cpu", threads)
+    return TorchBackend("cuda" if device == "cuda" else "cpu", threads, precise=precise)

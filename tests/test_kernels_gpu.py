@@ -26,10 +26,11 @@ from kernels_gpu.matmul import Products, row_dots, upload  # noqa: E402
 from kernels_gpu.step_graph import MIN_SLOTS, padded_length  # noqa: E402
 
 DEVICE = os.environ.get("GGRUN_TEST_DEVICE", "cpu")
-be = TorchBackend(DEVICE)
+be = TorchBackend(DEVICE, precise=True)  # (the default multiplies prefill's tiles in TF32 on CUDA)
 cpu = CpuBackend()
 rng = np.random.default_rng(7)
 ALL_TYPES = list(QUANT_TYPES)
+TRITON_TYPES = [t for t in ALL_TYPES if t.name not in ("F32", "F16", "BF16")]  # (float rows: torch.compile)
 
 
 def _raw(qtype, n, k, kind="normal"):
@@ -75,6 +76,19 @@ def test_products_match_reference_and_numba(qtype, n, k):
         assert np.all(np.abs(got - numba_w.matmul(x, precise=True)) <= 2 * tol), (qtype.name, tokens)
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0, T.F16], ids=lambda t: t.name)
+def test_default_prefill_products_within_tf32_rounding(qtype):
+    """The default backend's products of several tokens: on CUDA in TF32, whose rounding of w and
+    x to 10-bit mantissas (2^-11 each) bounds the error by 2^-10 of sum |w| |x| per output."""
+    n, k = 37, 512
+    raw = _raw(qtype, n, k)
+    ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
+    x = rng.standard_normal((20, k)).astype(np.float32)
+    got = _np(TorchBackend(DEVICE).matmul(be.load_matrix(qtype, raw, k), _t(x)))
+    tol = 2.0 ** -10 * np.abs(x) @ np.abs(ref).T + 1e-5 * np.abs(ref).max() * np.abs(x).sum(axis=1, keepdims=True)
+    assert np.all(np.abs(got - x @ ref.T) <= tol)
+
+
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_row_dots_the_compiled_decode_function(qtype):
     """row_dots is what torch.compile fuses on CUDA; eagerly it must give the same products."""
@@ -85,6 +99,39 @@ def test_row_dots_the_compiled_decode_function(qtype):
     got = _np(row_dots(DEQUANTIZE[qtype], _t(raw), _t(x)))
     tol = 1e-5 * np.abs(ref).max() * np.abs(x).sum()
     assert np.all(np.abs(got - ref @ x) <= tol)
+
+
+@pytest.mark.parametrize("qtype", TRITON_TYPES, ids=lambda t: t.name)
+def test_triton_dequantizes_like_gguf(qtype):
+    triton_products = pytest.importorskip("kernels_gpu.triton_products")
+    assert set(triton_products.DECODERS) == set(TRITON_TYPES)
+    for n, k in [(1, 256), (29, 768)]:
+        raw = _raw(qtype, n, k, "extreme")
+        ref = dequantize(raw.reshape(-1), qtype).reshape(n, k)
+        assert np.array_equal(_np(triton_products.dequantize(qtype, _t(raw), k)), ref), qtype.name
+
+
+@pytest.mark.parametrize("qtype", TRITON_TYPES, ids=lambda t: t.name)
+def test_triton_products_match_reference(qtype):
+    """Decode's row dots (odd rows and blocks leave partial programs), prefill's tiles, and one
+    token's expert products, which read only the chosen experts' rows."""
+    pytest.importorskip("triton")
+    products = Products(compiled=False, triton=True)
+    n, k, experts = 19, 768, 3
+    raw = _raw(qtype, n * experts, k)
+    ref = dequantize(raw.reshape(-1), qtype).reshape(n * experts, k).astype(np.float64)
+    scale = np.abs(ref).max() + 1e-30
+    for tokens in (1, 3):
+        x = rng.standard_normal((tokens, k)).astype(np.float32)
+        got = _np(products.matmul(upload(qtype, raw, k, DEVICE), _t(x)))
+        tol = 1e-5 * scale * np.abs(x).sum(axis=1, keepdims=True)
+        assert np.all(np.abs(got - x @ ref.T) <= tol), (qtype.name, tokens)
+    ids = np.array([[2, 0]])
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    got = _np(products.expert_matmul(upload(qtype, raw, k, DEVICE, experts), _t(x), _t(ids)))
+    want = np.stack([x[s] @ ref[e * n:(e + 1) * n].T for s, e in enumerate(ids[0])])
+    tol = 1e-5 * scale * np.abs(x).sum(axis=1, keepdims=True)
+    assert np.all(np.abs(got - want) <= tol), qtype.name
 
 
 def test_row_dots_compile_into_one_graph_per_type():
