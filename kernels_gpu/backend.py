@@ -20,7 +20,7 @@ from .step_graph import replay_step
 
 
 class TorchBackend:
-    few_tokens = 1  # (one-token steps run the compiled products; more tokens dequantize tiles)
+    few_tokens = 1  # (one-token steps run the row dots; more tokens dequantize tiles)
     supported_types = frozenset(QUANT_TYPES)  # (tests/test_structure.py: DEQUANTIZE covers them)
     kv_types = tuple(kv_layout.ELEMENTS)
     binds_replays = False  # (a CUDA graph replays over the cache it was recorded on)

@@ -2,9 +2,9 @@
 
 Each decoder takes raw rows (N, bytes per row) uint8 and returns (N, weights per row) float32.
 They are written with element-wise torch ops only (slices, shifts, masks, stack, broadcasting),
-so that torch.compile can fuse a decoder into the product that consumes it: on CUDA the
-dequantized weights then live in registers, never in memory. Run eagerly, the same functions are
-the CPU reference of the GPU path.
+so that torch.compile can fuse a decoder into the product that consumes it (on CUDA, where no
+Triton decoder of triton_blocks.py serves the type). Run eagerly, the same functions are the
+products' path on torch's CPU device and the reference of the GPU kernels.
 
 Layouts follow ggml's block structs; `_weights` puts the pieces back in ggml's element order.
 """

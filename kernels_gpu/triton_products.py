@@ -3,9 +3,9 @@ the dequantization of a tile of rows (for prefill's BLAS products).
 
 Row dots: a program takes ROWS rows and walks along them BLOCKS blocks at a time, each block
 decoded in registers and multiplied by the matching activations; nothing but the quantized bytes
-and x is read. Its shape is tuned per matrix shape on first use on CUDA (a few configurations, so
-the first run's compiles stay short), and fixed where Triton interprets (TRITON_INTERPRET=1, how
-the tests run these kernels on the CPU).
+and x is read. Its shape is tuned per matrix shape on a shape's first run on CUDA (a few
+configurations, so the first run's compiles stay short), and fixed where Triton interprets
+(TRITON_INTERPRET=1, how the tests run these kernels on the CPU).
 
 A mixture's expert products run the same kernel: row r of slot s reads row r of expert ids[s] and
 the activations of slot s, so only the chosen experts' bytes are read, with no copy.
@@ -87,7 +87,10 @@ def _row_dots_kernel(qtype):
     if INTERPRETED:
         return _row_dots
     if qtype not in _tuned:
-        _tuned[qtype] = triton.autotune(_configs(GGML_QUANT_SIZES[qtype][0]), key=["n_out", "k"])(_row_dots)
+        # Timings are kept on disk, so only a shape's first run tunes; BLOCK_BYTES tells the types
+        # apart there (the disk key holds the kernel's source, not the decoder it is passed).
+        _tuned[qtype] = triton.autotune(_configs(GGML_QUANT_SIZES[qtype][0]), key=["n_out", "k", "BLOCK_BYTES"],
+                                        cache_results=True)(_row_dots)
     return _tuned[qtype]
 
 

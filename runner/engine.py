@@ -21,8 +21,8 @@ def load(path, threads=None, kv_type="f16", times: StartupTimes | None = None, d
     """The model on a resolved device, with its kernels loaded from Numba's cache (or compiled, the
     first time: notify says so) by throw-away forward passes (warm_up), so that the prompt does not
     pay for that; prefill: also those of prompts longer than decode's kernels take (run passes
-    False and warms them itself when its prompt needs them). On CUDA that step compiles the fused
-    products (torch.compile keeps them in its own cache)."""
+    False and warms them itself when its prompt needs them). On CUDA that step compiles and tunes
+    the Triton products (Triton and torch.compile keep them in their own caches)."""
     times = times or StartupTimes()
     paths = ("decode", "prefill") if prefill else ("decode",)
     compiling = compiling_paths(device, kv_type, paths)
@@ -46,7 +46,7 @@ def load(path, threads=None, kv_type="f16", times: StartupTimes | None = None, d
 
 def compiling_paths(device, kv_type, paths) -> list:
     """The paths of `paths` whose kernels this run compiles (the first one on the CPU, each
-    marked once done; every run on CUDA, where torch.compile's cache decides)."""
+    marked once done; every run on CUDA, where Triton's and torch.compile's caches decide)."""
     if device == "cpu":
         from kernels_cpu.compile_cache import kernels_compiled
         return [p for p in paths if not kernels_compiled(f"{kv_type}-{p}")]
