@@ -1,9 +1,9 @@
 """GGUF block layouts decoded in Triton, one function per layout, for the kernels of
 triton_products.py.
 
-A decoder takes `blocks`, (R, B) pointers to the first byte of B blocks in each of R rows, and
-`ok`, their mask. It returns (weights, inner): weights (R, B, P, L) float32, and inner (P, L),
-each weight's place inside its block. The P × L grid is chosen per layout so that every weight's
+A decoder takes `b`, (R, B, 1, 1) pointers to the first byte of B blocks in each of R rows, and
+`ok`, their mask of the same shape. It returns (weights, inner): weights (R, B, P, L) float32,
+and inner (P, L), each weight's place inside its block. The P × L grid is chosen per layout so that every weight's
 bytes, bit shifts and scale are arithmetic on its grid position (no reshapes, which cost
 register shuffles): a K-quant's P runs over its sub-blocks of 32, a legacy type's over its low
 and high nibbles. Layouts follow ggml's block structs, as dequant.py's torch decoders do.
@@ -39,19 +39,17 @@ def _grid(P: tl.constexpr, L: tl.constexpr):
 
 
 @triton.jit
-def q4_0(blocks, ok):  # d, qs[16]: weight l is qs[l]'s low nibble, weight 16 + l its high one
+def q4_0(b, ok):  # d, qs[16]: weight l is qs[l]'s low nibble, weight 16 + l its high one
     h, l = _grid(2, 16)
-    b, ok4 = blocks[:, :, None, None], ok[:, :, None, None]
-    q = (_u8(b + 2 + l, ok4) >> (4 * h)) & 0xF
-    return _f16(b, ok4) * (q - 8).to(tl.float32), 16 * h + l
+    q = (_u8(b + 2 + l, ok) >> (4 * h)) & 0xF
+    return _f16(b, ok) * (q - 8).to(tl.float32), 16 * h + l
 
 
 @triton.jit
-def q4_1(blocks, ok):  # d, m, qs[16]
+def q4_1(b, ok):  # d, m, qs[16]
     h, l = _grid(2, 16)
-    b, ok4 = blocks[:, :, None, None], ok[:, :, None, None]
-    q = (_u8(b + 4 + l, ok4) >> (4 * h)) & 0xF
-    return _f16(b, ok4) * q.to(tl.float32) + _f16(b + 2, ok4), 16 * h + l
+    q = (_u8(b + 4 + l, ok) >> (4 * h)) & 0xF
+    return _f16(b, ok) * q.to(tl.float32) + _f16(b + 2, ok), 16 * h + l
 
 
 @triton.jit
@@ -61,67 +59,61 @@ def _fifth_bit(qh, ok, e):
 
 
 @triton.jit
-def q5_0(blocks, ok):  # d, qh[4], qs[16]
+def q5_0(b, ok):  # d, qh[4], qs[16]
     h, l = _grid(2, 16)
-    b, ok4 = blocks[:, :, None, None], ok[:, :, None, None]
-    q = ((_u8(b + 6 + l, ok4) >> (4 * h)) & 0xF) | (_fifth_bit(b + 2, ok4, 16 * h + l) << 4)
-    return _f16(b, ok4) * (q - 16).to(tl.float32), 16 * h + l
+    q = ((_u8(b + 6 + l, ok) >> (4 * h)) & 0xF) | (_fifth_bit(b + 2, ok, 16 * h + l) << 4)
+    return _f16(b, ok) * (q - 16).to(tl.float32), 16 * h + l
 
 
 @triton.jit
-def q5_1(blocks, ok):  # d, m, qh[4], qs[16]
+def q5_1(b, ok):  # d, m, qh[4], qs[16]
     h, l = _grid(2, 16)
-    b, ok4 = blocks[:, :, None, None], ok[:, :, None, None]
-    q = ((_u8(b + 8 + l, ok4) >> (4 * h)) & 0xF) | (_fifth_bit(b + 4, ok4, 16 * h + l) << 4)
-    return _f16(b, ok4) * q.to(tl.float32) + _f16(b + 2, ok4), 16 * h + l
+    q = ((_u8(b + 8 + l, ok) >> (4 * h)) & 0xF) | (_fifth_bit(b + 4, ok, 16 * h + l) << 4)
+    return _f16(b, ok) * q.to(tl.float32) + _f16(b + 2, ok), 16 * h + l
 
 
 @triton.jit
-def q8_0(blocks, ok):  # d, qs[32] int8
+def q8_0(b, ok):  # d, qs[32] int8
     p, l = _grid(1, 32)
-    b, ok4 = blocks[:, :, None, None], ok[:, :, None, None]
-    return _f16(b, ok4) * _i8(b + 2 + l, ok4).to(tl.float32), 32 * p + l
+    return _f16(b, ok) * _i8(b + 2 + l, ok).to(tl.float32), 32 * p + l
 
 
 @triton.jit
-def mxfp4(blocks, ok):
+def mxfp4(b, ok):
     """E8M0 exponent e, qs[16] of 4-bit E2M1 codes (low nibbles first). Codes are doubled to
     integers (0, 1, 2, 3, 4, 6, 8, 12, signed) and the scale halved, as ggml does."""
     h, l = _grid(2, 16)
-    b, ok4 = blocks[:, :, None, None], ok[:, :, None, None]
-    code = (_u8(b + 1 + l, ok4) >> (4 * h)) & 0xF
+    code = (_u8(b + 1 + l, ok) >> (4 * h)) & 0xF
     exponent, mantissa = (code >> 1) & 3, code & 1
     magnitude = tl.where(exponent == 0, mantissa, (2 + mantissa) << tl.maximum(exponent - 1, 0))
     value = tl.where(code >= 8, -magnitude, magnitude).to(tl.float32)
-    e = _u8(b, ok4)
+    e = _u8(b, ok)
     half_scale = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
     return half_scale * value, 16 * h + l
 
 
 @triton.jit
-def q2_k(blocks, ok):
+def q2_k(b, ok):
     """scales[16] (scale | min << 4), qs[64], d, dmin. Runs t of 32 weights: qs[32 (t // 4) + l]
     shifted by 2 (t % 4); a scale per 16 weights."""
     t, l = _grid(8, 32)
-    b, ok4 = blocks[:, :, None, None], ok[:, :, None, None]
-    q = (_u8(b + 16 + 32 * (t >> 2) + l, ok4) >> (2 * (t & 3))) & 3
-    sc = _u8(b + 2 * t + (l >> 4), ok4)
-    return (_f16(b + 80, ok4) * ((sc & 0xF) * q).to(tl.float32)
-            - _f16(b + 82, ok4) * (sc >> 4).to(tl.float32)), 32 * t + l
+    q = (_u8(b + 16 + 32 * (t >> 2) + l, ok) >> (2 * (t & 3))) & 3
+    sc = _u8(b + 2 * t + (l >> 4), ok)
+    return (_f16(b + 80, ok) * ((sc & 0xF) * q).to(tl.float32)
+            - _f16(b + 82, ok) * (sc >> 4).to(tl.float32)), 32 * t + l
 
 
 @triton.jit
-def q3_k(blocks, ok):
+def q3_k(b, ok):
     """hmask[32], qs[64], scales[12] (16 six-bit values), d. Run t's weights take 2 bits as Q2_K's
     and subtract 4 where bit t of hmask[l] is clear."""
     t, l = _grid(8, 32)
-    b, ok4 = blocks[:, :, None, None], ok[:, :, None, None]
-    q = (_u8(b + 32 + 32 * (t >> 2) + l, ok4) >> (2 * (t & 3))) & 3
-    q = q - 4 + 4 * ((_u8(b + l, ok4) >> t) & 1)
+    q = (_u8(b + 32 + 32 * (t >> 2) + l, ok) >> (2 * (t & 3))) & 3
+    q = q - 4 + 4 * ((_u8(b + l, ok) >> t) & 1)
     i = 2 * t + (l >> 4)  # scale i: low 4 bits in byte i % 8 (high nibble for i >= 8),
-    low = (_u8(b + 96 + (i & 7), ok4) >> (4 * (i >> 3))) & 0xF  # high 2 bits in byte 8 + i % 4
-    high = (_u8(b + 104 + (i & 3), ok4) >> (2 * (i >> 2))) & 3
-    return _f16(b + 108, ok4) * ((low | (high << 4)) - 32).to(tl.float32) * q.to(tl.float32), 32 * t + l
+    low = (_u8(b + 96 + (i & 7), ok) >> (4 * (i >> 3))) & 0xF  # high 2 bits in byte 8 + i % 4
+    high = (_u8(b + 104 + (i & 3), ok) >> (2 * (i >> 2))) & 3
+    return _f16(b + 108, ok) * ((low | (high << 4)) - 32).to(tl.float32) * q.to(tl.float32), 32 * t + l
 
 
 @triton.jit
@@ -135,35 +127,32 @@ def _k4_scale_min(scales, ok, j):
 
 
 @triton.jit
-def q4_k(blocks, ok):
+def q4_k(b, ok):
     """d, dmin, scales[12], qs[128]. Sub-block j of 32 weights: nibble j % 2 of qs[32 (j // 2) + l]."""
     j, l = _grid(8, 32)
-    b, ok4 = blocks[:, :, None, None], ok[:, :, None, None]
-    q = (_u8(b + 16 + 32 * (j >> 1) + l, ok4) >> (4 * (j & 1))) & 0xF
-    sc, m = _k4_scale_min(b + 4, ok4, j)
-    return _f16(b, ok4) * sc * q.to(tl.float32) - _f16(b + 2, ok4) * m, 32 * j + l
+    q = (_u8(b + 16 + 32 * (j >> 1) + l, ok) >> (4 * (j & 1))) & 0xF
+    sc, m = _k4_scale_min(b + 4, ok, j)
+    return _f16(b, ok) * sc * q.to(tl.float32) - _f16(b + 2, ok) * m, 32 * j + l
 
 
 @triton.jit
-def q5_k(blocks, ok):
+def q5_k(b, ok):
     """d, dmin, scales[12], qh[32], qs[128]: Q4_K's nibbles, and bit j of qh[l] as the fifth bit."""
     j, l = _grid(8, 32)
-    b, ok4 = blocks[:, :, None, None], ok[:, :, None, None]
-    q = ((_u8(b + 48 + 32 * (j >> 1) + l, ok4) >> (4 * (j & 1))) & 0xF) | (((_u8(b + 16 + l, ok4) >> j) & 1) << 4)
-    sc, m = _k4_scale_min(b + 4, ok4, j)
-    return _f16(b, ok4) * sc * q.to(tl.float32) - _f16(b + 2, ok4) * m, 32 * j + l
+    q = ((_u8(b + 48 + 32 * (j >> 1) + l, ok) >> (4 * (j & 1))) & 0xF) | (((_u8(b + 16 + l, ok) >> j) & 1) << 4)
+    sc, m = _k4_scale_min(b + 4, ok, j)
+    return _f16(b, ok) * sc * q.to(tl.float32) - _f16(b + 2, ok) * m, 32 * j + l
 
 
 @triton.jit
-def q6_k(blocks, ok):
+def q6_k(b, ok):
     """ql[128], qh[64], scales[16] int8, d. Run t = 4 n + p of 32 weights (half n, quarter p):
     nibble p // 2 of ql[64 n + 32 (p % 2) + l], and bits 2p of qh[32 n + l] above it."""
     t, l = _grid(8, 32)
-    b, ok4 = blocks[:, :, None, None], ok[:, :, None, None]
-    low = (_u8(b + 64 * (t >> 2) + 32 * (t & 1) + l, ok4) >> (4 * ((t >> 1) & 1))) & 0xF
-    high = (_u8(b + 128 + 32 * (t >> 2) + l, ok4) >> (2 * (t & 3))) & 3
-    sc = _i8(b + 192 + 2 * t + (l >> 4), ok4)
-    return _f16(b + 208, ok4) * (sc * ((low | (high << 4)) - 32)).to(tl.float32), 32 * t + l
+    low = (_u8(b + 64 * (t >> 2) + 32 * (t & 1) + l, ok) >> (4 * ((t >> 1) & 1))) & 0xF
+    high = (_u8(b + 128 + 32 * (t >> 2) + l, ok) >> (2 * (t & 3))) & 3
+    sc = _i8(b + 192 + 2 * t + (l >> 4), ok)
+    return _f16(b + 208, ok) * (sc * ((low | (high << 4)) - 32)).to(tl.float32), 32 * t + l
 
 
 DECODERS = {T.Q4_0: q4_0, T.Q4_1: q4_1, T.Q5_0: q5_0, T.Q5_1: q5_1, T.Q8_0: q8_0, T.MXFP4: mxfp4,

@@ -30,10 +30,10 @@ def _block_products(decode: tl.constexpr, row_starts, x_rows, row_ok, first, N_B
                     BLOCK_BYTES: tl.constexpr, WEIGHTS: tl.constexpr, BLOCKS: tl.constexpr):
     """Weights times activations of blocks first .. first + BLOCKS of each row, (R, B, P, L)."""
     b = first + tl.arange(0, BLOCKS)
-    ok = row_ok[:, None] & (b < N_BLOCKS)[None, :]
-    w, inner = decode(row_starts[:, None] + b[None, :] * BLOCK_BYTES, ok)
+    ok = (row_ok[:, None] & (b < N_BLOCKS)[None, :])[:, :, None, None]
+    w, inner = decode((row_starts[:, None] + b[None, :] * BLOCK_BYTES)[:, :, None, None], ok)
     at = (b * WEIGHTS)[None, :, None, None] + inner[None, None, :, :]
-    return w * tl.load(x_rows + at, mask=ok[:, :, None, None], other=0.0)
+    return w * tl.load(x_rows + at, mask=ok, other=0.0)
 
 
 @triton.jit
@@ -66,10 +66,10 @@ def _dequantize(raw, out, n_rows, row_bytes, k, n_blocks, decode: tl.constexpr, 
                 WEIGHTS: tl.constexpr, ROWS: tl.constexpr, BLOCKS: tl.constexpr):
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
-    ok = (rows < n_rows)[:, None] & (b < n_blocks)[None, :]
-    w, inner = decode(raw + rows[:, None] * row_bytes + b[None, :] * BLOCK_BYTES, ok)
+    ok = ((rows < n_rows)[:, None] & (b < n_blocks)[None, :])[:, :, None, None]
+    w, inner = decode((raw + rows[:, None] * row_bytes + b[None, :] * BLOCK_BYTES)[:, :, None, None], ok)
     at = rows[:, None, None, None] * k + (b * WEIGHTS)[None, :, None, None] + inner[None, None, :, :]
-    tl.store(out + at, w, mask=ok[:, :, None, None])
+    tl.store(out + at, w, mask=ok)
 
 
 def _configs(weights: int):

@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
 from gguf_io import GGUFFile
-from gguf_io.quant_types import QUANT_TYPES
+from gguf_io.quant_types import BLOCK_TYPES, QUANT_TYPES
 from kernels_cpu.backend import CpuBackend
 
 from .test_kernels import K_QUANT_SCALES, _random_k_blocks, _weights
@@ -30,7 +30,7 @@ be = TorchBackend(DEVICE, precise=True)  # (the default multiplies prefill's til
 cpu = CpuBackend()
 rng = np.random.default_rng(7)
 ALL_TYPES = list(QUANT_TYPES)
-TRITON_TYPES = [t for t in ALL_TYPES if t.name not in ("F32", "F16", "BF16")]  # (float rows: torch.compile)
+TRITON_TYPES = [t for t in ALL_TYPES if t in BLOCK_TYPES]  # (float rows: torch.compile)
 
 
 def _raw(qtype, n, k, kind="normal"):
