@@ -27,6 +27,7 @@ class Architecture:
     # mixtures of experts: llama.cpp fixes these per architecture in its graph
     expert_weights_norm: bool = False  # the chosen experts' weights are renormalized to sum to 1
     expert_gating: int = 1            # router logits -> weights, by llama.cpp's gating function id (hparams.py)
+    partial_rope: bool = False        # RoPE may rotate part of each head (rope.dimension_count below the head size)
     # how llama.cpp's converter writes it from a checkpoint:
     permute_qk: bool = False          # Q/K rows permuted for the interleaved rotary pairing of llama.cpp's graph
     norm_plus_one: bool = False       # the checkpoint stores RMSNorm weights as w - 1
@@ -100,9 +101,9 @@ ARCHITECTURES = {a.name: a for a in (
                  sentencepiece_first=True, writes_vocab_size=True, writes_rope_dims=True),
     Architecture("granite", MODEL_ARCH.GRANITE, ("granite",), permute_qk=True, no_bos_vocab_size=49152,
                  sentencepiece_first=True, writes_vocab_size=True, writes_rope_dims=True),
-    Architecture("granitemoe", MODEL_ARCH.GRANITE_MOE, ("granitemoe", "granitemoeshared"), permute_qk=True,
-                 no_bos_vocab_size=49152, sentencepiece_first=True, writes_vocab_size=True, writes_rope_dims=True,
-                 expert_weights_norm=True,
+    Architecture("granitemoe", MODEL_ARCH.GRANITE_MOE, ("granitemoe", "granitemoeshared"), partial_rope=True,
+                 permute_qk=True, no_bos_vocab_size=49152, sentencepiece_first=True, writes_vocab_size=True,
+                 writes_rope_dims=True, expert_weights_norm=True,
                  fused_gate_up=(
                      ("block_sparse_moe.input_linear.weight", MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP,
                       "weight"),
@@ -110,12 +111,13 @@ ARCHITECTURES = {a.name: a for a in (
                       "weight"))),
     # gpt-oss: attention sinks and biases, experts picked by their logits (llama.cpp's softmax_weight
     # gating), sliding layers alternating with global ones from the first, YaRN from the file
-    Architecture("gpt-oss", MODEL_ARCH.GPT_OSS, ("gpt_oss",), swa_pattern=2, expert_gating=3,
+    Architecture("gpt-oss", MODEL_ARCH.GPT_OSS, ("gpt_oss",), partial_rope=True, swa_pattern=2, expert_gating=3,
                  fused_gate_up=(
                      ("mlp.experts.gate_up_proj", MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP, "weight"),
                      ("mlp.experts.gate_up_proj_bias", MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP, "bias")),
                  gate_up_interleaved=True, experts_in_out=True, writes_expert_ff_length=True),
-    Architecture("glm4", MODEL_ARCH.GLM4, ("glm4",), rotary_share=0.5, writes_rope_dims=True, writes_head_dims=True,
+    Architecture("glm4", MODEL_ARCH.GLM4, ("glm4",), partial_rope=True, rotary_share=0.5, writes_rope_dims=True,
+                 writes_head_dims=True,
                  special_tokens=(("eos", "<|endoftext|>"), ("eot", "<|user|>"), ("unk", "<|endoftext|>"),
                                  ("bos", "<|endoftext|>"))),
     # (llama.cpp's graph slides EXAONE 4's layers only in its 64-layer model; ggrun wherever the file says)
@@ -124,20 +126,20 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("seed_oss", MODEL_ARCH.SEED_OSS, ("seed_oss",), writes_head_dims=True),
     # (llama.cpp's graph ignores Phi-3's window, which transformers applies to every layer: ggrun follows
     # the model's definition)
-    Architecture("phi3", MODEL_ARCH.PHI3, ("phi3",), swa_pattern=0, long_rope=True, writes_rope_dims=True,
-                 sentencepiece_first=True, added_tokens_as_marked=True),
-    Architecture("gemma2", MODEL_ARCH.GEMMA2, ("gemma2",), swa_pattern=2, wide_query_scale_layers=46,
+    Architecture("phi3", MODEL_ARCH.PHI3, ("phi3",), partial_rope=True, swa_pattern=0, long_rope=True,
+                 writes_rope_dims=True, sentencepiece_first=True, added_tokens_as_marked=True),
+    Architecture("gemma2", MODEL_ARCH.GEMMA2, ("gemma2",), partial_rope=True, swa_pattern=2, wide_query_scale_layers=46,
                  softcap_defaults=(30.0, 50.0),
                  norm_plus_one=True, tied_by_default=True, writes_head_dims=True, sentencepiece_first=True,
                  space_prefix=False),
     # llama.cpp hard-codes Gemma 3's pattern (five sliding layers, then a global one) and local base
-    Architecture("gemma3", MODEL_ARCH.GEMMA3, ("gemma3", "gemma3_text"), swa_pattern=6, rope_base_swa=10000.0,
-                 wide_query_scale_layers=62, norm_plus_one=True, tied_by_default=True, rope_theta_default=1_000_000.0,
-                 writes_head_dims=True, sentencepiece_first=True, space_prefix=False),
+    Architecture("gemma3", MODEL_ARCH.GEMMA3, ("gemma3", "gemma3_text"), partial_rope=True, swa_pattern=6,
+                 rope_base_swa=10000.0, wide_query_scale_layers=62, norm_plus_one=True, tied_by_default=True,
+                 rope_theta_default=1_000_000.0, writes_head_dims=True, sentencepiece_first=True, space_prefix=False),
     # (its sliding pattern is always written, one flag per layer)
-    Architecture("gemma4", MODEL_ARCH.GEMMA4, ("gemma4", "gemma4_text"), swa_pattern=6, writes_swa_layers=True,
-                 tied_by_default=True, rope_theta_default=1_000_000.0, writes_head_dims=True, space_prefix=False,
-                 byte_fallback_model="gemma4", global_layers_apart=True, expert_weights_norm=True,
+    Architecture("gemma4", MODEL_ARCH.GEMMA4, ("gemma4", "gemma4_text"), partial_rope=True, swa_pattern=6,
+                 writes_swa_layers=True, tied_by_default=True, rope_theta_default=1_000_000.0, writes_head_dims=True,
+                 space_prefix=False, byte_fallback_model="gemma4", global_layers_apart=True, expert_weights_norm=True,
                  softcap_defaults=(30.0, 0.0),
                  renamed=(("router.scale", MODEL_TENSOR.FFN_GATE_INP, "scale"),
                           ("router.per_expert_scale", MODEL_TENSOR.FFN_DOWN_EXP, "scale"))),

@@ -1,6 +1,7 @@
 """A GGUF file mapped into memory: typed metadata, the tensor table, zero-copy tensor views."""
 from __future__ import annotations
 
+import math
 import mmap
 import os
 from pathlib import Path
@@ -8,7 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from .errors import GGUFError
-from .parser import Header, MetadataValue, TensorInfo, parse_header
+from .parser import Header, MetadataValue, TensorInfo, parse_header, shown
+
+_REQUIRED = object()  # (the default of a typed getter whose key must be there)
+U32_MAX = 2**32 - 1
 
 
 class GGUFFile:
@@ -40,6 +44,79 @@ class GGUFFile:
         field = self.metadata.get(key)
         return default if field is None else field.value
 
+    # Typed getters: a value of the wrong type or outside its range, or a required key that is
+    # missing, is a GGUFError that names the key and the value, before any code computes with it.
+    # Where the file has no value, the caller's default is returned as it is.
+
+    def refuse(self, key: str, value, why: str):
+        raise GGUFError(f"{self.path.name}: {key} = {_shown_value(value)} {why}")
+
+    def _default(self, key: str, default):
+        if default is _REQUIRED:
+            raise GGUFError(f"{self.path.name}: metadata key {key!r} is missing")
+        return default
+
+    def get_int(self, key: str, default=_REQUIRED, lo: int = 0, hi: int = U32_MAX) -> int:
+        if key not in self.metadata:
+            return self._default(key, default)
+        value = self.get(key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.refuse(key, value, "is not an integer")
+        if not lo <= value <= hi:
+            self.refuse(key, value, f"is outside {lo}..{hi}")
+        return value
+
+    def get_float(self, key: str, default=_REQUIRED, lo: float = -math.inf, hi: float = math.inf,
+                  positive: bool = False) -> float:
+        """A finite number in lo..hi (and above 0 where positive)."""
+        if key not in self.metadata:
+            return self._default(key, default)
+        value = self.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.refuse(key, value, "is not a number")
+        if not math.isfinite(value):
+            self.refuse(key, value, "is not finite")
+        if positive and value <= 0:
+            self.refuse(key, value, "must be above 0")
+        if not lo <= value <= hi:
+            self.refuse(key, value, f"is outside {lo}..{hi}")
+        return float(value)
+
+    def get_bool(self, key: str, default=_REQUIRED) -> bool:
+        if key not in self.metadata:
+            return self._default(key, default)
+        value = self.get(key)
+        if not isinstance(value, int) or value not in (0, 1):
+            self.refuse(key, value, "is not a boolean")
+        return bool(value)
+
+    def get_str(self, key: str, default=_REQUIRED) -> str:
+        if key not in self.metadata:
+            return self._default(key, default)
+        value = self.get(key)
+        if not isinstance(value, str):
+            self.refuse(key, value, "is not a string")
+        return value
+
+    def get_strings(self, key: str, default=_REQUIRED) -> list[str]:
+        if key not in self.metadata:
+            return self._default(key, default)
+        value = self.get(key)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.refuse(key, value, "is not an array of strings")
+        return value
+
+    def get_numbers(self, key: str, default=_REQUIRED, size: int | None = None, integer: bool = False) -> np.ndarray:
+        """An array of numbers (integers where integer), of `size` values where given."""
+        if key not in self.metadata:
+            return self._default(key, default)
+        value = self.get(key)
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in ("iub" if integer else "iubf"):
+            self.refuse(key, value, f"is not an array of {'integers' if integer else 'numbers'}")
+        if size is not None and value.size != size:
+            self.refuse(key, value, f"has {value.size} values, not {size}")
+        return value
+
     @property
     def architecture(self) -> str:
         arch = self.get("general.architecture")
@@ -65,3 +142,12 @@ class GGUFFile:
         n = sum(t.n_elements for t in self.tensors.values())
         return 8.0 * sum(t.nbytes for t in self.tensors.values()) / max(n, 1)
 
+
+
+def _shown_value(value) -> str:
+    """A metadata value as an error quotes it: short, whatever its size."""
+    if isinstance(value, np.ndarray):
+        return f"an array of {value.size} {value.dtype.name} values"
+    if isinstance(value, list):
+        return f"an array of {len(value)} values"
+    return shown(value) if isinstance(value, str) else repr(value)

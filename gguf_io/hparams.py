@@ -3,6 +3,7 @@ shared decoder's, with the defaults its architecture declares (architectures.py)
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,7 +11,7 @@ from gguf import Keys
 
 from .architectures import ARCHITECTURES
 from .errors import GGUFError
-from .file import GGUFFile
+from .file import _REQUIRED, U32_MAX, GGUFFile
 
 
 @dataclass(frozen=True)
@@ -106,35 +107,81 @@ class ModelParams:
 # gguf's ExpertGatingFuncType, and llama.cpp's own 3 (the softmax over the chosen experts' logits)
 _GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
 
+# Bounds of the sizes a file may declare: llama.cpp's own limits on layers and experts, and widths
+# far beyond any model's that still keep every size computed from them small.
+MAX_LAYERS = 512
+MAX_EXPERTS = 1024
+MAX_WIDTH = 1 << 20
+MAX_HEADS = 1 << 12
 
-def _int_array_or_scalar(value, n_layer: int, key: str) -> int:
-    """Per-layer counts may be arrays; ggrun needs them uniform (true of every supported model)."""
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+
+
+def _block_count(f: GGUFFile, key: str) -> int:
+    """The block count, which must name the blocks the file holds tensors of (blk.0 to blk.N-1)."""
+    n_layer = f.get_int(key, lo=1, hi=MAX_LAYERS)
+    blocks = {int(m[1]) for m in map(_BLOCK.match, f.tensors) if m}
+    if blocks and blocks != set(range(n_layer)):
+        f.refuse(key, n_layer, f"does not match the file's tensors, of {len(blocks)} blocks "
+                               f"(blk.{min(blocks)} to blk.{max(blocks)})")
+    return n_layer
+
+
+def _per_layer(f: GGUFFile, key: str, n_layer: int, default=_REQUIRED, uniform: bool = False,
+               hi: int = MAX_WIDTH) -> tuple[int, ...]:
+    """A count given once or per layer (Gemma 4's KV heads and feed-forward widths): one value per
+    layer, each 1..hi; uniform: ggrun needs the same value in every layer."""
+    value = f.get(key, default)
     if isinstance(value, np.ndarray):
-        if value.size != n_layer or np.any(value != value[0]):
-            raise GGUFError(f"per-layer {key} values {value.tolist()} are not supported")
-        return int(value[0])
-    return int(value)
+        values = tuple(int(v) for v in f.get_numbers(key, size=n_layer, integer=True))
+    else:
+        values = (f.get_int(key, default, lo=1, hi=hi),) * n_layer
+    if not all(1 <= v <= hi for v in values):
+        f.refuse(key, value, f"must be 1..{hi} in every layer")
+    if uniform and len(set(values)) > 1:
+        f.refuse(key, value, "differs by layer, which ggrun does not support")
+    return values
 
 
-def _per_layer(value, n_layer: int, key: str) -> tuple[int, ...]:
-    """A count given per layer (Gemma 4's KV heads and feed-forward widths), as a tuple; () where
-    it is one number, or the same in every layer."""
-    if not isinstance(value, np.ndarray) or (value.size and np.all(value == value[0])):
-        return ()
-    if value.size != n_layer or value.min() <= 0:
-        raise GGUFError(f"per-layer {key} values {value.tolist()} do not fit {n_layer} layers")
-    return tuple(int(v) for v in value)
-
-
-def _sliding_layers(value, n_layer: int, where: str) -> tuple[bool, ...]:
+def _sliding_layers(f: GGUFFile, key: str, default: int, n_layer: int) -> tuple[bool, ...]:
     """Which layers slide, from a sliding_window_pattern value as llama.cpp reads it: one flag
     per layer, or a period n (every n-th layer global, the others sliding; 0: all sliding)."""
-    if isinstance(value, np.ndarray):
-        if value.size != n_layer:
-            raise GGUFError(f"{where}: sliding_window_pattern has {value.size} entries for {n_layer} layers")
-        return tuple(bool(v) for v in value)
-    n = int(value)
+    if isinstance(f.get(key), np.ndarray):
+        return tuple(bool(v) for v in f.get_numbers(key, size=n_layer))
+    n = f.get_int(key, default, hi=MAX_LAYERS)
     return tuple(n == 0 or i % n < n - 1 for i in range(n_layer))
+
+
+def _rope_dims(f: GGUFFile, key: str, default: int, head_dim: int, arch) -> int:
+    """The dimensions of each head RoPE rotates: even, at most the head size, and all of it unless
+    the architecture's graph rotates part of a head (as llama.cpp's graphs assert)."""
+    n = f.get_int(key, default)
+    if n % 2 or n > head_dim:
+        f.refuse(key, n, f"must be even and at most the head size {head_dim}")
+    if arch is not None and not arch.partial_rope and n != head_dim:
+        f.refuse(key, n, f"must be the head size {head_dim}: {arch.name} rotates whole heads")
+    return n
+
+
+def _check_widths(f: GGUFFile, p: ModelParams, key) -> None:
+    """The widths the file declares against its embedding's and first block's tensors (those it
+    has), naming the keys whose values do not fit; before the KV cache is sized by them."""
+    i, A = 0, Keys.Attention
+    widths = (("token_embd.weight", 0, p.n_embd, {Keys.LLM.EMBEDDING_LENGTH: p.n_embd}),
+              ("token_embd.weight", 1, p.vocab_size, {Keys.LLM.VOCAB_SIZE: p.vocab_size}),
+              (f"blk.{i}.attn_q.weight", 1, p.n_head * p.layer_head_dim(i),
+               {A.HEAD_COUNT: p.n_head, A.KEY_LENGTH: p.layer_head_dim(i)}),
+              (f"blk.{i}.attn_k.weight", 1, p.layer_kv_heads(i) * p.layer_head_dim(i),
+               {A.HEAD_COUNT_KV: p.layer_kv_heads(i), A.KEY_LENGTH: p.layer_head_dim(i)}),
+              (f"blk.{i}.attn_v.weight", 1, p.layer_kv_heads(i) * p.layer_value_dim(i),
+               {A.HEAD_COUNT_KV: p.layer_kv_heads(i), A.VALUE_LENGTH: p.layer_value_dim(i)}),
+              (f"blk.{i}.ffn_down.weight", 0, p.layer_ff(i), {Keys.LLM.FEED_FORWARD_LENGTH: p.layer_ff(i)}))
+    for name, axis, want, keys in widths:
+        t = f.tensors.get(name)
+        if t is not None and len(t.shape) > axis and t.shape[axis] != want:
+            values = ", ".join(f"{key(k)} = {v}" for k, v in keys.items())
+            verb = "does" if len(keys) == 1 else "do"
+            raise GGUFError(f"{f.path.name}: {values} {verb} not fit the tensor {name} of shape {list(t.shape)}")
 
 
 def _yarn_mscale(factor: float, mul: float = 1.0) -> float:
@@ -143,106 +190,119 @@ def _yarn_mscale(factor: float, mul: float = 1.0) -> float:
 
 def read_params(f: GGUFFile) -> ModelParams:
     """The hyperparameters of any architecture's file (info and quantize read those ggrun does not
-    run), with the defaults of the options its declaration sets, where ggrun knows it."""
+    run), with the defaults of the options its declaration sets, where ggrun knows it. Each value
+    is checked for type and range, and against the tensors' count and the other values, before
+    any kernel computes with it: a bad one is a GGUFError that names the key and the value."""
     arch_name = f.architecture
     arch = ARCHITECTURES.get(arch_name)
 
-    def get(key, default=None):
-        return f.get(key.format(arch=arch_name), default)
+    def key(k):
+        return k.format(arch=arch_name)
 
-    def need(key):
-        value = get(key)
-        if value is None:
-            raise GGUFError(f"{f.path.name}: metadata key {key.format(arch=arch_name)!r} is missing")
-        return value
+    def get_int(k, default=_REQUIRED, lo=0, hi=MAX_WIDTH):
+        return f.get_int(key(k), default, lo, hi)
 
-    n_layer = int(need(Keys.LLM.BLOCK_COUNT))
-    n_embd = int(need(Keys.LLM.EMBEDDING_LENGTH))
-    n_head = _int_array_or_scalar(need(Keys.Attention.HEAD_COUNT), n_layer, "head_count")
-    kv_heads, ff_lengths = get(Keys.Attention.HEAD_COUNT_KV, n_head), need(Keys.LLM.FEED_FORWARD_LENGTH)
-    kv_heads_by_layer = _per_layer(kv_heads, n_layer, "head_count_kv")
-    ff_by_layer = _per_layer(ff_lengths, n_layer, "feed_forward_length")
+    def get_float(k, default, lo=-math.inf, hi=math.inf, positive=False):
+        return f.get_float(key(k), default, lo, hi, positive)
+
+    n_layer = _block_count(f, key(Keys.LLM.BLOCK_COUNT))
+    n_embd = get_int(Keys.LLM.EMBEDDING_LENGTH, lo=1)
+    n_head = _per_layer(f, key(Keys.Attention.HEAD_COUNT), n_layer, uniform=True, hi=MAX_HEADS)[0]
+    kv_heads = _per_layer(f, key(Keys.Attention.HEAD_COUNT_KV), n_layer, n_head)
+    ff_lengths = _per_layer(f, key(Keys.LLM.FEED_FORWARD_LENGTH), n_layer)
+    bad_kv = next((k for k in kv_heads if n_head % k), None)
+    if bad_kv is not None:
+        f.refuse(key(Keys.Attention.HEAD_COUNT_KV), f.get(key(Keys.Attention.HEAD_COUNT_KV)),
+                 f"does not divide the {n_head} query heads")
     # (layer 0's where they differ by layer, as llama.cpp's quantizer reads them)
-    n_head_kv = kv_heads_by_layer[0] if kv_heads_by_layer else _int_array_or_scalar(kv_heads, n_layer, "head_count_kv")
-    n_ff = ff_by_layer[0] if ff_by_layer else _int_array_or_scalar(ff_lengths, n_layer, "feed_forward_length")
-    if (min(n_layer, n_embd, n_head, n_head_kv, n_ff) <= 0 or n_head % n_head_kv
-            or any(n_head % k for k in kv_heads_by_layer)):
-        raise GGUFError(f"{f.path.name}: inconsistent hyperparameters (layers {n_layer}, width {n_embd}, "
-                        f"heads {n_head}/{n_head_kv}, ffn {n_ff})")
-    head_dim = int(get(Keys.Attention.KEY_LENGTH, n_embd // n_head))
-    scaling = get(Keys.Rope.SCALING_TYPE, "none")
+    n_head_kv, n_ff = kv_heads[0], ff_lengths[0]
+    kv_heads_by_layer = kv_heads if len(set(kv_heads)) > 1 else ()
+    ff_by_layer = ff_lengths if len(set(ff_lengths)) > 1 else ()
+    if n_head > n_embd and f.get(key(Keys.Attention.KEY_LENGTH)) is None:
+        f.refuse(key(Keys.Attention.HEAD_COUNT), n_head, f"is above the embedding length {n_embd}")
+    head_dim = get_int(Keys.Attention.KEY_LENGTH, n_embd // n_head, lo=1)
+    value_dim = get_int(Keys.Attention.VALUE_LENGTH, head_dim, lo=1)
+    scaling = f.get_str(key(Keys.Rope.SCALING_TYPE), "none")
     if scaling not in ("none", "linear", "yarn"):
         raise GGUFError(f"{f.path.name}: RoPE scaling {scaling!r} is not supported")
-    factor = float(get(Keys.Rope.SCALING_FACTOR, 1.0)) or 1.0
+    factor = get_float(Keys.Rope.SCALING_FACTOR, 1.0, lo=0.0) or 1.0
     rope_scale = factor if scaling == "linear" else 1.0
     yarn_factor = factor if scaling == "yarn" else 0.0
+    rope_base = get_float(Keys.Rope.FREQ_BASE, 10000.0, positive=True)
+    context_length = get_int(Keys.LLM.CONTEXT_LENGTH, 2048, lo=1, hi=U32_MAX)
+    rope_orig_context = get_int(Keys.Rope.SCALING_ORIG_CTX_LEN, 0, hi=U32_MAX) or context_length
+    if yarn_factor and rope_base <= 1.0:
+        f.refuse(key(Keys.Rope.FREQ_BASE), rope_base, "must be above 1 under YaRN scaling")
     # the magnitude RoPE gives the rotated dimensions, as llama.cpp's context derives it
-    magnitude = float(get(Keys.Rope.SCALING_ATTN_FACTOR, 1.0))
-    ext_factor = float(get(Keys.Rope.SCALING_YARN_EXT_FACTOR, -1.0))  # (negative: unset, 1 under YaRN)
+    magnitude = get_float(Keys.Rope.SCALING_ATTN_FACTOR, 1.0, positive=True)
+    ext_factor = get_float(Keys.Rope.SCALING_YARN_EXT_FACTOR, -1.0)  # (negative: unset, 1 under YaRN)
     ext_factor = (1.0 if ext_factor < 0 else ext_factor) if yarn_factor else 0.0
     if yarn_factor:
-        log_mul = float(get(Keys.Rope.SCALING_YARN_LOG_MUL, 0.0))
+        log_mul = get_float(Keys.Rope.SCALING_YARN_LOG_MUL, 0.0)
         magnitude *= _yarn_mscale(yarn_factor) / (_yarn_mscale(yarn_factor, log_mul) if log_mul else 1.0)
     else:
-        magnitude *= float(get(Keys.Rope.SCALING_YARN_ATTN_FACTOR, 1.0))
-    rope_base = float(get(Keys.Rope.FREQ_BASE, 10000.0))
-    n_expert = int(get(Keys.LLM.EXPERT_COUNT, 0))
-    n_expert_used = int(get(Keys.LLM.EXPERT_USED_COUNT, 0)) if n_expert else 0
+        magnitude *= get_float(Keys.Rope.SCALING_YARN_ATTN_FACTOR, 1.0, positive=True)
+    n_expert = get_int(Keys.LLM.EXPERT_COUNT, 0, hi=MAX_EXPERTS)
+    n_expert_used = get_int(Keys.LLM.EXPERT_USED_COUNT, 0, hi=MAX_EXPERTS) if n_expert else 0
     if n_expert and not 0 < n_expert_used <= n_expert:
         raise GGUFError(f"{f.path.name}: {n_expert_used} experts used of {n_expert}")
-    n_ff_exp = (int(get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, 0)) or n_ff) if n_expert else 0
-    gating = int(get(Keys.LLM.EXPERT_GATING_FUNC, arch.expert_gating if arch else 1))
+    n_ff_exp = (get_int(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, 0) or n_ff) if n_expert else 0
+    gating = get_int(Keys.LLM.EXPERT_GATING_FUNC, arch.expert_gating if arch else 1)
     if gating not in _GATING:
         raise GGUFError(f"{f.path.name}: expert gating function {gating} is not supported")
-    n_shared_kv = int(get(Keys.Attention.SHARED_KV_LAYERS, 0))
-    if not 0 <= n_shared_kv < n_layer:
-        raise GGUFError(f"{f.path.name}: {n_shared_kv} layers sharing KV of {n_layer}")
-    head_dim_swa = int(get(Keys.Attention.KEY_LENGTH_SWA, 0))
-    if int(get(Keys.Attention.VALUE_LENGTH_SWA, head_dim_swa)) != head_dim_swa:
+    n_shared_kv = get_int(Keys.Attention.SHARED_KV_LAYERS, 0, hi=n_layer - 1)
+    head_dim_swa = get_int(Keys.Attention.KEY_LENGTH_SWA, 0)
+    if get_int(Keys.Attention.VALUE_LENGTH_SWA, head_dim_swa) != head_dim_swa:
         raise GGUFError(f"{f.path.name}: sliding layers whose keys and values differ in size are not supported")
-    context_length = int(get(Keys.LLM.CONTEXT_LENGTH, 2048))
-    vocab = get(Keys.LLM.VOCAB_SIZE)
-    if vocab is None:
-        tokens = f.get(Keys.Tokenizer.LIST)
-        vocab = len(tokens) if tokens is not None else 0
-    return ModelParams(
+    n_tokens = len(f.get_strings(Keys.Tokenizer.LIST)) if f.get(Keys.Tokenizer.LIST) is not None else None
+    vocab = get_int(Keys.LLM.VOCAB_SIZE, n_tokens if n_tokens is not None else 0, hi=U32_MAX)
+    if n_tokens is not None and vocab != n_tokens:
+        f.refuse(key(Keys.LLM.VOCAB_SIZE), vocab, f"does not match the tokenizer's {n_tokens} tokens")
+    # (only where the architecture's graph has sliding layers: llama.cpp ignores the key elsewhere)
+    slides = arch is not None and arch.swa_pattern is not None
+    params = ModelParams(
         arch=arch_name, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
         head_dim=head_dim,
-        value_dim=int(get(Keys.Attention.VALUE_LENGTH, head_dim)),
-        rope_dim=int(get(Keys.Rope.DIMENSION_COUNT, head_dim)),
+        value_dim=value_dim,
+        rope_dim=_rope_dims(f, key(Keys.Rope.DIMENSION_COUNT), head_dim, head_dim, arch),
         rope_base=rope_base,
         rope_scale=rope_scale,
         rope_attn_factor=magnitude,
-        rope_orig_context=int(get(Keys.Rope.SCALING_ORIG_CTX_LEN, 0)) or context_length,
-        rms_eps=float(get(Keys.Attention.LAYERNORM_RMS_EPS, 1e-5)),
+        rope_orig_context=rope_orig_context,
+        rms_eps=get_float(Keys.Attention.LAYERNORM_RMS_EPS, 1e-5, lo=0.0, hi=1.0),
         context_length=context_length,
-        vocab_size=int(vocab),
-        # (only where the architecture's graph has sliding layers: llama.cpp ignores the key elsewhere)
-        sliding_window=int(get(Keys.Attention.SLIDING_WINDOW, 0)) if arch and arch.swa_pattern is not None else 0,
-        swa_layers=_sliding_layers(get(Keys.Attention.SLIDING_WINDOW_PATTERN, arch and arch.swa_pattern or 0),
-                                   n_layer, f.path.name),
-        rope_base_swa=float(get(Keys.Rope.FREQ_BASE_SWA, arch and arch.rope_base_swa or rope_base)),
-        logit_softcap=float(get(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, arch.softcap_defaults[0] if arch else 0.0)),
-        attn_softcap=float(get(Keys.LLM.ATTN_LOGIT_SOFTCAPPING, arch.softcap_defaults[1] if arch else 0.0)),
+        vocab_size=vocab,
+        sliding_window=get_int(Keys.Attention.SLIDING_WINDOW, 0, hi=U32_MAX) if slides else 0,
+        swa_layers=_sliding_layers(f, key(Keys.Attention.SLIDING_WINDOW_PATTERN), arch and arch.swa_pattern or 0,
+                                   n_layer),
+        rope_base_swa=get_float(Keys.Rope.FREQ_BASE_SWA, arch and arch.rope_base_swa or rope_base, positive=True),
+        logit_softcap=get_float(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, arch.softcap_defaults[0] if arch else 0.0, lo=0.0),
+        attn_softcap=get_float(Keys.LLM.ATTN_LOGIT_SOFTCAPPING, arch.softcap_defaults[1] if arch else 0.0, lo=0.0),
         n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
-        n_ff_shexp=int(get(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, n_ff_exp)),
+        n_ff_shexp=get_int(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, n_ff_exp),
         expert_gating=_GATING[gating],
-        expert_weights_norm=bool(get(Keys.LLM.EXPERT_WEIGHTS_NORM, arch.expert_weights_norm if arch else False)),
-        expert_weights_scale=float(get(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0)) or 1.0,
-        embedding_scale=float(get(Keys.LLM.EMBEDDING_SCALE, 0.0)),
-        residual_scale=float(get(Keys.LLM.RESIDUAL_SCALE, 0.0)),
+        expert_weights_norm=f.get_bool(key(Keys.LLM.EXPERT_WEIGHTS_NORM), arch.expert_weights_norm if arch else False),
+        expert_weights_scale=get_float(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0) or 1.0,
+        embedding_scale=get_float(Keys.LLM.EMBEDDING_SCALE, 0.0),
+        residual_scale=get_float(Keys.LLM.RESIDUAL_SCALE, 0.0),
         yarn_factor=yarn_factor,
-        yarn_beta_fast=float(get(Keys.Rope.SCALING_YARN_BETA_FAST, 32.0)),
-        yarn_beta_slow=float(get(Keys.Rope.SCALING_YARN_BETA_SLOW, 1.0)),
+        yarn_beta_fast=get_float(Keys.Rope.SCALING_YARN_BETA_FAST, 32.0, positive=True),
+        yarn_beta_slow=get_float(Keys.Rope.SCALING_YARN_BETA_SLOW, 1.0, positive=True),
         yarn_ext_factor=ext_factor,
-        attn_temp_scale=float(get(Keys.Attention.TEMPERATURE_SCALE, 0.0)),
-        attention_scale=float(get(Keys.Attention.SCALE, 0.0)) or (
+        attn_temp_scale=get_float(Keys.Attention.TEMPERATURE_SCALE, 0.0, lo=0.0),
+        attention_scale=get_float(Keys.Attention.SCALE, 0.0) or (
             1.0 / math.sqrt(n_embd // n_head) if arch and n_layer == arch.wide_query_scale_layers else 0.0),
-        logit_scale=float(get(Keys.LLM.LOGIT_SCALE, 0.0)),
+        logit_scale=get_float(Keys.LLM.LOGIT_SCALE, 0.0),
         head_dim_swa=head_dim_swa,
-        rope_dim_swa=int(get(Keys.Rope.DIMENSION_COUNT_SWA, 0)),
+        rope_dim_swa=_rope_dims(f, key(Keys.Rope.DIMENSION_COUNT_SWA), 0, head_dim_swa or head_dim, None),
         kv_heads_by_layer=kv_heads_by_layer,
         ff_by_layer=ff_by_layer,
         n_layer_kv=n_layer - n_shared_kv if n_shared_kv else 0,
-        n_embd_per_layer=int(get(Keys.LLM.EMBD_LENGTH_PER_LAYER_INP, 0)),
+        n_embd_per_layer=get_int(Keys.LLM.EMBD_LENGTH_PER_LAYER_INP, 0),
     )
+    _check_widths(f, params, key)
+    orphan = next((i for i in range(n_layer) if params.kv_source(i) < 0), None)
+    if orphan is not None:
+        f.refuse(key(Keys.Attention.SHARED_KV_LAYERS), n_shared_kv,
+                 f"leaves layer {orphan} no earlier layer of its kind to share a cache with")
+    return params

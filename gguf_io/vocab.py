@@ -46,28 +46,26 @@ class Vocab:
 
 
 def read_vocab(f: GGUFFile) -> Vocab:
-    model = f.get("tokenizer.ggml.model")
-    tokens = f.get("tokenizer.ggml.tokens")
-    if model is None or tokens is None:
+    """The vocabulary, each key checked for its type and the ids for the vocabulary's range."""
+    if f.get("tokenizer.ggml.model") is None or f.get("tokenizer.ggml.tokens") is None:
         raise GGUFError(f"{f.path.name}: the file has no tokenizer (tokenizer.ggml.model / tokens missing)")
+    model, tokens = f.get_str("tokenizer.ggml.model"), f.get_strings("tokenizer.ggml.tokens")
     if model not in TOKENIZER_MODELS:
         raise GGUFError(f"{f.path.name}: tokenizer model {model!r} is not supported "
                         f"({', '.join(TOKENIZER_MODELS)} are)")
     n = len(tokens)
-    types = f.get("tokenizer.ggml.token_type")
-    types = np.asarray(types, dtype=np.int32) if types is not None else np.full(n, TokenType.NORMAL, np.int32)
+    if n == 0:
+        raise GGUFError(f"{f.path.name}: the tokenizer has no tokens")
+    types = f.get_numbers("tokenizer.ggml.token_type", np.full(n, TokenType.NORMAL, np.int32), size=n, integer=True)
     scores = f.get("tokenizer.ggml.scores")
-    if len(types) != n or (scores is not None and len(scores) != n):
-        raise GGUFError(f"{f.path.name}: tokenizer arrays disagree in length")
+    if scores is not None:
+        scores = f.get_numbers("tokenizer.ggml.scores", size=n).astype(np.float32)
+        if not np.isfinite(scores).all():
+            f.refuse("tokenizer.ggml.scores", scores, "holds values that are not finite")
 
     def token_id(key):
         """The id stored under key, -1 when absent; an id outside the vocabulary is an error."""
-        value = f.get(key)
-        if value is None:
-            return -1
-        if not 0 <= int(value) < n:
-            raise GGUFError(f"{f.path.name}: {key} = {value} is outside the vocabulary of {n} tokens")
-        return int(value)
+        return f.get_int(key, -1, lo=-1, hi=n - 1) if f.get(key) is not None else -1
 
     bos = token_id("tokenizer.ggml.bos_token_id")
     eos = token_id("tokenizer.ggml.eos_token_id")
@@ -81,19 +79,18 @@ def read_vocab(f: GGUFFile) -> Vocab:
         eog.discard(tokens.index("<|end|>"))
     return Vocab(
         model=model,
-        pre=f.get("tokenizer.ggml.pre", "default"),
+        pre=f.get_str("tokenizer.ggml.pre", "default"),
         tokens=tokens,
-        token_types=types,
-        scores=None if scores is None else np.asarray(scores, dtype=np.float32),
-        merges=f.get("tokenizer.ggml.merges", []),
+        token_types=types.astype(np.int32),
+        scores=scores,
+        merges=f.get_strings("tokenizer.ggml.merges", []),
         bos_id=bos,
         eos_id=eos,
         unk_id=token_id("tokenizer.ggml.unknown_token_id"),
         # (llama.cpp always adds BOS for Gemma 4, whatever the file says)
-        add_bos=bool(f.get("tokenizer.ggml.add_bos_token", model == "llama")) or model == "gemma4",
-        add_eos=bool(f.get("tokenizer.ggml.add_eos_token", False)),
-        add_space_prefix=bool(f.get("tokenizer.ggml.add_space_prefix", model == "llama")),
+        add_bos=f.get_bool("tokenizer.ggml.add_bos_token", model == "llama") or model == "gemma4",
+        add_eos=f.get_bool("tokenizer.ggml.add_eos_token", False),
+        add_space_prefix=f.get_bool("tokenizer.ggml.add_space_prefix", model == "llama"),
         end_of_generation=frozenset(eog),
-        chat_template=f.get("tokenizer.chat_template"),
+        chat_template=f.get_str("tokenizer.chat_template", None),
     )
-

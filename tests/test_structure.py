@@ -74,3 +74,23 @@ def test_every_declared_weight_type_has_every_implementation():
     torch = pytest.importorskip("torch")  # noqa: F841
     from kernels_gpu.dequant import DEQUANTIZE
     assert set(DEQUANTIZE) == set(QUANT_TYPES)
+
+
+def test_partial_rope_is_declared_where_llama_cpp_rotates_part_of_a_head(llama_cpp_source):
+    """Architecture.partial_rope, against llama.cpp's graphs: those that assert n_embd_head == n_rot
+    rotate whole heads, and a file that says otherwise is refused (gguf_io.hparams)."""
+    graph_files = {"gpt-oss": "openai-moe", "granitemoe": "granite-moe"}
+    for arch in ARCHITECTURES.values():
+        graph = llama_cpp_source / "src" / "models" / f"{graph_files.get(arch.name, arch.name.replace('_', '-'))}.cpp"
+        assert arch.partial_rope == ("GGML_ASSERT(n_embd_head == n_rot)" not in graph.read_text()), arch.name
+
+
+def test_every_sampling_option_is_a_flag_and_settable_in_chat():
+    from dataclasses import fields
+
+    from runner.chat import SETTABLE
+    from runner.cli import _SAMPLING_FLAGS
+    from runner.sampler import SamplingOptions
+    names = {f.name for f in fields(SamplingOptions)}
+    assert set(_SAMPLING_FLAGS.values()) == names
+    assert {field for field, _ in SETTABLE.values()} == names
