@@ -3,7 +3,8 @@
 It offers what transformers' chat templates get (loop controls, the `{% generation %}` tag,
 `tojson` with json.dumps' options, `raise_exception`, `strftime_now`), inside Jinja's immutable
 sandbox, and bounds what a hostile template can take: every value a concatenation, repetition,
-formatting or string method builds is at most MAX_OUTPUT characters, and a render runs at most
+formatting or string method builds is at most MAX_OUTPUT characters, every integer a product or
+power makes at most MAX_INT_BITS bits, and a render runs at most
 MAX_STEPS template lines (so loops are bounded), RENDER_SECONDS of time and MAX_GROWTH bytes of
 new memory."""
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .chat_template import MAX_OUTPUT
 MAX_STEPS = 1_000_000        # template lines per render
 RENDER_SECONDS = 2.0
 MAX_GROWTH = 512 << 20       # bytes of resident memory a render may add
+MAX_INT_BITS = 4096          # of an integer a product or power makes: more than any count or index needs
 _CHECK_EVERY = 32            # template lines between memory checks
 _WIDE_FORMAT = re.compile(r"\d{7,}|\*")  # a field width or precision that could build a huge string
 
@@ -75,6 +77,14 @@ class _Budget:
 def _bounded_size(n: int):
     if n > MAX_OUTPUT:
         raise TemplateLimitError("the chat template builds an oversized value")
+
+
+def _check_int_size(operator: str, left: int, right: int) -> None:
+    """Refuses, before it runs, an integer product or power of more than MAX_INT_BITS bits: one
+    such operation on huge numbers runs for minutes without returning to the trace function."""
+    bits = left.bit_length() * right if operator == "**" else left.bit_length() + right.bit_length()
+    if bits > MAX_INT_BITS:
+        raise TemplateLimitError("the chat template computes an oversized number")
 
 
 def _bounded(value):
@@ -216,6 +226,8 @@ class GuardedEnvironment(ImmutableSandboxedEnvironment):
     def call_binop(self, context, operator, left, right):
         if operator == "**" and isinstance(right, int) and abs(right) > 64:
             raise TemplateLimitError("exponent too large in chat template")
+        if operator in ("*", "**") and isinstance(left, int) and isinstance(right, int):
+            _check_int_size(operator, left, right)
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
