@@ -10,6 +10,7 @@ from gguf import GGUFValueType
 
 from gguf_io import GGUFError, GGUFFile, read_params
 from gguf_io.quant_types import FLOAT_TYPES
+from gguf_io.safe_files import check_output
 
 from .errors import ConversionError
 from .gguf_out import PlannedTensor, Summary, typed_value, write_gguf
@@ -31,6 +32,7 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True) -
     folder = Path(folder)
     if not folder.is_dir():
         raise ConversionError(f"{folder} is not a folder")
+    check_output(out, folder.iterdir())  # (before the work: the checkpoint is read as it is written)
     file_type = _file_type(type_name)
     hf = read_hf_model(folder)
     tok, special = read_tokenizer(folder, hf.vocab_size, hf.arch)
@@ -171,8 +173,7 @@ def requantize(src: Path, out: Path, type_name: str, progress: bool = True, allo
     loss on top of the first: a self-draft's weights, not a file to publish)."""
     from gguf.quants import dequantize
     file_type = _file_type(type_name)
-    if Path(out).exists() and Path(out).samefile(src):  # also through another path or a link
-        raise ConversionError(f"{out} is the input file itself; write the {file_type} file elsewhere")
+    check_output(out, [src])  # (before the work: also through another path or a link)
     f = GGUFFile(src)
     params = read_params(f)
     types = mix_types(file_type, {name: t.shape for name, t in f.tensors.items()},

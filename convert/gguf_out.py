@@ -12,7 +12,9 @@ from typing import Callable
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFValueType, GGUFWriter
 from gguf import GGMLQuantizationType as T
-from tqdm import tqdm
+
+from gguf_io.progress import progress_bar
+from gguf_io.safe_files import atomic_output
 
 from .errors import ConversionError
 from .quants import BLOCK_TYPES, quantize, quantizers_compiled
@@ -72,11 +74,11 @@ def typed_value(value) -> tuple[object, GGUFValueType, GGUFValueType | None]:
 
 def write_gguf(path: Path, arch: str, metadata: list[tuple[str, object, GGUFValueType, GGUFValueType | None]],
                tensors: list[PlannedTensor], progress: bool = True) -> Summary:
-    """metadata: (key, value, type, array item type) in file order; general.architecture is added."""
+    """metadata: (key, value, type, array item type) in file order; general.architecture is added.
+    Written atomically (safe_files.atomic_output): a failure leaves no output."""
     start = time.perf_counter()
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.partial")
-    try:
+    with atomic_output(path) as tmp:
         w = GGUFWriter(str(tmp), arch)
         for key, value, vtype, sub in metadata:
             w.add_key_value(key, value, vtype, sub)
@@ -89,7 +91,7 @@ def write_gguf(path: Path, arch: str, metadata: list[tuple[str, object, GGUFValu
         w.write_ti_data_to_file()
         if progress and not quantizers_compiled({t.type for t in tensors if t.type in BLOCK_TYPES and not t.quantized}):
             print("compiling the Numba quantizers (first conversion only; cached for later runs)...", file=sys.stderr)
-        for t in tqdm(tensors, desc="quantizing", unit="tensor", disable=not progress):
+        for t in progress_bar(tensors, desc="quantizing", unit="tensor", disable=not progress):
             if t.quantized:
                 w.write_tensor_data(np.asarray(t.load(), dtype=np.uint8).reshape(-1))
                 continue
@@ -99,13 +101,6 @@ def write_gguf(path: Path, arch: str, metadata: list[tuple[str, object, GGUFValu
             raw = quantize(data.reshape(-1, t.shape[0]), t.type)
             w.write_tensor_data(raw.reshape(-1))
         w.close()
-        os.replace(tmp, path)
-    except OSError as e:  # named as the user named it, not by the hidden file written first
-        tmp.unlink(missing_ok=True)
-        raise ConversionError(f"cannot write {path}: {e.strerror or e}") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     n_params = sum(int(np.prod(t.shape, dtype=np.int64)) for t in tensors)
     return Summary(path, time.perf_counter() - start, n_params, sum(t.nbytes for t in tensors),
                    Counter(t.type.name for t in tensors))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import signal
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
+
+from gguf_io.safe_files import OutputError, atomic_output, check_output
 
 from .chat_template import ChatTemplateError, builtin_template, choose_template, render_with_content_spans
 from .engine import Session
@@ -13,9 +15,10 @@ from .generate import GenerationStats
 from .kv_cache import ContextFullError
 from .kv_state import KVState, KVStateError
 from .reasoning import REASONING, ReplyDecoder, SplitReply, reasoning_format
-from .sampler import Sampler, SamplingOptions
+from .sampler import OptionError, Sampler, SamplingOptions
 from .speculative import SpeculationStats, describe_speculation
 from .tokenizer import valid_utf8
+from .user_files import read_text, user_message
 
 
 class ChatSession:
@@ -166,46 +169,56 @@ class ChatSession:
 
     def save(self, path: Path, with_kv: bool = False) -> None:
         """The messages as JSON; with_kv: the KV cache beside them (kv_path), which load resumes
-        from without prefilling the conversation again."""
-        path.write_text(json.dumps({"format": "ggrun-chat/1", "system": self.system, "messages": self.messages,
-                                    "sampling": asdict(self.options)}, indent=1, ensure_ascii=False))
+        from without prefilling the conversation again. Neither may be the model's file, and each
+        replaces an earlier save only once it is wholly written."""
+        targets = [path, kv_path(path)] if with_kv else [path]
+        for target in targets:
+            check_output(target, [self.lm.file.path])
+        with atomic_output(path) as tmp:
+            tmp.write_text(json.dumps({"format": "ggrun-chat/1", "system": self.system, "messages": self.messages,
+                                       "sampling": asdict(self.options)}, indent=1, ensure_ascii=False),
+                           encoding="utf-8")
         if with_kv:
             note = {"model": self.lm.identity(), "text": self.fed_text, "tokens": self.fed_tokens}
             self.cache.snapshot(note).save(kv_path(path))
 
     def load(self, path: Path) -> bool:
         """A conversation from save: from its KV state when one lies beside it and fits this model
-        and context (True; a notice says when one does not), else by prefilling its messages."""
+        and context (True; a notice says when one does not), else by prefilling its messages. A file
+        that is not a conversation, one the template cannot render, or Ctrl-C during the prefill
+        leaves the conversation as it was."""
+        system, messages = read_conversation(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            messages = data["messages"]
-            if data.get("format") != "ggrun-chat/1" or not all(
-                    isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
-                    and isinstance(m.get("content"), str) for m in messages):
-                raise ValueError
-        except (OSError, ValueError, KeyError, TypeError):
-            raise ValueError(f"{path} is not a conversation saved by /save") from None
-        if kv_path(path).exists() and self._resume(data.get("system"), messages, kv_path(path)):
-            return True
-        self.set_system(data.get("system"))
-        self.messages = messages
-        rendered, spans = self._render(messages, add_generation_prompt=False)
-        ids = self._catch_up(rendered, spans)
-        if ids:
-            self.lm.model.forward(ids, self.cache)
-        self.fed_text, self.fed_tokens = rendered, self.fed_tokens + len(ids)
-        self.tokens += ids
+            render_with_content_spans(self.template, messages, add_generation_prompt=False)
+        except ChatTemplateError as e:
+            raise ValueError(f"{path}: {e}") from None
+        kept = {name: getattr(self, name) for name in _CONVERSATION}
+        try:
+            if kv_path(path).exists() and self._resume(system, messages, kv_path(path)):
+                return True
+            self.set_system(system)
+            self.messages = messages
+            rendered, spans = self._render(messages, add_generation_prompt=False)
+            ids = self._catch_up(rendered, spans)
+            if ids:
+                self.lm.model.forward(ids, self.cache)
+            self.fed_text, self.fed_tokens = rendered, self.fed_tokens + len(ids)
+            self.tokens += ids
+            return False
+        except BaseException:
+            self.__dict__.update(kept)
+            raise
 
     def _resume(self, system: str | None, messages: list[dict], state_path: Path) -> bool:
         """The conversation from its saved KV state, when that fits; False (and a notice) when not."""
         try:
-            state = KVState.load(state_path)
+            cache = self.lm.model.new_cache(self.n_ctx, ring=True)
+            state = KVState.load(state_path, cache)
             note = state.note
             if note.get("model") != self.lm.identity():
                 raise KVStateError("it was saved with another model file")
             if not isinstance(note.get("text"), str) or note.get("tokens") != state.used:
                 raise KVStateError("it does not say what text it holds")
-            cache = self.lm.model.new_cache(self.n_ctx, ring=True)
             cache.restore(state)
         except KVStateError as e:
             self.notices.append(f"{state_path.name} not used ({e}); prefilling the conversation instead")
@@ -213,6 +226,32 @@ class ChatSession:
         self.system, self.messages, self.cache = system, messages, cache
         self.fed_text, self.fed_tokens, self.tokens = note["text"], note["tokens"], []
         return True
+
+
+# what a conversation is: what load puts back as it was where it fails
+_CONVERSATION = ("system", "messages", "cache", "fed_text", "fed_tokens", "tokens", "template")
+_ROLES = ("system", "user", "assistant")
+
+
+def read_conversation(path: Path) -> tuple[str | None, list[dict]]:
+    """The system prompt and messages of a file that save wrote: every field of the right type,
+    each message only its role, content and reasoning (ValueError otherwise)."""
+    not_one = ValueError(f"{path} is not a conversation saved by /save")
+    try:
+        data = json.loads(read_text(str(path)))
+    except ValueError as e:
+        raise not_one if isinstance(e, json.JSONDecodeError) else e from None
+    if not isinstance(data, dict) or data.get("format") != "ggrun-chat/1" or not isinstance(data.get("messages"), list):
+        raise not_one
+    system, messages = data.get("system"), []
+    for m in data["messages"]:
+        if (not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str)
+                or not isinstance(m.get("reasoning_content", ""), str)):
+            raise not_one
+        messages.append({k: m[k] for k in ("role", "content", "reasoning_content") if k in m})
+    if system is not None and not isinstance(system, str):
+        raise not_one
+    return system, messages
 
 
 def kv_path(path: Path) -> Path:
@@ -226,14 +265,17 @@ HELP = """commands:
   /clear                start a new conversation
   /save FILE, /load FILE  keep a conversation, resume it later (with --save-kv: its KV cache
                         too, in FILE.kv.npz, so /load does not prefill it again)
-  /set NAME VALUE       temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed
+  /set NAME VALUE       temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed (-1: random),
+                        presence_penalty, frequency_penalty
   /stats                context use, evictions, last turn's speed, drafts
   /bye                  leave (so do Ctrl-D, and Ctrl-C at the prompt)
 end a line with \\ to continue it on the next; Ctrl-C during a reply stops it."""
 
+# /set's names -> SamplingOptions' fields and how their values are read
 SETTABLE = {"temp": ("temperature", float), "temperature": ("temperature", float), "top_k": ("top_k", int),
             "top_p": ("top_p", float), "min_p": ("min_p", float), "repeat_penalty": ("repeat_penalty", float),
-            "repeat_last_n": ("repeat_last_n", int), "seed": ("seed", int)}
+            "repeat_last_n": ("repeat_last_n", int), "seed": ("seed", int),
+            "presence_penalty": ("presence_penalty", float), "frequency_penalty": ("frequency_penalty", float)}
 
 
 def format_stats(s: dict) -> str:
@@ -275,8 +317,8 @@ def command(session: ChatSession, line: str, echo) -> bool:
                 resumed = session.load(path)
                 echo(f"loaded {len(session.messages)} messages from {arg}"
                      + (f" (KV cache from {kv_path(path).name}: nothing prefilled)" if resumed else ""))
-        except (OSError, ValueError, ChatTemplateError) as e:
-            echo(f"error: {e}")
+        except (OSError, ValueError, ChatTemplateError, ContextFullError, OutputError) as e:
+            echo(f"error: {user_message(e)}; the conversation goes on as it was")
     elif name == "set" and arg:
         key, _, value = arg.partition(" ")
         if key not in SETTABLE:
@@ -284,10 +326,13 @@ def command(session: ChatSession, line: str, echo) -> bool:
         else:
             field, kind = SETTABLE[key]
             try:
-                setattr(session.options, field, kind(value))
+                session.options = replace(session.options, **{field: kind(value.strip())})
                 echo(f"{field} = {getattr(session.options, field)}")
+            except OptionError as e:
+                echo(f"error: {e}; {field} stays {getattr(session.options, field)}")
             except ValueError:
-                echo(f"{key} needs a {kind.__name__} value")
+                echo(f"error: {key} needs {'an integer' if kind is int else 'a number'}, not {value.strip()!r}; "
+                     f"{field} stays {getattr(session.options, field)}")
     else:
         echo(f"unknown command {line!r}\n{HELP}")
     return True
@@ -303,6 +348,8 @@ def read_message(prompt: str = ">>> ", more: str = "... ") -> str:
     return valid_utf8("\n".join(lines))
 
 
+HISTORY_LINES = 1000  # lines of input the history file keeps, the newest
+
 # on a terminal: the prompt and the model's text in colour (\001 \002 tell readline what takes no room)
 PROMPT_COLOUR, REPLY_COLOUR, THINKING_COLOUR, RESET = "\001\033[1;32m\002", "\033[36m", "\033[2m", "\033[0m"
 
@@ -311,6 +358,7 @@ def repl(session: ChatSession, out, history_file: Path | None = None, colour: bo
          hide_reasoning: bool = False) -> None:
     try:
         import readline  # line editing and history, where the platform has it
+        readline.set_history_length(HISTORY_LINES)
         if history_file:
             history_file.parent.mkdir(parents=True, exist_ok=True)
             if history_file.exists():
@@ -359,8 +407,11 @@ def repl(session: ChatSession, out, history_file: Path | None = None, colour: bo
             if not line.strip():
                 continue
             if line.startswith("/"):
-                if not command(session, line.strip(), echo):
-                    break
+                try:
+                    if not command(session, line.strip(), echo):
+                        break
+                except KeyboardInterrupt:  # (a long /load's prefill: the conversation is as it was)
+                    echo("\n[interrupted]")
                 continue
             try:
                 # during a reply Ctrl-C only raises a flag that generation checks between tokens

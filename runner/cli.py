@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
+import signal
 import sys
 from collections import Counter
 
 import click
 
 from gguf_io import GGUFError
+from gguf_io.safe_files import OutputError, check_output
 
 from convert.errors import ConversionError
 from convert.mixes import FILE_TYPES
@@ -17,17 +20,16 @@ from convert.mixes import FILE_TYPES
 from .backend import DEVICES, BackendError
 from .chat_template import ChatTemplateError
 from .generate import ModelOutputError, PromptError
-from .kv_cache import DEFAULT_CONTEXT, ContextFullError
-from .registry import MODELS, RegistryError
+from .kv_cache import DEFAULT_CONTEXT, MIN_CONTEXT, ContextFullError
+from .memory_fit import MemoryFitError
+from .registry import DEFAULT_MODEL, MODELS, RegistryError
+from .sampler import OptionError, SamplingOptions
 from .speculative import DRAFT_P_MIN, DraftError, describe_speculation
-
-
-class InputError(Exception):
-    """A file or value the user gave is unusable (not a usage mistake: click's usage text would not help)."""
-
+from .user_files import InputError, read_text, user_message
 
 USER_ERRORS = (GGUFError, ContextFullError, RegistryError, ConversionError, ChatTemplateError, BackendError,
-               ModelOutputError, PromptError, InputError, DraftError, OSError)
+               ModelOutputError, PromptError, InputError, DraftError, OutputError, MemoryFitError, OSError)
+INTERRUPTED = 130  # the shell's status for a process ended by Ctrl-C (128 + SIGINT)
 
 
 class Command(click.Command):
@@ -37,11 +39,29 @@ class Command(click.Command):
         try:
             return super().invoke(ctx)
         except USER_ERRORS as e:
-            click.echo(f"error: {e}", err=True)
+            click.echo(f"error: {user_message(e)}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             click.echo("\ninterrupted", err=True)
-            sys.exit(130)
+            sys.exit(INTERRUPTED)
+
+
+class Group(click.Group):
+    """ggrun's commands. A usage mistake exits with status 1, as llama.cpp's and ollama's do (click's
+    own is 2): 1 is every user's error, 130 Ctrl-C."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            status = super().main(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(1)
+        except click.Abort:
+            click.echo("interrupted", err=True)
+            sys.exit(INTERRUPTED)
+        sys.exit(status if isinstance(status, int) else 0)
 
 
 def _options(*decorators):
@@ -85,17 +105,43 @@ def _merge_ngl(kw):
 
 model_argument = _merging(_merge_model, click.argument("model", required=False),
                           click.option("-m", "--model", "model_opt", metavar="MODEL",
-                                       help="The model, as llama.cpp's -m (or give it as the argument)."))
-sampling_options = _options(
-    click.option("--temp", default=0.8, show_default=True, help="Temperature; 0 is greedy."),
-    click.option("--top-k", default=40, show_default=True),
-    click.option("--top-p", default=0.95, show_default=True),
-    click.option("--min-p", default=0.05, show_default=True),
-    click.option("--repeat-penalty", default=1.0, show_default=True),
-    click.option("--repeat-last-n", default=64, show_default=True, help="Window of the penalties."),
-    click.option("--presence-penalty", default=0.0, show_default=True),
-    click.option("--frequency-penalty", default=0.0, show_default=True),
-    click.option("-s", "--seed", type=int, help="Random seed; the same seed gives the same text."))
+                                       help="The model, as llama.cpp's -m (or give it as the argument); "
+                                            f"omitted: {DEFAULT_MODEL}, downloaded into the cache on first use."))
+
+# the sampling options' flags -> SamplingOptions' fields (their defaults are SamplingOptions')
+_SAMPLING_FLAGS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                   "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n", "seed": "seed",
+                   "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
+_FLAG_OF = {field: "--" + flag.replace("_", "-") for flag, field in _SAMPLING_FLAGS.items()}
+
+
+def _merge_sampling(kw):
+    """The sampling flags as one SamplingOptions, checked as chat's /set and a server check them."""
+    given = {field: kw.pop(flag) for flag, field in _SAMPLING_FLAGS.items()}
+    try:
+        return {**kw, "sampling": SamplingOptions(**{k: v for k, v in given.items() if v is not None})}
+    except OptionError as e:
+        raise click.BadParameter(e.problem, param_hint=_FLAG_OF[e.option]) from None
+
+
+_DEFAULT_SAMPLING = SamplingOptions()
+sampling_options = _merging(
+    _merge_sampling,
+    click.option("--temp", type=float, default=_DEFAULT_SAMPLING.temperature, show_default=True,
+                 help="Temperature; 0 or less is greedy."),
+    click.option("--top-k", type=int, default=_DEFAULT_SAMPLING.top_k, show_default=True, help="0 or less: off."),
+    click.option("--top-p", type=click.FloatRange(0, 1), default=_DEFAULT_SAMPLING.top_p, show_default=True,
+                 help="1: off."),
+    click.option("--min-p", type=click.FloatRange(0, 1), default=_DEFAULT_SAMPLING.min_p, show_default=True,
+                 help="0: off."),
+    click.option("--repeat-penalty", type=click.FloatRange(0, min_open=True), default=_DEFAULT_SAMPLING.repeat_penalty,
+                 show_default=True, help="1: off."),
+    click.option("--repeat-last-n", type=click.IntRange(-1), default=_DEFAULT_SAMPLING.repeat_last_n,
+                 show_default=True, help="Window of the penalties (-1: all tokens, 0: off)."),
+    click.option("--presence-penalty", type=float, default=_DEFAULT_SAMPLING.presence_penalty, show_default=True),
+    click.option("--frequency-penalty", type=float, default=_DEFAULT_SAMPLING.frequency_penalty, show_default=True),
+    click.option("-s", "--seed", type=click.IntRange(-1), help="Random seed; the same seed gives the same text "
+                                                               "(-1 or none: random)."))
 threads_option = click.option("-t", "--threads", type=click.IntRange(1), help="CPU threads (default: all cores).")
 _kv_types = click.Choice(["f16", "f32", "q8_0"])
 kv_type_option = _merging(
@@ -116,27 +162,15 @@ device_option = _merging(
                       "llama.cpp's 8-bit ones, the faster default; on CUDA, prefill in float32 instead of TF32."))
 
 
-def _read_text(path: str) -> str:
-    """A text file the user named (a prompt, a system prompt), '-' for stdin."""
-    from .tokenizer import valid_utf8
-    if path == "-":
-        return valid_utf8(sys.stdin.read())
-    try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as f:
-            return valid_utf8(f.read())
-    except OSError as e:
-        raise InputError(f"cannot read {path}: {e.strerror}") from None
-
-
 def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
     """-p TEXT ('-': stdin), -f FILE, or the text piped in."""
     from .tokenizer import valid_utf8
     if prompt is not None and prompt_file is not None:
         raise click.UsageError("give the prompt once: -p or -f")
     if prompt_file is not None:
-        return _read_text(prompt_file)
+        return read_text(prompt_file)
     if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
-        return _read_text("-")
+        return read_text("-")
     if prompt is None:
         raise click.UsageError("no prompt: give -p TEXT, -f FILE or pipe it in")
     return valid_utf8(prompt)
@@ -145,7 +179,7 @@ def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
 def _system_text(system: str | None, system_file: str | None) -> str | None:
     if system is not None and system_file is not None:
         raise click.UsageError("give the system prompt once: --system-prompt or --system-prompt-file")
-    return _read_text(system_file) if system_file is not None else system
+    return read_text(system_file) if system_file is not None else system
 
 
 draft_options = _options(
@@ -181,19 +215,31 @@ def _draft_loader(threads, kv_type, device, n_ctx, precise):
     return load
 
 
-@click.group()
+@click.group(cls=Group)
 @click.version_option(package_name="ggrun")
 def main():
-    """Run GGUF language models locally."""
+    """Run GGUF language models locally. MODEL is a .gguf file or a registry name; omitted, it is
+    smollm2-135m-instruct, downloaded into the cache on first use."""
 
 
 def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None, precise=False, prefill=True):
-    """engine.load of a model path or registry name, saying on stderr when kernels compile."""
+    """engine.load of a model path or registry name, saying on stderr when kernels compile and when
+    the context is longer than the model was trained on."""
     from .backend import resolve_device
     from .engine import load
     from .registry import resolve
-    return load(resolve(model), threads, kv_type, times, resolve_device(device), n_ctx, precise, prefill,
-                notify=_say_once)
+    lm = load(resolve(model), threads, kv_type, times, resolve_device(device), n_ctx, precise, prefill,
+              notify=_say_once)
+    warning = lm.context_warning(n_ctx or lm.default_context())
+    if warning:
+        _say_once(f"warning: {warning}")
+    return lm
+
+
+def _check_stops(ctx, param, stops: tuple[str, ...]) -> tuple[str, ...]:
+    if "" in stops:
+        raise click.BadParameter("an empty stop string would stop before the first token", param_hint="-r")
+    return stops
 
 
 _said = set()  # (each message is said once per process)
@@ -212,11 +258,12 @@ def _say_once(message: str):
 @system_options
 @click.option("-n", "--n-predict", default=128, show_default=True, type=click.IntRange(0), help="Tokens to generate.")
 @sampling_options
-@click.option("-r", "--reverse-prompt", "stops", multiple=True, help="Stop once the text contains this (repeatable).")
+@click.option("-r", "--reverse-prompt", "stops", multiple=True, callback=_check_stops,
+              help="Stop once the text contains this (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Go on past end-of-generation tokens.")
 @click.option("--special", is_flag=True, help="Special-token text in the prompt becomes those tokens (as llama.cpp "
                                               "parses it); by default a prompt is plain text.")
-@click.option("-c", "--ctx-size", type=click.IntRange(16),
+@click.option("-c", "--ctx-size", type=click.IntRange(MIN_CONTEXT),
               help=f"Context size (default: min(trained, {DEFAULT_CONTEXT})).")
 @click.option("--ring/--no-ring", default=True, show_default=True,
               help="Past the context, keep BOS and overwrite the oldest tokens; --no-ring makes that an error.")
@@ -226,9 +273,8 @@ def _say_once(message: str):
 @draft_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
 @click.option("--timings", is_flag=True, help="Print where the time before the first token went.")
-def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k, top_p, min_p, repeat_penalty,
-        repeat_last_n, presence_penalty, frequency_penalty, seed, stops, ignore_eos, special, ctx_size, ring,
-        threads, kv_type, device, precise, draft, lookup, draft_max, draft_min, draft_p_min, as_json, timings):
+def run(model, prompt, prompt_file, system, system_file, n_predict, sampling, stops, ignore_eos, special, ctx_size,
+        ring, threads, kv_type, device, precise, draft, lookup, draft_max, draft_min, draft_p_min, as_json, timings):
     """Complete a prompt with MODEL (a GGUF path or a registry name)."""
     from .startup import StartupTimes
     times = StartupTimes()
@@ -236,7 +282,7 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k,
     from .backend import resolve_device
     from .engine import Session, warm_prefill
     from .reasoning import REASONING, ReplyDecoder, SplitReply, reasoning_format
-    from .sampler import Sampler, SamplingOptions
+    from .sampler import Sampler
 
     prompt = _prompt_text(prompt, prompt_file)
     system = _system_text(system, system_file)
@@ -254,8 +300,7 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k,
     ids = session.fit(ids, n_predict)
     for notice in session.notices:
         click.echo(f"warning: {notice}", err=True)
-    sampler = Sampler(SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
-                                      presence_penalty, frequency_penalty))
+    sampler = Sampler(sampling)
     # a chat reply (through the template) of a reasoning model: its reasoning to stderr, the answer to stdout
     decoder = ReplyDecoder(lm.tokenizer, reasoning_format(lm.tokenizer.vocab) if system is not None else None)
     reply, started = SplitReply(), False
@@ -286,6 +331,8 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, temp, top_k,
                    f"({stats.generated_tokens} tokens, stop: {stats.stop_reason})", err=True)
         if session.drafter and timings:
             click.echo(describe_speculation(session.speculation.as_dict()), err=True)
+    if stats.stop_reason == "interrupted":
+        sys.exit(INTERRUPTED)
 
 
 @main.command(cls=Command)
@@ -416,6 +463,8 @@ def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device,
     """Prefill and decode speed, like llama-bench: mean ± std over repetitions after a warm-up.
     Decode rows add the bytes a step reads and the share of the measured memory bandwidth."""
     from .bench import run_bench
+    if not n_prompt and not n_gen:
+        raise click.BadParameter("-p 0 and -n 0 leave nothing to measure", param_hint="-p/-n")
     try:
         depths = [int(d) for d in depths.split(",")]
         if min(depths) < 0:
@@ -504,19 +553,21 @@ def quantize(src, dst, type_name):
 def perplexity(model, text_file, ctx_size, ring, ubatch, save_logits, kl_base, threads, kv_type, device, precise,
                as_json):
     """Perplexity of MODEL on a text, computed as llama.cpp's perplexity tool does."""
-    from pathlib import Path
-
     from . import perplexity as ppl
-    if save_logits:
-        _check_writable(save_logits)
+    from .registry import resolve
+    text = read_text(text_file)
+    if save_logits:  # (before the work, not after it)
+        check_output(save_logits, [resolve(model), text_file, kl_base])
     lm = _load(model, threads, kv_type, device=device, n_ctx=ring or ctx_size, precise=precise)
-    text = Path(text_file).read_text(encoding="utf-8", errors="replace")
     try:
-        base = ppl.load_base(kl_base) if kl_base else None
+        base = ppl.load_base(kl_base, len(text.encode("utf-8")) + 1) if kl_base else None
         result = (ppl.ring_perplexity(lm, text, ring, base=base) if ring
                   else ppl.perplexity(lm, text, ctx_size, base=base, ubatch=ubatch))
     except ValueError as e:
         raise InputError(str(e)) from None
+    if not math.isfinite(result.ppl):
+        raise ModelOutputError(f"the perplexity came out as {result.ppl}: the model computed NaN or infinite "
+                               f"log-probabilities (a corrupt file?)")
     if save_logits:
         ppl.save_logits(result, save_logits, len(lm.tokenizer.vocab))
     kl = ppl.compare_to_base(result, base) if base else None
@@ -531,16 +582,6 @@ def perplexity(model, text_file, ctx_size, ring, ubatch, save_logits, kl_base, t
                    f"p99 {kl['kld_p99']:.5f}, max {kl['kld_max']:.5f}")
         click.echo(f"top-1 agreement {100 * kl['top1_agreement']:.2f}%, PPL ratio {kl['ppl_ratio']:.4f} "
                    f"(base PPL {kl['ppl_base']:.4f})")
-
-
-def _check_writable(path: str) -> None:
-    """Fail before the work, not after it, when an output file cannot be written."""
-    from pathlib import Path
-    target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
-    if target.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK) or (
-            target.exists() and not os.access(target, os.W_OK)):
-        raise InputError(f"cannot write {path}")
 
 
 @main.command("quant-report", cls=Command)
@@ -561,9 +602,9 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
     unknown = [t for t in names if t not in FILE_TYPES]
     if unknown:
         raise click.BadParameter(f"unknown type {unknown[0]}", param_hint="--types")
-    text = Path(text_file).read_text(encoding="utf-8", errors="replace")
-    if plot_file:
-        _check_writable(plot_file)
+    text = read_text(text_file)
+    if plot_file:  # (before the work, not after it)
+        check_output(plot_file, [Path(source), text_file])
     try:
         rows = report(Path(source), text, names, ctx_size, threads)
     except ValueError as e:
@@ -581,7 +622,7 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
 @system_options
 @click.option("-n", "--n-predict", default=-1, show_default=True, type=click.IntRange(-1),
               help="Most tokens per reply; -1: until the model ends it (or Ctrl-C).")
-@click.option("-c", "--ctx-size", type=click.IntRange(16),
+@click.option("-c", "--ctx-size", type=click.IntRange(MIN_CONTEXT),
               help=f"Context size (default: min(trained, {DEFAULT_CONTEXT})).")
 @click.option("--chat-template", type=click.Choice(["chatml", "llama3", "gemma"]),
               help="Use a built-in template instead of the file's own.")
@@ -595,24 +636,20 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
 @kv_type_option
 @device_option
 @draft_options
-def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv, reasoning, temp, top_k, top_p, min_p,
-         repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, threads, kv_type, device, precise,
-         draft, lookup, draft_max, draft_min, draft_p_min):
+def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv, reasoning, sampling, threads,
+         kv_type, device, precise, draft, lookup, draft_max, draft_min, draft_p_min):
     """Talk with MODEL in the terminal; the context never runs out (ring window)."""
     from .chat import ChatSession, repl
     from .registry import cache_dir
-    from .sampler import SamplingOptions
     system = _system_text(system, system_file)
     lm = _load(model, threads, kv_type, device=device, n_ctx=ctx_size, precise=precise)
-    options = SamplingOptions(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
-                              presence_penalty, frequency_penalty)
     n_ctx = ctx_size or lm.default_context()
     drafter = None
     if draft or lookup:
         from .speculative import make_drafter
         drafter = make_drafter(lm, draft, lookup, n_ctx, True, draft_p_min,
                                _draft_loader(threads, kv_type, device, ctx_size, precise))
-    session = ChatSession(lm, n_ctx, options, system, chat_template,
+    session = ChatSession(lm, n_ctx, sampling, system, chat_template,
                           max_reply=sys.maxsize if n_predict < 0 else n_predict, save_kv=save_kv, drafter=drafter,
                           draft_max=draft_max, draft_min=draft_min)
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
@@ -626,5 +663,13 @@ def entry():
     owns its imports, so it skips them (neither torch nor triton imports cffi)."""
     sys.modules.setdefault("scipy.linalg.cython_blas", None)
     sys.modules.setdefault("cffi", None)
+    signal.signal(signal.SIGTERM, _terminated)
     main()
+
+
+def _terminated(signum, frame):
+    """SIGTERM ends the command as Ctrl-C does (what it was writing is removed, not left
+    half-written), with the shell's status for it."""
+    click.echo("\nterminated", err=True)
+    raise SystemExit(128 + signum)
 

@@ -36,6 +36,8 @@ SINK_TOKENS = 1
 # Tokens of context when none is asked for, where the model trained on more: the cache stays small
 # (llama.cpp's tools default to a few thousand too).
 DEFAULT_CONTEXT = 4096
+# The smallest context: a prompt, a reply and a ring's pinned start need a few tokens each.
+MIN_CONTEXT = 16
 
 
 class ContextFullError(Exception):

@@ -3,16 +3,20 @@
 Keys and values are kept as the backends' export_kv gives them, one layout on every backend and
 CPU, so a state saved on one machine restores on another, into a cache of the same shape (the
 same model, context, ring and element type). On disk it is an .npz of plain arrays (read without
-pickle) with a JSON header; every array is checked against the cache before any is written in.
+pickle) with a JSON header; every array is checked against the cache before it is read, and
+again before any is written in.
 """
 from __future__ import annotations
 
 import json
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from gguf_io.safe_files import atomic_output
+
+from .npz_files import NpzError, expect, read_npz
 
 FORMAT = "ggrun-kv/1"
 
@@ -45,62 +49,109 @@ class KVState:
         arrays |= {f"values_{i}": a for i, a in enumerate(self.values)}
         arrays |= {f"pinned_keys_{i}": a for i, a in self.pinned_keys.items()}
         arrays |= {f"pinned_values_{i}": a for i, a in self.pinned_values.items()}
-        with open(path, "wb") as f:
+        with atomic_output(path) as tmp, open(tmp, "wb") as f:
             np.savez(f, **arrays)
 
     @classmethod
-    def load(cls, path: Path) -> KVState:
+    def load(cls, path: Path, cache) -> KVState:
+        """A state saved for a cache like `cache`: its header first, then every array, each checked
+        against what the cache holds before its data is read (KVStateError otherwise)."""
         try:
-            with np.load(path, allow_pickle=False) as data:
-                arrays = {name: data[name] for name in data.files}
-            header = json.loads(str(arrays.pop("header")))
-            if header.get("format") != FORMAT:
+            header = read_npz(path, _check_header, names={"header"})["header"]
+            header = json.loads(str(header))
+            if not isinstance(header, dict) or header.get("format") != FORMAT:
                 raise ValueError
-            layers = header["shape"]["layers"]
-            pinned = {int(i) for i in header["rotated_to"]}
-            return cls(shape=header["shape"], used=int(header["used"]), pinned=int(header["pinned"]),
-                       evicted=int(header["evicted"]),
-                       positions=[arrays[f"positions_{j}"] for j in range(len(header["shape"]["kinds"]))],
-                       keys=[arrays[f"keys_{i}"] for i in range(layers)],
-                       values=[arrays[f"values_{i}"] for i in range(layers)],
-                       pinned_keys={i: arrays[f"pinned_keys_{i}"] for i in pinned},
-                       pinned_values={i: arrays[f"pinned_values_{i}"] for i in pinned},
-                       rotated_to={int(i): int(r) for i, r in header["rotated_to"].items()},
-                       note=header.get("note", {}))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile, EOFError):
+            state = cls(shape=header["shape"], used=_count(header["used"]), pinned=_count(header["pinned"]),
+                        evicted=_count(header["evicted"]), positions=[], keys=[], values=[], pinned_keys={},
+                        pinned_values={}, rotated_to={int(i): _count(r) for i, r in header["rotated_to"].items()},
+                        note=header.get("note", {}))
+            if not isinstance(state.note, dict):
+                raise ValueError
+        except NpzError as e:
+            raise KVStateError(f"{path} is not a KV cache state saved by ggrun: {e}") from None
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise KVStateError(f"{path} is not a KV cache state saved by ggrun") from None
+        _check_counts(state, cache)
+        expected = expected_arrays(state, cache)
+
+        def check(name, dtype, shape):
+            if name not in expected:
+                raise NpzError(f"it holds an array {name!r} that a state of this cache does not")
+            expect(name, dtype, shape, *expected[name])
+        try:
+            arrays = read_npz(path, check, names=set(expected))
+        except NpzError as e:
+            raise KVStateError(f"{path} does not fit this model's KV cache: {e}") from None
+        if set(arrays) != set(expected):
+            raise KVStateError(f"{path} lacks the saved KV state's {min(set(expected) - set(arrays))}")
+        state.positions = [arrays[f"positions_{j}"] for j in range(len(cache.kind_list))]
+        state.keys = [arrays[f"keys_{i}"] for i in range(len(cache.keys))]
+        state.values = [arrays[f"values_{i}"] for i in range(len(cache.keys))]
+        state.pinned_keys = {i: arrays[f"pinned_keys_{i}"] for i in state.rotated_to}
+        state.pinned_values = {i: arrays[f"pinned_values_{i}"] for i in state.rotated_to}
+        check_fits(state, cache)
+        return state
 
 
-def check_fits(state: KVState, cache) -> None:
-    """Raise KVStateError unless every part of `state` fits `cache` as it would have made it."""
+MAX_HEADER_CHARACTERS = 64 << 20  # (the note holds the conversation's text)
+
+
+def _check_header(name, dtype, shape) -> None:
+    if np.dtype(dtype).kind != "U" or shape != () or np.dtype(dtype).itemsize > 4 * MAX_HEADER_CHARACTERS:
+        raise NpzError("its header is not one string of JSON")
+
+
+def _count(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError
+    return value
+
+
+def _check_counts(state: KVState, cache) -> None:
+    """The state's shape and counts against the cache's, before any array is read."""
     shape = cache.shape()
     if state.shape != shape:
         diff = ", ".join(f"{k} {state.shape.get(k)!r} (here {v!r})" for k, v in shape.items()
-                         if state.shape.get(k) != v)
+                         if state.shape.get(k) != v) if isinstance(state.shape, dict) else "no shape"
         raise KVStateError(f"the saved KV state is for another cache: {diff}")
     if not 0 <= state.pinned <= state.used or state.evicted < 0:
         raise KVStateError(f"the saved KV state holds inconsistent counts (pinned {state.pinned}, "
                            f"used {state.used}, evicted {state.evicted})")
-    for j, (table, kind) in enumerate(zip(state.positions, cache.kind_list)):
-        _check_array(f"positions_{j}", table, np.int32, (kind[1],))
-        if table.size and not (-1 <= table.min() and table.max() < state.used):
-            raise KVStateError(f"the saved KV state's positions_{j} hold positions past its {state.used} tokens")
+    global_layers = {i for i, w in enumerate(cache.windowed) if not w} if state.pinned else set()
+    if set(state.rotated_to) != global_layers:
+        raise KVStateError("the saved KV state's pinned keys do not match its layers")
+
+
+def expected_arrays(state: KVState, cache) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """Every array a state of `used` and `pinned` tokens for `cache` holds, by name: dtype and shape."""
+    arrays = {f"positions_{j}": (np.dtype(np.int32), (kind[1],)) for j, kind in enumerate(cache.kind_list)}
     for i, (keys, values) in enumerate(zip(cache.keys, cache.values)):
         n = min(state.used, cache.capacity[i])
         empty_keys, empty_values = cache.backend.export_kv(keys, values, np.arange(0))
-        _check_array(f"keys_{i}", state.keys[i], empty_keys.dtype, (empty_keys.shape[0], n, empty_keys.shape[2]))
-        _check_array(f"values_{i}", state.values[i], empty_values.dtype,
-                     (empty_values.shape[0], n, empty_values.shape[2]))
-    global_layers = {i for i, w in enumerate(cache.windowed) if not w} if state.pinned else set()
-    if set(state.pinned_keys) != global_layers or set(state.rotated_to) != global_layers:
-        raise KVStateError("the saved KV state's pinned keys do not match its layers")
-    for i in global_layers:
+        arrays[f"keys_{i}"] = (empty_keys.dtype, (empty_keys.shape[0], n, empty_keys.shape[2]))
+        arrays[f"values_{i}"] = (empty_values.dtype, (empty_values.shape[0], n, empty_values.shape[2]))
+    for i in state.rotated_to:
         n_kv, key_dim, value_dim = cache.head_shapes[i]
-        _check_array(f"pinned_keys_{i}", state.pinned_keys[i], np.float32, (state.pinned, n_kv, key_dim))
-        _check_array(f"pinned_values_{i}", state.pinned_values[i], np.float32, (state.pinned, n_kv, value_dim))
+        arrays[f"pinned_keys_{i}"] = (np.dtype(np.float32), (state.pinned, n_kv, key_dim))
+        arrays[f"pinned_values_{i}"] = (np.dtype(np.float32), (state.pinned, n_kv, value_dim))
+    return arrays
 
 
-def _check_array(name, array, dtype, shape) -> None:
-    if array.dtype != dtype or array.shape != tuple(shape):
-        raise KVStateError(f"the saved KV state's {name} is {array.dtype} {array.shape}, not {np.dtype(dtype)} "
-                           f"{tuple(shape)}")
+def check_fits(state: KVState, cache) -> None:
+    """Raise KVStateError unless every part of `state` fits `cache` as it would have made it."""
+    _check_counts(state, cache)
+    given = {f"positions_{j}": a for j, a in enumerate(state.positions)}
+    given |= {f"keys_{i}": a for i, a in enumerate(state.keys)} | {f"values_{i}": a for i, a in enumerate(state.values)}
+    given |= {f"pinned_keys_{i}": a for i, a in state.pinned_keys.items()}
+    given |= {f"pinned_values_{i}": a for i, a in state.pinned_values.items()}
+    expected = expected_arrays(state, cache)
+    if set(given) != set(expected):
+        raise KVStateError("the saved KV state's arrays do not match its layers")
+    for name, (dtype, shape) in expected.items():
+        try:
+            expect(name, given[name].dtype, given[name].shape, dtype, shape)
+        except NpzError as e:
+            raise KVStateError(f"the saved KV state's {str(e).removeprefix('its ')}") from None
+    for j, table in enumerate(state.positions):
+        if table.size and not (-1 <= table.min() and table.max() < state.used):
+            raise KVStateError(f"the saved KV state's positions_{j} hold positions past its {state.used} tokens")

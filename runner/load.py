@@ -9,15 +9,15 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf_io import GGUFFile, ModelParams, architecture, read_params, read_vocab
 
 from .backend import BackendError, make_backend
-from .kv_cache import DEFAULT_CONTEXT
-from .memory_fit import MemoryFit
+from .kv_cache import DEFAULT_CONTEXT, MIN_CONTEXT
+from .memory_fit import MemoryFit, MemoryFitError, available_host_memory
 from .models import MODELS
 from .tokenizer import Tokenizer
 from .weights import WeightLoader
 
 
 def default_context(params: ModelParams) -> int:
-    return min(params.context_length, DEFAULT_CONTEXT)
+    return max(MIN_CONTEXT, min(params.context_length, DEFAULT_CONTEXT))
 
 
 @dataclass
@@ -30,6 +30,14 @@ class LoadedModel:
 
     def default_context(self) -> int:
         return default_context(self.params)
+
+    def context_warning(self, n_ctx: int) -> str | None:
+        """What a user should know of a context longer than the model was trained on."""
+        trained = self.params.context_length
+        if n_ctx <= trained:
+            return None
+        return (f"the context of {n_ctx} tokens is longer than the {trained} this model was trained on: "
+                f"past {trained} tokens its output may degrade")
 
     def identity(self) -> str:
         """What a saved KV state belongs to: the file's size and a digest of its first MiB (the
@@ -45,18 +53,23 @@ def memory_fit(f: GGUFFile, params: ModelParams, kv_type: str) -> MemoryFit:
 
 
 def _check_fit(f: GGUFFile, params: ModelParams, backend, kv_type: str, n_ctx: int) -> None:
-    """On a device with its own memory, refuse a model whose weights and KV cache exceed what is
-    free, saying how much it needs (before uploading anything)."""
-    free = backend.free_memory()
-    if free is None:
-        return
+    """Refuse, before anything is allocated, a model whose KV cache (and on a device with its own
+    memory, weights) exceed the memory free for them, saying how much it needs and the longest
+    context that fits. On the host the weights are mapped from the file, not allocated."""
     fit = memory_fit(f, params, kv_type)
-    need = fit.total_bytes(n_ctx)
-    if need > free:
-        gib = 2**30
-        raise BackendError(f"{f.path.name} needs {need / gib:.2f} GiB on {backend.name} (weights "
-                           f"{fit.weight_bytes / gib:.2f} GiB + {kv_type} KV cache {fit.kv_bytes(n_ctx) / gib:.2f} GiB "
-                           f"at context {n_ctx}) but {free / gib:.2f} GiB are free; try a smaller -c or --device cpu")
+    device_free = backend.free_memory()
+    on_device = device_free is not None
+    free = device_free if on_device else available_host_memory()
+    need = fit.total_bytes(n_ctx) if on_device else fit.kv_bytes(n_ctx)
+    if free is None or need <= free:
+        return
+    gib = 2**30
+    needs = (f"weights {fit.weight_bytes / gib:.2f} GiB + " if on_device else "") + \
+        f"{kv_type} KV cache {fit.kv_bytes(n_ctx) / gib:.2f} GiB at context {n_ctx}"
+    best = fit.max_context(free, weights=on_device)
+    advice = f"the longest context that fits is {best} tokens (-c)" if best >= MIN_CONTEXT else "nothing fits"
+    raise MemoryFitError(f"{f.path.name} needs {needs}, but {free / gib:.2f} GiB are free on {backend.name}: "
+                         f"{advice}" + ("; or try --device cpu" if on_device else ""))
 
 
 def _check_kv_type(params: ModelParams, backend, kv_type: str) -> None:

@@ -19,6 +19,22 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
 
 
+class MemoryFitError(Exception):
+    """What was asked for needs more memory than is free; the message says how much, and what fits."""
+
+
+def available_host_memory() -> int | None:
+    """Bytes the host can still give this process without swapping (MemAvailable); None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 @dataclass
 class MemoryFit:
     params: ModelParams
@@ -61,12 +77,13 @@ class MemoryFit:
     def total_bytes(self, n_ctx: int, users: int = 1) -> float:
         return self.weight_bytes + self.kv_bytes(n_ctx, users)
 
-    def max_context(self, memory: int, users: int = 1) -> int:
-        """The longest context (up to the trained length) whose weights + KV cache fit in memory."""
+    def max_context(self, memory: int, users: int = 1, weights: bool = True) -> int:
+        """The longest context (up to the trained length) whose weights (where weights) + KV cache
+        fit in memory."""
         lo, hi = 0, self.params.context_length
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.total_bytes(mid, users) <= memory:
+            if self.kv_bytes(mid, users) + (self.weight_bytes if weights else 0) <= memory:
                 lo = mid
             else:
                 hi = mid - 1

@@ -15,9 +15,11 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm import tqdm
+from gguf_io.progress import progress_bar
+from gguf_io.safe_files import atomic_output
 
 from .kv_cache import SINK_TOKENS
+from .npz_files import NpzError, expect, read_npz
 
 TOP_K = 32
 
@@ -107,7 +109,7 @@ def perplexity(lm, text: str, n_ctx: int, base: dict | None = None, progress: bo
     _check_base(base, len(vocab), n_ctx, n_chunks * (n_ctx - 1 - first))
     scores = _Scores(base)
     start = time.perf_counter()
-    for c in tqdm(range(n_chunks), desc="perplexity", unit="chunk", disable=not progress):
+    for c in progress_bar(range(n_chunks), desc="perplexity", unit="chunk", disable=not progress):
         chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
         if vocab.add_bos and vocab.bos_id >= 0:
             chunk[0] = vocab.bos_id
@@ -131,7 +133,7 @@ def ring_perplexity(lm, text: str, n_ring: int, base: dict | None = None, progre
     scores = _Scores(base)
     start = time.perf_counter()
     bounds = [0, pin] + list(range(pin + step, len(tokens), step)) + [len(tokens)]
-    for lo, hi in tqdm(list(zip(bounds, bounds[1:])), desc="ring perplexity", unit="step", disable=not progress):
+    for lo, hi in progress_bar(list(zip(bounds, bounds[1:])), desc="ring perplexity", unit="step", disable=not progress):
         if hi <= lo:
             continue
         logits = lm.model.forward(tokens[lo:hi], cache, all_logits=True)
@@ -144,19 +146,43 @@ def ring_perplexity(lm, text: str, n_ring: int, base: dict | None = None, progre
 
 
 def save_logits(result: PerplexityResult, path, vocab_size: int) -> None:
-    with open(path, "wb") as f:
+    with atomic_output(path) as tmp, open(tmp, "wb") as f:
         np.savez_compressed(f, top_ids=result.top_ids, top_logprobs=result.top_logprobs.astype(np.float16),
                             target_logprobs=result.target_logprobs, n_ctx=result.n_ctx, vocab_size=vocab_size)
 
 
-def load_base(path) -> dict:
+# what save_logits writes: name -> (dtype, shape), None for the positions (P)
+_BASE_ARRAYS = {"top_ids": (np.int32, (None, TOP_K)), "top_logprobs": (np.float16, (None, TOP_K)),
+                "target_logprobs": (np.float32, (None,)), "n_ctx": (np.int64, ()), "vocab_size": (np.int64, ())}
+
+
+def load_base(path, max_positions: int) -> dict:
+    """Logits that save_logits wrote, of at most max_positions positions (a text of N bytes
+    scores fewer than N + 1 tokens): each array's type and shape checked before it is read, then
+    its values (ids in the vocabulary, finite log-probabilities)."""
+    def check(name, dtype, shape):
+        want_dtype, want_shape = _BASE_ARRAYS[name]
+        expect(name, dtype, shape, want_dtype, want_shape)
+        if shape and shape[0] > max_positions:
+            raise NpzError(f"its {name} holds {shape[0]} positions, more than the text has tokens")
     try:
-        with np.load(path) as f:
-            return {"top_ids": f["top_ids"], "top_logprobs": f["top_logprobs"].astype(np.float64),
-                    "target_logprobs": f["target_logprobs"].astype(np.float64),
-                    "n_ctx": int(f["n_ctx"]), "vocab_size": int(f["vocab_size"])}
-    except (OSError, KeyError, ValueError) as e:
-        raise ValueError(f"{path} is not a logits file written by --save-logits ({e})") from None
+        f = read_npz(path, check, names=set(_BASE_ARRAYS))
+        if set(f) != set(_BASE_ARRAYS):
+            raise NpzError(f"it lacks {', '.join(sorted(set(_BASE_ARRAYS) - set(f)))}")
+        n = len(f["top_ids"])
+        if len(f["top_logprobs"]) != n or len(f["target_logprobs"]) != n:
+            raise NpzError("its arrays hold different numbers of positions")
+        vocab_size = int(f["vocab_size"])
+        if n and not 0 <= f["top_ids"].min() <= f["top_ids"].max() < vocab_size:
+            raise NpzError(f"its top_ids are not ids of a vocabulary of {vocab_size}")
+        for name in ("top_logprobs", "target_logprobs"):
+            if not (np.isfinite(f[name]) & (f[name] <= 0)).all():
+                raise NpzError(f"its {name} are not all finite log-probabilities")
+    except NpzError as e:
+        raise ValueError(f"{path} is not a logits file written by --save-logits: {e}") from None
+    return {"top_ids": f["top_ids"], "top_logprobs": f["top_logprobs"].astype(np.float64),
+            "target_logprobs": f["target_logprobs"].astype(np.float64), "n_ctx": int(f["n_ctx"]),
+            "vocab_size": vocab_size}
 
 
 def compare_to_base(result: PerplexityResult, base: dict) -> dict:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from gguf_io.safe_files import atomic_output
+
 from .bench import time_decode
 from .load import load_model
 from .perplexity import compare_to_base, load_base, perplexity, save_logits
@@ -16,6 +18,8 @@ def quant_report(source: Path, text: str, types, n_ctx: int, threads: int | None
                  progress: bool = True) -> list[dict]:
     """source: a Hugging Face folder (converted to F32 first) or an F32/F16/BF16 GGUF."""
     from convert.convert import convert_hf, requantize
+    if not source.is_dir():
+        _check_unquantized(source)
     rows = []
     with tempfile.TemporaryDirectory(prefix="ggrun-report-") as tmp:
         tmp = Path(tmp)
@@ -34,7 +38,7 @@ def quant_report(source: Path, text: str, types, n_ctx: int, threads: int | None
             if type_name == "base":
                 result = perplexity(lm, text, n_ctx, progress=progress)
                 save_logits(result, tmp / "base.npz", len(lm.tokenizer.vocab))
-                base = load_base(tmp / "base.npz")
+                base = load_base(tmp / "base.npz", len(result.target_logprobs))
                 kl = compare_to_base(perplexity(lm, text, n_ctx, base=base, progress=False), base)
             else:
                 result = perplexity(lm, text, n_ctx, base=base, progress=progress)
@@ -46,6 +50,18 @@ def quant_report(source: Path, text: str, types, n_ctx: int, threads: int | None
                          "top1_agreement": kl["top1_agreement"], "decode_tok_s": time_decode(lm, 32)})
             lm.file = lm.model = None
     return rows
+
+
+def _check_unquantized(path: Path) -> None:
+    """Refuse, before any work, a GGUF source whose weights are already quantized: the report
+    measures each type against the full-precision weights."""
+    from gguf_io import GGUFFile
+    from gguf_io.quant_types import FLOAT_TYPES
+    f = GGUFFile(path)
+    quantized = next((t for t in f.tensors.values() if t.type not in FLOAT_TYPES), None)
+    if quantized is not None:
+        raise ValueError(f"{path.name} is already quantized ({quantized.name} is {quantized.type.name}): "
+                         f"quant-report needs an F32, F16 or BF16 file, or a Hugging Face folder")
 
 
 def format_table(rows: list[dict]) -> str:
@@ -76,5 +92,6 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)

@@ -2,22 +2,54 @@
 temperature, as llama.cpp chains them."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 
+class OptionError(ValueError):
+    """A sampling option's value is unusable; `option` names it (as SamplingOptions does)."""
+
+    def __init__(self, option: str, problem: str):
+        super().__init__(f"{option} {problem}")
+        self.option, self.problem = option, problem
+
+
 @dataclass
 class SamplingOptions:
+    """Checked when made, by keyword or by dataclasses.replace, for the command line, chat's /set and
+    a server alike: llama.cpp's meanings where it has them, and an OptionError for the rest."""
     temperature: float = 0.8      # <= 0: greedy
     top_k: int = 40               # <= 0: off
-    top_p: float = 0.95           # >= 1: off
-    min_p: float = 0.05           # <= 0: off
+    top_p: float = 0.95           # 1: off
+    min_p: float = 0.05           # 0: off
     repeat_penalty: float = 1.0   # 1: off
-    repeat_last_n: int = 64       # window of recent tokens the penalties look at
-    seed: int | None = None
+    repeat_last_n: int = 64       # window of recent tokens the penalties look at (-1: all of them; 0: off)
+    seed: int | None = None       # None or -1: a random seed
     presence_penalty: float = 0.0   # subtracted once from a token seen in the window (0: off)
     frequency_penalty: float = 0.0  # subtracted per occurrence in the window (0: off)
+
+    def __post_init__(self):
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise OptionError(name, f"must be a finite number, not {value!r}")
+        for name in ("top_k", "repeat_last_n"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
+                raise OptionError(name, f"must be an integer, not {getattr(self, name)!r}")
+        for name in ("top_p", "min_p"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise OptionError(name, f"must be between 0 and 1, not {getattr(self, name)!r}")
+        if self.repeat_penalty <= 0:
+            raise OptionError("repeat_penalty", f"must be above 0 (1 is off), not {self.repeat_penalty!r}")
+        if self.repeat_last_n < -1:
+            raise OptionError("repeat_last_n", f"must be -1 (all), 0 (off) or a token count, not {self.repeat_last_n}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not -1 <= self.seed < 2**64):
+            raise OptionError("seed", f"must be -1 (random) or an integer from 0 to 2^64 - 1, not {self.seed!r}")
+        if self.seed == -1:
+            self.seed = None
 
 
 @dataclass
@@ -51,10 +83,10 @@ class Sampler:
         if penalized and history and o.repeat_last_n != 0:  # llama.cpp's penalties sampler
             window = np.asarray(history[-o.repeat_last_n:] if o.repeat_last_n > 0 else history)
             recent, counts = np.unique(window, return_counts=True)
-            logits = logits.copy()
+            logits = logits.astype(np.float64)  # (so that no penalty overflows to an infinity)
             vals = logits[recent]
             vals = np.where(vals > 0, vals / o.repeat_penalty, vals * o.repeat_penalty)
-            logits[recent] = vals - counts * o.frequency_penalty - o.presence_penalty
+            logits[recent] = np.clip(vals - counts * o.frequency_penalty - o.presence_penalty, -_LIMIT, _LIMIT)
         if o.temperature <= 0:
             token = int(np.argmax(logits))
             return Choice(token, np.array([token]), np.zeros(1), model_logits)
@@ -70,13 +102,19 @@ class Sampler:
         if o.min_p > 0.0:
             keep = max(1, int(np.sum(probs >= o.min_p * probs[0])))
             ids = ids[:keep]
-        logprobs = _log_softmax(logits[ids] / o.temperature)
+        logprobs = _log_softmax(logits[ids], o.temperature)
         token = int(ids[self.rng.choice(len(ids), p=np.exp(logprobs))])
         return Choice(token, ids, logprobs, model_logits)
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64) - x.max()
+_LIMIT = 1e30  # penalized logits stay within it: finite, and far apart from one another
+
+
+def _log_softmax(x: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """log softmax(x / temperature), in float64; at a vanishing temperature, all the mass on the
+    largest logits (no overflow: x is shifted to its maximum before it is divided)."""
+    with np.errstate(over="ignore"):
+        x = (x.astype(np.float64) - x.max()) / temperature
     return x - np.log(np.exp(x).sum())
 
 

@@ -143,7 +143,7 @@ def test_paused_gc_gives_the_collector_back_as_it_was():
 
 def test_bench_refuses_a_bad_depth(smollm_path):
     r = ggrun("bench", smollm_path, "-d", "16,x")
-    assert r.returncode == 2 and "comma-separated non-negative integers" in r.stderr
+    assert r.returncode == 1 and "comma-separated non-negative integers" in r.stderr
 
 
 def test_run_skips_imports_it_does_not_use(smollm_path):

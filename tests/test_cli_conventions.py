@@ -4,7 +4,6 @@ llama.cpp does."""
 from __future__ import annotations
 
 import json
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from runner.cli import main
+
+from .gguf_copy import retyped
 
 
 def ggrun(*args, stdin=None):
@@ -59,15 +60,7 @@ def test_invalid_utf8_in_prompts_and_tokenize_is_replaced(smollm_path):
 def test_nan_logits_are_reported(smollm_path, tmp_path):
     """A type field flipped from Q4_1 to Q4_0 (the smaller blocks still fit): NaN logits, which
     sampling once met as a numpy ValueError and greedy decoding as an empty text."""
-    from gguf_io import GGUFFile
-    name, t = "blk.0.ffn_down.weight", GGUFFile(smollm_path).tensors["blk.0.ffn_down.weight"]
-    entry = (struct.pack("<Q", len(name)) + name.encode() + struct.pack(f"<I{len(t.shape)}Q", len(t.shape), *t.shape)
-             + struct.pack("<I", 3))
-    data = bytearray(smollm_path.read_bytes())
-    at = data.index(entry) + len(entry) - 4
-    struct.pack_into("<I", data, at, 2)
-    bad = tmp_path / "flipped.gguf"
-    bad.write_bytes(bytes(data))
+    bad = retyped(smollm_path, tmp_path / "flipped.gguf", "blk.0.ffn_down.weight", 2)
     for temp in ("0", "0.8"):
         assert "NaN" in _error(ggrun("run", bad, "-p", "Hello", "-n", "4", "--temp", temp))
 
@@ -77,7 +70,7 @@ def test_quantize_refuses_to_overwrite_its_input(f32_model, tmp_path):
     link.symlink_to(f32_model)
     before = f32_model.read_bytes()
     for dst in (f32_model, link, Path(str(f32_model.parent) + "/./" + f32_model.name)):
-        assert "input file itself" in _error(ggrun("quantize", f32_model, dst, "Q8_0"))
+        assert "same file as" in _error(ggrun("quantize", f32_model, dst, "Q8_0"))
     assert f32_model.read_bytes() == before
 
 

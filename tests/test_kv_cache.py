@@ -103,13 +103,13 @@ def test_snapshot_restores_in_memory_and_from_disk(smollm_path, ids, tmp_path, d
     state = cache.snapshot(note={"model": "smollm"})
     state.save(tmp_path / "kv.npz")
     want = np.asarray(_steps(lm, cache, ids[40:70]))  # wraps the ring on the way
-    for restored in (state, KVState.load(tmp_path / "kv.npz")):
+    for restored in (state, KVState.load(tmp_path / "kv.npz", cache)):
         cache.restore(restored)
         assert np.array_equal(np.asarray(_steps(lm, cache, ids[40:70])), want)
     other = lm.model.new_cache(64, ring=True)  # a fresh cache takes it too
-    other.restore(KVState.load(tmp_path / "kv.npz"))
+    other.restore(KVState.load(tmp_path / "kv.npz", other))
     assert np.array_equal(np.asarray(_steps(lm, other, ids[40:70])), want)
-    assert KVState.load(tmp_path / "kv.npz").note == {"model": "smollm"}
+    assert KVState.load(tmp_path / "kv.npz", other).note == {"model": "smollm"}
 
 
 def test_snapshot_moves_between_backends_exactly(smollm_path, ids):
@@ -150,10 +150,10 @@ def test_a_state_that_does_not_fit_is_refused_and_changes_nothing(smollm, ids, t
     for content in (b"", b"PK\x03\x04 not a zip", b"\x93NUMPY"):
         bad.write_bytes(content)
         with pytest.raises(KVStateError, match="is not a KV cache state"):
-            KVState.load(bad)
+            KVState.load(bad, cache)
     np.savez(bad, header=np.array('{"format": "ggrun-kv/1"}'))
     with pytest.raises(KVStateError, match="is not a KV cache state"):
-        KVState.load(bad)
+        KVState.load(bad, cache)
 
 
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])

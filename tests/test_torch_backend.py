@@ -5,6 +5,7 @@ Runs on torch's CPU device ("torch-cpu") unless GGRUN_TEST_DEVICE=cuda (scripts/
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from runner import backend as backend_module
 from runner.backend import BackendError, make_backend, resolve_device
 from runner.cli import main
 from runner.load import load_model
+from runner.memory_fit import MemoryFitError
 from runner.perplexity import perplexity
 
 torch = pytest.importorskip("torch")
@@ -152,9 +154,13 @@ def test_auto_does_not_import_torch_without_a_driver(monkeypatch):
 
 def test_a_model_too_big_for_the_device_says_what_it_needs(smollm_path, monkeypatch):
     monkeypatch.setattr(TorchBackend, "free_memory", lambda self: 100 * 2**20)
-    with pytest.raises(BackendError, match=r"needs 0\.1[0-9] GiB on torch-cpu \(weights 0\.09 GiB \+ f16 KV "
-                                           r"cache 0\.0[0-9] GiB at context 2048\) but 0\.10 GiB are free"):
+    with pytest.raises(MemoryFitError, match=r"needs weights 0\.09 GiB \+ f16 KV cache 0\.0[0-9] GiB at context "
+                                             r"2048, but 0\.10 GiB are free on torch-cpu: the longest context that "
+                                             r"fits is (\d+) tokens") as refused:
         load_model(smollm_path, device="torch-cpu", kv_type="f16", n_ctx=2048)
+    best = int(re.search(r"fits is (\d+)", str(refused.value))[1])
+    assert 16 <= best < 2048
+    load_model(smollm_path, device="torch-cpu", kv_type="f16", n_ctx=best)
 
 
 def test_weights_stay_quantized_on_the_device(smollm_path):
