@@ -17,7 +17,6 @@ ROWS_AT_ONCE = 1024
 
 
 def main(base_path, logits_path):
-    base = load_base(base_path)
     raw = np.memmap(logits_path, dtype=np.uint8, mode="r")
     if bytes(raw[:8]) != b"_logits_":
         sys.exit(f"{logits_path} is not a logits file of llama-perplexity")
@@ -26,6 +25,7 @@ def main(base_path, logits_path):
     row = 2 * ((n_vocab + 1) // 2) + 4  # uint16s a position: two floats, then the steps
     first = n_ctx // 2  # the first half of each chunk is context only, as ggrun scores it
     rows = np.frombuffer(raw[20 + tokens.nbytes:], dtype=np.uint16).reshape(-1, row)
+    base = load_base(base_path, len(rows))
     if n_ctx != base["n_ctx"] or n_vocab != base["vocab_size"] or len(rows) != len(base["top_ids"]):
         sys.exit("the logits come from a different context size, vocabulary or text than the base")
     targets = tokens[:, first + 1:].reshape(-1)

@@ -68,7 +68,7 @@ def test_kl_against_itself_is_zero(smollm, tmp_path):
     first = perplexity(smollm, TEXT, 128, progress=False)
     save_logits(first, tmp_path / "base.npz", len(smollm.tokenizer.vocab))
     assert (tmp_path / "base.npz").stat().st_size < 200 * first.tokens_scored  # top-k only, compressed
-    base = load_base(tmp_path / "base.npz")
+    base = load_base(tmp_path / "base.npz", first.tokens_scored)
     kl = compare_to_base(perplexity(smollm, TEXT, 128, base=base, progress=False), base)
     assert kl["kld_mean"] < 1e-4 and kl["kld_max"] < 1e-3
     assert kl["top1_agreement"] == 1.0 and abs(kl["ppl_ratio"] - 1) < 1e-6

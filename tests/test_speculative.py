@@ -157,7 +157,7 @@ def test_run_reports_the_drafts(smollm_path):
     import json
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-m", "runner", "run", smollm_path, "-p", "one two three one two three one",
+    r = subprocess.run([sys.executable, "-m", "runner", "run", smollm_path, "-p", "1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1,",
                         "--temp", "0", "-n", "16", "--lookup", "2", "--json"], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr
