@@ -38,11 +38,15 @@ class SafetensorsFile:
             header = json.loads(bytes(self._map[8:8 + n]))
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise ConversionError(f"{path.name}: corrupt safetensors header (not JSON)") from None
+        if not isinstance(header, dict):
+            raise ConversionError(f"{path.name}: corrupt safetensors header (not a JSON object)")
         header.pop("__metadata__", None)
         self.entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
         for name, e in header.items():
             try:
                 dtype, shape, (begin, end) = e["dtype"], tuple(int(d) for d in e["shape"]), e["data_offsets"]
+                if any(d < 0 for d in shape) or not isinstance(begin, int) or not isinstance(end, int):
+                    raise ValueError
             except (KeyError, TypeError, ValueError):
                 raise ConversionError(f"{path.name}: corrupt entry for tensor {name!r}") from None
             if dtype not in _DTYPES:
@@ -86,7 +90,9 @@ class Checkpoint:
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
                 shard_names = sorted(set(weight_map.values()))
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+                if not all(isinstance(s, str) for s in shard_names):
+                    raise TypeError
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
                 raise ConversionError(f"{index.name} is not a valid safetensors index") from None
             missing = [s for s in shard_names if not (folder / s).exists()]
             if missing:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 
 import numpy as np
 import pytest
@@ -250,6 +251,11 @@ def test_gemma_4_reads_its_files_as_llama_cpp_does(random_models, tmp_path):
         load_model(moved)
 
 
+def _safetensors(folder, header: object, data: bytes = bytes(8)):
+    raw = json.dumps(header).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+
+
 def _broken(folder, tmp_path, change):
     copy = tmp_path / "broken"
     shutil.copytree(folder, copy)
@@ -270,6 +276,11 @@ def _broken(folder, tmp_path, change):
                     "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
                     "model.norm.weight": "model-00002-of-00002.safetensors"}}))), "missing checkpoint shard"),
     (lambda d: (d / "model.safetensors.index.json").write_text("[]"), "not a valid safetensors index"),
+    (lambda d: (d / "model.safetensors.index.json").write_text('{"weight_map": {"x": 5}}'),
+     "not a valid safetensors index"),
+    (lambda d: _safetensors(d, [1, 2]), "not a JSON object"),
+    (lambda d: _safetensors(d, {"x": {"dtype": "F32", "shape": [-1, -2], "data_offsets": [0, 8]}}), "corrupt entry"),
+    (lambda d: _safetensors(d, {"x": {"dtype": "F32", "shape": [2], "data_offsets": [0.0, 8.0]}}), "corrupt entry"),
     (lambda d: ((d / "model.safetensors").unlink(), (d / "pytorch_model.bin").write_bytes(b"pickle")),
      "pickle checkpoint"),
     (lambda d: (d / "tokenizer.json").unlink(), "no tokenizer"),
