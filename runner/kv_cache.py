@@ -7,8 +7,8 @@ other step costs. Attention masks by the positions in the slots, so slot order d
 
 RoPE sees each cached key at the position it was written with. To keep every query-key distance
 below the context size however long the stream runs, the pinned keys are re-rotated to sit just
-before the oldest ring token (`shift`): `store` does it with the layer's rotation, which the model
-passes, from the keys as first written.
+before the oldest ring token (`shift`): `move_pinned` does it before each pass, with each layer's
+rotation, which the model passes, from the keys as first written.
 
 `truncate(n)` forgets every token from position n on (speculative decoding's rejected drafts);
 inside a wrapped ring, with `undo_overwrites` set, it also puts back what the last pass's
@@ -171,17 +171,14 @@ class KVCache:
         return Batch(np.asarray(tokens, dtype=np.int64), positions, tuple(slots), key_positions,
                      tuple(kind[1] for kind in self.kind_list))
 
-    def store(self, layer: int, k, v, batch: Batch, rotate) -> tuple:
+    def store(self, layer: int, k, v, batch: Batch) -> tuple:
         """Write k, v (tokens, kv heads, dim) of the batch into its slots; return the layer's
-        keys and values and the positions their slots hold. rotate(keys, positions) is the layer's
-        RoPE, in place: the ring moves the pinned keys with it (see rotates_pinned)."""
+        keys and values and the positions their slots hold."""
         kind = self.kind_index[layer]
         if kind in self._overwritten_slots:
             self._overwritten_rows[layer] = self.backend.export_kv(self.keys[layer], self.values[layer],
                                                                    self._overwritten_slots[kind][0])
         self.backend.store_kv(self.keys[layer], self.values[layer], batch.slots[kind], k, v)
-        if layer in self._pinned and self._rotated_to[layer] != self.shift:
-            self._write_pinned(layer, self.shift, rotate)
         return self.read(layer, batch)
 
     def read(self, layer: int, batch: Batch) -> tuple:
@@ -191,9 +188,16 @@ class KVCache:
 
     @property
     def rotates_pinned(self) -> bool:
-        """Whether the next forward pass moves pinned keys (which the host drives: not a step a
-        backend may record and replay)."""
+        """Whether the pinned keys lag behind the ring's shift (move_pinned brings them up)."""
         return any(at != self.shift for at in self._rotated_to.values())
+
+    def move_pinned(self, rotation) -> None:
+        """Rotate each layer's pinned keys to sit just before the ring's oldest token, as a step
+        of its own before a forward pass (rotation(layer) is the layer's RoPE, in place), so that
+        the pass itself stays one a backend may record and replay."""
+        for layer, at in self._rotated_to.items():
+            if at != self.shift:
+                self._write_pinned(layer, self.shift, rotation(layer))
 
     def _write_pinned(self, layer: int, shift: int, rotate=None) -> None:
         """The pinned keys as first written (rotated at 0..P-1) back into their slots, moved to

@@ -27,7 +27,7 @@ def _decode(lm, prompt, n, replay, chunk=1, **cache_args):
         tokens = [(token + j) % lm.params.vocab_size for j in range(chunk)]
         logits.append(lm.model.forward(tokens, cache, all_logits=True) if chunk > 1 else lm.model.forward(tokens, cache)[None])
         if cache_args.get("ring") and cache.pinned == 0 and cache.used > 8:
-            cache.pin()  # (pinned keys move once the ring wraps: those steps run eagerly)
+            cache.pin()  # (so that the pinned keys move at every step once the ring wraps)
     return logits, cache
 
 
@@ -55,8 +55,17 @@ def test_gemma_replays_exactly_past_the_sliding_window(gemma_path, kv_type):
     _assert_replay_is_exact(lm, prompt, 12, n_ctx=window + 32)
 
 
-def test_ring_steps_replay_until_pinned_keys_move(smollm):
+def test_ring_steps_replay_after_the_ring_wraps(smollm, monkeypatch):
+    """Past the wrap the host moves the pinned keys before each step, and the step replays."""
+    import kernels_cpu.backend as cpu_backend
+    replayed, run_step = [], cpu_backend.run_step
+
+    def counted(backend, compute, batch, replays):
+        replayed.append(int(batch.positions[0]))
+        return run_step(backend, compute, batch, replays)
+    monkeypatch.setattr(cpu_backend, "run_step", counted)
     _assert_replay_is_exact(smollm, [1, 504, 3458, 314], 60, n_ctx=32, ring=True)
+    assert sorted(p for p in replayed if p >= 32) == list(range(32, 64))
 
 
 @pytest.mark.parametrize("chunk", [1, 5], ids=["steps", "passes of 5 tokens"])

@@ -297,13 +297,14 @@ class Decoder:
 
     def _forward_batch(self, tokens, cache: KVCache, all_logits: bool):
         batch = cache.reserve(tokens)
+        if cache.rotates_pinned:  # (the host moves them, outside the pass: see move_pinned)
+            cache.move_pinned(lambda i: self.key_rotation(self.layers[i].attn, cache))
         # A decode step, or a pass of a few tokens that returns the logits of each (a verified
         # draft), is the same computation every time, up to the batch's values, so a backend may
         # record it once and replay it (a short prompt's pass, which comes once, is not worth
-        # recording); not while the ring moves the pinned keys, which the host drives, nor where
-        # queries get a temperature other than 1 (a recorded step has none).
+        # recording); not where queries get a temperature other than 1 (a recorded step has none).
         replayable = ((len(tokens) == 1 or all_logits and len(tokens) <= self.backend.few_tokens)
-                      and not cache.rotates_pinned and self.query_temperature(batch.positions) is None)
+                      and self.query_temperature(batch.positions) is None)
         compute = partial(self._compute, cache=cache, all_logits=all_logits)
         replays = cache.replays_for(len(tokens), all_logits) if replayable else None
         return self.backend.to_numpy(self.backend.run(compute, batch, replays))
@@ -349,11 +350,8 @@ class Decoder:
         if a.q_norm is not None:
             q = be.rms_norm(q.reshape(-1, norm_width or q.shape[1]), a.q_norm, p.rms_eps)
         q = q.reshape(n, heads, a.head_dim)
-        if not a.rotates:
-            rotate = _no_rotation  # (a NoPE layer's pinned keys stay as they are in the ring too)
-        else:
-            rotate = partial(be.rope, n_rot=a.rope_dim, base=a.rope_base, pos_scale=a.rope_scale,
-                             neox=self.rope_neox, freq_factors=a.rope_factors[cache.n_ctx > p.rope_orig_context])
+        rotate = self.key_rotation(a, cache)
+        if a.rotates:
             # (the magnitude scales the rotated dimensions once: not again where the ring moves keys)
             rotate(q, batch.positions, magnitude=p.rope_attn_factor)
         # (the batch's positions from the cache's count: the host's, where the batch's may be a device's)
@@ -363,11 +361,18 @@ class Decoder:
         if k is None:
             keys, values, key_pos = cache.read(a.kv_layer, batch)
         else:
-            keys, values, key_pos = cache.store(i, *self.keys_values(a, k, v, batch, rotate), batch, rotate)
+            keys, values, key_pos = cache.store(i, *self.keys_values(a, k, v, batch, rotate), batch)
         scale = self.query_scale or p.attention_scale or 1.0 / math.sqrt(a.head_dim)
         out = be.attention(q, keys, values, batch.positions, key_pos, scale, a.window, p.attn_softcap, a.sinks)
         out = be.matmul(a.wo, out.reshape(n, heads * a.value_dim))
         return out if a.bo is None else out + a.bo
+
+    def key_rotation(self, a: Attention, cache: KVCache):
+        """The layer's RoPE, rotate(x, positions, magnitude=1.0) in place, at the cache's context."""
+        if not a.rotates:
+            return _no_rotation  # (a NoPE layer's pinned keys stay as they are in the ring too)
+        return partial(self.backend.rope, n_rot=a.rope_dim, base=a.rope_base, pos_scale=a.rope_scale,
+                       neox=self.rope_neox, freq_factors=a.rope_factors[cache.n_ctx > self.params.rope_orig_context])
 
     def keys_values(self, a: Attention, k, v, batch: Batch, rotate) -> tuple:
         """A batch's keys and values (T, KV heads, size) from their projections: biased, normed,
