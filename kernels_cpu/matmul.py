@@ -3,10 +3,11 @@
 A matrix is a view of its rows in the memory-mapped file (quantized blocks, or F32/F16/BF16
 values): nothing is unpacked or widened at load. A few tokens (decode) go through the row
 kernels (rowdot*.py, interleaved.py), which read every row once for all of them. Many tokens
-(prefill) go tile by tile of rows through AMX's tile units (amx.py) where the CPU has them; else
-through the 8-bit products of interleaved groups, a few tokens per pass over each group
-(interleaved.py), where the matrix has them; else they dequantize tiles to float32 for BLAS,
-which beats a hand loop of 16-bit products once a tile is reused across tokens.
+(prefill) go through the 8-bit products of interleaved groups, a few tokens per pass over each
+group (interleaved.py), where the matrix has them; else tile by tile of rows through AMX's tile
+units (amx.py) where the CPU has them (the precise path's 16-bit products); else they dequantize
+tiles to float32 for BLAS, which beats a hand loop of 16-bit products once a tile is reused
+across tokens.
 """
 from __future__ import annotations
 
@@ -261,12 +262,13 @@ class WeightMatrix:
         return self.tiled_product(_ManyTokens(x, self.shape[1]))
 
     def tiled_product(self, x: _ManyTokens) -> np.ndarray:
-        """x @ W.T for many tokens, tile by tile of rows on all threads: products on AMX where
-        the CPU has it, else 8-bit products of interleaved groups, else tiles of W dequantized
-        to float32 for BLAS."""
+        """x @ W.T for many tokens, tile by tile of rows on all threads: 8-bit products of
+        interleaved groups where the matrix has them (faster than AMX's split bfloat16 products,
+        whose 16 bits the precise path keeps), else products on AMX where the CPU has it, else
+        tiles of W dequantized to float32 for BLAS."""
         n, k = self.shape
         n_tokens = x.values.shape[0]
-        if self.groups is not None and x.tiles is None:
+        if self.groups is not None:
             acts = x.int8(self.descriptor, _formats([self]))
             out = np.empty((n_tokens, n), dtype=np.float32)
             many_products(self.descriptor, self.prefill_tasks, acts, out)
@@ -282,7 +284,7 @@ class WeightMatrix:
             w = np.empty((last - first, k), dtype=np.float32)
             dequantize_rows(self.descriptor, int(self.qtype), self.row_blocks(first, last), np.arange(last - first), w)
             np.matmul(x.values, w.T, out=out[:, first:last])
-        in_parallel(blas_tile if x.tiles is None or self.qtype in FLOAT_BYTES else amx_tile, n)
+        in_parallel(blas_tile if self.qtype in FLOAT_BYTES or x.tiles is None else amx_tile, n)
         return out
 
     @cached_property

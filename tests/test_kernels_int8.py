@@ -24,7 +24,6 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
 from gguf_io.quant_types import QUANT_TYPES
-from kernels_cpu import amx
 from kernels_cpu.activations import quantize_q8_0, quantize_q8_k
 from kernels_cpu.cpu_features import int8_isa, target_features
 from kernels_cpu.interleaved import LAYOUTS as INTERLEAVED
@@ -119,9 +118,9 @@ def _check_products(m, ref, x):
 
 def _token_counts(layout):
     """(tokens, activations' kind) to test: decode's few tokens, and prefill's many where they
-    take 8-bit products too (interleaved groups, on a CPU without AMX's tiles), in a count that
-    is not a multiple of the tokens per pass."""
-    many = [(41, "hard")] if layout == "interleaved" and not amx.usable() else []
+    take 8-bit products too (interleaved groups), in a count that is not a multiple of the
+    tokens per pass."""
+    many = [(41, "hard")] if layout == "interleaved" else []
     return [(1, "normal"), (5, "hard")] + many
 
 
