@@ -52,14 +52,14 @@ def _tile_config() -> ir.Constant:
     return ir.Constant(ir.ArrayType(I8, 64), bytearray(config))
 
 
-def _amx(b, name, *args):
+def call(b, name, *args):
     """Call LLVM's AMX intrinsic llvm.x86.<name> (tile numbers are i8 immediates)."""
     fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.VoidType(), [a.type for a in args]),
                                         f"llvm.x86.{name}")
     b.call(fn, list(args))
 
 
-def _tile(t):
+def tile(t):
     return ir.Constant(I8, t)
 
 
@@ -74,7 +74,7 @@ def _tile_products(typingctx, a_hi, a_lo, b_hi, b_lo, c):
         n_cols = array_shape(context, b, c_type, args[4])[1]
         const = lambda v: ir.Constant(I64, v)  # noqa: E731
         config = cgutils.global_constant(b.module, "ggrun.amx.config", _tile_config())
-        _amx(b, "ldtilecfg", b.bitcast(config, I8.as_pointer()))
+        call(b, "ldtilecfg", b.bitcast(config, I8.as_pointer()))
         row_bytes, c_row_bytes = const(64), b.mul(n_cols, const(4))
         a_block = b.mul(k_steps, const(_TILE_BYTES))  # one 16-row block of A, all of K
         b_block = a_block  # likewise 16 rows of B
@@ -85,18 +85,18 @@ def _tile_products(typingctx, a_hi, a_lo, b_hi, b_lo, c):
             with cgutils.for_range(b, b.udiv(m_tiles, const(2))) as rows:
                 a_at = [b.mul(b.add(b.mul(rows.index, const(2)), const(i)), a_block) for i in (0, 1)]
                 for t in _ACCUMULATORS:
-                    _amx(b, "tilezero", _tile(t))
+                    call(b, "tilezero", tile(t))
                 with cgutils.for_range(b, k_steps) as step:
                     at = b.mul(step.index, const(_TILE_BYTES))
 
                     def load(tiles, base, starts):
                         for t, start in zip(tiles, starts):
-                            _amx(b, "tileloadd64", _tile(t), offset(b, base, b.add(start, at)), row_bytes)
+                            call(b, "tileloadd64", tile(t), offset(b, base, b.add(start, at)), row_bytes)
 
                     def multiply():
                         for i, a_tile in enumerate(_A_TILES):
                             for j, b_tile in enumerate(_B_TILES):
-                                _amx(b, "tdpbf16ps", _tile(_ACCUMULATORS[2 * i + j]), _tile(a_tile), _tile(b_tile))
+                                call(b, "tdpbf16ps", tile(_ACCUMULATORS[2 * i + j]), tile(a_tile), tile(b_tile))
                     load(_A_TILES, a_hi_p, a_at)
                     load(_B_TILES, b_hi_p, b_at)
                     multiply()  # xh.wh
@@ -110,8 +110,8 @@ def _tile_products(typingctx, a_hi, a_lo, b_hi, b_lo, c):
                 for i in (0, 1):
                     for j in (0, 1):
                         at = offset(b, first, b.add(b.mul(const(16 * i), c_row_bytes), const(64 * j)))
-                        _amx(b, "tilestored64", _tile(_ACCUMULATORS[2 * i + j]), at, c_row_bytes)
-        _amx(b, "tilerelease")
+                        call(b, "tilestored64", tile(_ACCUMULATORS[2 * i + j]), at, c_row_bytes)
+        call(b, "tilerelease")
         return context.get_dummy_value()
     return types.none(a_hi, a_lo, b_hi, b_lo, c), codegen
 

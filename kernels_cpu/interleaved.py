@@ -131,7 +131,7 @@ def interleave(qtype, raw: np.ndarray) -> np.ndarray:
     return out
 
 
-class _Block:
+class Block:
     """One interleaved block at `ptr`: its pieces for all GROUP rows."""
 
     def __init__(self, b, qtype, ptr):
@@ -227,7 +227,7 @@ def _group_sums(b, isa, factors, act, i):
     return b.add(*chains)
 
 
-# Each type (a _Kind): units(b, blk, step, scale) yields the units of one of the block's `steps`
+# Each type (a Kind): units(b, blk, step, scale) yields the units of one of the block's `steps`
 # (an i64 value: the steps are a loop, so that LLVM keeps each step's decoding to itself; a block
 # unrolled whole had its decoding for all units hoisted to the top and spilled, ~300 stack
 # accesses per Q4_K super-block and four tokens), decoded when the products reach them (tokens
@@ -245,7 +245,7 @@ def _scale_times_dx(name, dx):
     return scales
 
 
-class _Kind:
+class Kind:
     activations = "q256"  # the activations' format: "q32" (Q8_0) or "q256" (Q8_K)
     signed = False  # whether the weights' integers are signed bytes
     top = 15  # the largest of the weights' (unsigned) integers
@@ -298,7 +298,7 @@ def _min_times_sums(b, isa, blk, i, act):
     return b.fmul(blk.halves(2), splat(b, _scalar(b, act["ssum32"], i, F32), GROUP))
 
 
-class _Q4_0(_Kind):  # d, qs; offset 8
+class _Q4_0(Kind):  # d, qs; offset 8
     activations = "q32"
     scales = staticmethod(_scale_times_dx(0, "d32"))
     correction = _offset_times_sums(8)
@@ -308,7 +308,7 @@ class _Q4_0(_Kind):  # d, qs; offset 8
         yield _Unit(_nibbles(b, blk, 2), 2)
 
 
-class _Q4_1(_Kind):  # d, m, qs
+class _Q4_1(Kind):  # d, m, qs
     activations = "q32"
     scales = staticmethod(_scale_times_dx(0, "d32"))
     mins = staticmethod(_min_times_sums)
@@ -318,7 +318,7 @@ class _Q4_1(_Kind):  # d, m, qs
         yield _Unit(_nibbles(b, blk, 4), 2)
 
 
-class _Q5_0(_Kind):  # d, qh, qs; offset 16
+class _Q5_0(Kind):  # d, qh, qs; offset 16
     activations = "q32"
     top = 31
     scales = staticmethod(_scale_times_dx(0, "d32"))
@@ -329,7 +329,7 @@ class _Q5_0(_Kind):  # d, qh, qs; offset 16
         yield _Unit(_nibbles(b, blk, 6, fifth_bits=2), 2)
 
 
-class _Q5_1(_Kind):  # d, m, qh, qs
+class _Q5_1(Kind):  # d, m, qh, qs
     activations = "q32"
     top = 31
     scales = staticmethod(_scale_times_dx(0, "d32"))
@@ -340,7 +340,7 @@ class _Q5_1(_Kind):  # d, m, qh, qs
         yield _Unit(_nibbles(b, blk, 8, fifth_bits=4), 2)
 
 
-class _Q8_0(_Kind):  # d, qs: signed
+class _Q8_0(Kind):  # d, qs: signed
     activations = "q32"
     signed = True
     scales = staticmethod(_scale_times_dx(0, "d32"))
@@ -350,7 +350,7 @@ class _Q8_0(_Kind):  # d, qs: signed
         yield _Unit([(blk.bytes(2 + 4 * w, 32), 4 * w) for w in range(8)], 2)
 
 
-class _MXFP4(_Kind):  # e, qs: 4-bit codes of signed values, offset to unsigned bytes
+class _MXFP4(Kind):  # e, qs: 4-bit codes of signed values, offset to unsigned bytes
     activations = "q32"
     top = 2 * FP4_OFFSET
     correction = _offset_times_sums(FP4_OFFSET)
@@ -365,7 +365,7 @@ class _MXFP4(_Kind):  # e, qs: 4-bit codes of signed values, offset to unsigned 
         yield _Unit([(fp4_values(b, codes), first) for codes, first in _nibbles(b, blk, 1)], 2)
 
 
-class _Q2_K(_Kind):
+class _Q2_K(Kind):
     """scales (byte g: group g's scale in the low nibble, its min in the high one), qs, d, dmin.
     Byte l of chunk c's 32 holds weights 128c + 32j + l in bits 2j, 2j + 1; group g is weights
     16g ... 16g + 15."""
@@ -445,7 +445,7 @@ class _Q3_K(_Q2_K):
         return b.shl(sums, const_vector(I32, [2] * GROUP))
 
 
-class _Q4_K(_Kind):
+class _Q4_K(Kind):
     """d, dmin, 12 bytes packing eight 6-bit scales and mins, qs: 32 bytes hold 64 weights, low
     nibbles first. Scale u < 4 is byte u & 63, min u < 4 byte u + 4 & 63; for u >= 4 the low four
     bits come from byte u + 4 (scale: low nibble, min: high) and the top two from bits 6-7 of byte
@@ -509,7 +509,7 @@ class _Q5_K(_Q4_K):
         return b.select(is_set, b.or_(values, const_vector(I8, [16] * 32)), values)
 
 
-class _Q6_K(_Kind):
+class _Q6_K(Kind):
     """ql, qh, 16 signed 8-bit scales, d; 6-bit values offset by 32. Per 128-weight half h, ql
     byte l < 32 holds weights l (low nibble) and l + 64, byte l + 32 weights l + 32 and l + 96, and
     qh byte l their top two bits (bits 0-1, 2-3, 4-5, 6-7 for l, l + 32, l + 64, l + 96)."""
@@ -600,7 +600,7 @@ def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts, from_memory):
     in_int16 = isa == "avx2" and not kind.signed
     with cgutils.for_range(b, n_blocks) as loop:
         i = loop.index
-        blk = _Block(b, qtype, offset(b, group_ptr, b.mul(i, ir.Constant(I64, block_bytes))))
+        blk = Block(b, qtype, offset(b, group_ptr, b.mul(i, ir.Constant(I64, block_bytes))))
         first = b.mul(i, ir.Constant(I64, GGML_QUANT_SIZES[qtype][0]))
         table = kind.scale_table(b, blk)
         if table is not None:
@@ -630,15 +630,21 @@ def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts, from_memory):
                     ints = (_unit_sums_int16 if in_int16 else _unit_sums)(b, isa, kind, unit, xs)
                     b.store(b.add(b.load(total), ints), total)
         for act, acc, total in zip(acts, accs, totals):
-            correction = kind.correction(b, isa, blk, i, act)
-            ints = b.load(total) if correction is None else b.sub(b.load(total), correction)
-            # (float operations in a fixed order, no fast-math regrouping: a token's sums round
-            # alike in a pass of one token and of several, see groups_dot_int8)
-            values, scales = b.sitofp(ints, vector(F32, GROUP)), kind.scales(b, blk, i, act)
-            mins = kind.mins(b, isa, blk, i, act)
-            value = b.fmul(values, scales) if mins is None else fused_mul_add(b, values, scales, mins)
-            b.store(b.fadd(b.load(acc), value), acc)
+            b.store(b.fadd(b.load(acc), block_value(b, isa, kind, blk, i, act, b.load(total))), acc)
     return [b.load(acc) for acc in accs]
+
+
+def block_value(b, isa, kind, blk, i, act, ints):
+    """<8 x float>: what block i adds to a token's products with the group's rows, from the
+    integer sums of its units (ints, <8 x i32>, each unit's times its scale) and the token's
+    activations act."""
+    correction = kind.correction(b, isa, blk, i, act)
+    ints = ints if correction is None else b.sub(ints, correction)
+    # (float operations in a fixed order, no fast-math regrouping: a token's sums round alike in
+    # a pass of one token and of several, see groups_dot_int8, and on AMX's tiles, amx_int8.py)
+    values, scales = b.sitofp(ints, vector(F32, GROUP)), kind.scales(b, blk, i, act)
+    mins = kind.mins(b, isa, blk, i, act)
+    return b.fmul(values, scales) if mins is None else fused_mul_add(b, values, scales, mins)
 
 
 ACTIVATIONS = ("q32", "d32", "sum32", "ssum32", "q256", "d256", "sum16")

@@ -3,8 +3,9 @@
 A matrix is a view of its rows in the memory-mapped file (quantized blocks, or F32/F16/BF16
 values): nothing is unpacked or widened at load. A few tokens (decode) go through the row
 kernels (rowdot*.py, interleaved.py), which read every row once for all of them. Many tokens
-(prefill) go through the 8-bit products of interleaved groups, a few tokens per pass over each
-group (interleaved.py), where the matrix has them; else tile by tile of rows through AMX's tile
+(prefill) go through the 8-bit products of interleaved groups, where the matrix has them: on
+AMX's integer tiles where the CPU has them (amx_int8.py), else a few tokens per pass over each
+group (interleaved.py); else tile by tile of rows through AMX's tile
 units (amx.py) where the CPU has them (the precise path's 16-bit products); else they dequantize
 tiles to float32 for BLAS, which beats a hand loop of 16-bit products once a tile is reused
 across tokens.
@@ -21,7 +22,8 @@ from numba.extending import overload
 
 from gguf_io.quant_types import QUANT_TYPES
 
-from . import amx
+from . import amx, amx_int8
+from .amx_int8 import groups_product_amx
 from .block_ir import MIN_OFFSET
 from .activations import (Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS, quantize_activations, quantize_int8,
                           rounding_kind)
@@ -156,6 +158,34 @@ def many_products(mats, tasks, acts, out):
                             ssum32[t:u], q256[t:u], d256[t:u], sum16[t:u], out[t:u], tasks[j, 3])
 
 
+@njit(cache=True, parallel=True)
+def many_products_amx(mats, tasks, acts, out):
+    """many_products with AMX's integer tiles (amx_int8.py) for each task's pairs of groups and
+    a multiple of 16 tokens, the vector path for the rest (a separate function: the tile
+    instructions compile only for a CPU that has them)."""
+    q32, d32, sum32, ssum32, q256, d256, sum16 = acts
+    k = max(q32.shape[1], q256.shape[1])
+    tiled = out.shape[0] // amx_int8.TOKENS * amx_int8.TOKENS
+    for j in prange(tasks.shape[0]):
+        m, first, last, col = tasks[j, 0], tasks[j, 1], tasks[j, 2], tasks[j, 3]
+        raw, _ = matrix_arrays(mats, m)
+        paired = last - (last - first) % amx_int8.ROWS
+        if tiled > 0 and paired > first:
+            work = np.empty(amx_int8.work_bytes(paired - first, k), dtype=np.uint8)
+            groups_product_amx(mats, mats[m].qtype, raw, first, paired, q32[:tiled], d32[:tiled], sum32[:tiled],
+                               ssum32[:tiled], q256[:tiled], d256[:tiled], sum16[:tiled], out[:tiled], col, work)
+        for t in range(0, out.shape[0], PREFILL_TOKEN_BLOCK):
+            u = min(t + PREFILL_TOKEN_BLOCK, out.shape[0])
+            mid = min(max(t, tiled), u)  # tokens t..mid-1 went through the tiles
+            if mid > t and paired < last:  # their rows that the pairs left
+                groups_dot_int8(mats, mats[m].qtype, raw, paired, last, q32[t:mid], d32[t:mid], sum32[t:mid],
+                                ssum32[t:mid], q256[t:mid], d256[t:mid], sum16[t:mid], out[t:mid],
+                                col + paired - first)
+            if u > mid:  # tokens past the tiles: every row
+                groups_dot_int8(mats, mats[m].qtype, raw, first, last, q32[mid:u], d32[mid:u], sum32[mid:u],
+                                ssum32[mid:u], q256[mid:u], d256[mid:u], sum16[mid:u], out[mid:u], col)
+
+
 @njit(cache=True, nogil=True)
 def dequantize_rows(kinds, qtype, raw, rows, out):
     """out[i] = row rows[i] of the raw rows of a matrix of qtype as float32, for a qtype that
@@ -263,15 +293,16 @@ class WeightMatrix:
 
     def tiled_product(self, x: _ManyTokens) -> np.ndarray:
         """x @ W.T for many tokens, tile by tile of rows on all threads: 8-bit products of
-        interleaved groups where the matrix has them (faster than AMX's split bfloat16 products,
-        whose 16 bits the precise path keeps), else products on AMX where the CPU has it, else
-        tiles of W dequantized to float32 for BLAS."""
+        interleaved groups where the matrix has them (on AMX's integer tiles where the CPU has
+        them; AMX's split bfloat16 products, whose 16 bits the precise path keeps, ran at half
+        the vector path's speed), else products on AMX where the CPU has it, else tiles of W
+        dequantized to float32 for BLAS."""
         n, k = self.shape
         n_tokens = x.values.shape[0]
         if self.groups is not None:
             acts = x.int8(self.descriptor, _formats([self]))
             out = np.empty((n_tokens, n), dtype=np.float32)
-            many_products(self.descriptor, self.prefill_tasks, acts, out)
+            (many_products_amx if amx_int8.usable() else many_products)(self.descriptor, self.prefill_tasks, acts, out)
             return out
         out = np.empty((n_tokens, n), dtype=np.float32)
 

@@ -28,7 +28,8 @@ from kernels_cpu.activations import quantize_q8_0, quantize_q8_k
 from kernels_cpu.cpu_features import int8_isa, target_features
 from kernels_cpu.interleaved import LAYOUTS as INTERLEAVED
 from kernels_cpu.interleaved import interleaves
-from kernels_cpu.matmul import load_matrix
+from kernels_cpu import amx_int8
+from kernels_cpu.matmul import _formats, _ManyTokens, load_matrix, many_products, many_products_amx
 from kernels_cpu.rowdot_float import FLOAT_BYTES
 
 from .test_kernels import _random_k_blocks, _weights
@@ -198,6 +199,23 @@ def test_products_alone_or_together_are_the_same_bits(qtype, layout):
     alone = np.concatenate([m.matmul(x[t:t + 1]) for t in range(8)])
     for tokens in range(2, 9):  # (whole passes, and what is left in passes of fewer: 7 = 4 + 2 + 1)
         assert np.array_equal(m.matmul(x[:tokens]), alone[:tokens]), f"{tokens} tokens together"
+
+
+@pytest.mark.parametrize("qtype", sorted(INTERLEAVED), ids=lambda t: t.name)
+def test_amx_tiles_give_the_vector_paths_bits(qtype):
+    """Prefill's products on AMX's integer tiles (amx_int8.py) sum the same integers and scale
+    them in the same order as the vector path: the same bits, rows and tokens past whole tiles
+    included (tasks of 64, 64 and 8 rows; 41 tokens, two tiles and 9)."""
+    if not amx_int8.usable():
+        pytest.skip("this CPU has no AMX integer tiles")
+    rng = np.random.default_rng(int(qtype))
+    n, k, tokens = 136, 512, 41
+    m = load_matrix(qtype, _random_rows(rng, qtype, n, k), k, interleaved=True)
+    acts = _ManyTokens(_activations(rng, tokens, k, "hard"), k).int8(m.descriptor, _formats([m]))
+    vector, tiles = np.full((tokens, n), np.nan, np.float32), np.full((tokens, n), np.nan, np.float32)
+    many_products(m.descriptor, m.prefill_tasks, acts, vector)
+    many_products_amx(m.descriptor, m.prefill_tasks, acts, tiles)
+    assert np.array_equal(vector, tiles)
 
 
 # Each instruction path, by the target Numba compiles for (cpu_features.target_features). The

@@ -167,3 +167,24 @@ def test_quant_report(smollm_f32, tmp_path):
     assert lines[0].split()[:3] == ["type", "size", "MiB"]
     assert [line.split()[0] for line in lines[2:]] == ["F32", "Q8_0", "Q2_K"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("model", ["smollm_path", "gemma_path"])
+def test_prefill_on_amx_tiles_keeps_greedy_text_and_perplexity(request, model, monkeypatch):
+    """Prefill's products on AMX's integer tiles are the vector path's bits, so greedy text
+    after a long prompt and perplexity come out the same on both real models."""
+    from kernels_cpu import amx_int8
+    from runner.generate import generate
+    from runner.sampler import Sampler, SamplingOptions
+    if not amx_int8.usable():
+        pytest.skip("this CPU has no AMX integer tiles")
+    lm = load_model(request.getfixturevalue(model))
+    prompt = lm.tokenizer.encode(TEXT[:600])
+
+    def outcomes():
+        text = list(generate(lm.model, lm.model.new_cache(512), prompt, Sampler(SamplingOptions(temperature=0)), 24,
+                             stop_ids=()))
+        return text, perplexity(lm, TEXT, 256, progress=False).ppl
+    on_tiles = outcomes()
+    monkeypatch.setattr(amx_int8, "usable", lambda: False)
+    assert outcomes() == on_tiles
