@@ -226,7 +226,7 @@ def _rows_product(kinds, qtype, raw, first, a_hi, a_lo, b_hi, b_lo, out):
 _buffers = threading.local()
 
 
-def _buffer(name: str, shape: tuple, dtype) -> np.ndarray:
+def scratch(name: str, shape: tuple, dtype) -> np.ndarray:
     """This thread's buffer `name`, as an array of this shape; valid until its next request."""
     n = math.prod(shape)
     buf = getattr(_buffers, name, None)
@@ -241,7 +241,7 @@ def activation_tiles(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     thread's next call."""
     n_groups = _padded(x.shape[0]) // 16
     shape = (n_groups, x.shape[1] // 32, 16, 32)
-    a_hi, a_lo = _buffer("a_hi", shape, np.uint16), _buffer("a_lo", shape, np.uint16)
+    a_hi, a_lo = scratch("a_hi", shape, np.uint16), scratch("a_lo", shape, np.uint16)
     in_parallel(lambda first, last: _pack_activations(x, first, last, a_hi, a_lo), n_groups)
     return a_hi, a_lo
 
@@ -253,9 +253,9 @@ def rows_product(kinds, qtype: int, raw: np.ndarray, first: int, last: int, tile
     call."""
     a_hi, a_lo = tiles
     b_shape = (_padded(last - first) // 16, a_hi.shape[1] * 16, 32)
-    out = _buffer("out", (a_hi.shape[0] * 16, b_shape[0] * 16), np.float32)
-    _rows_product(kinds, qtype, raw, first, a_hi, a_lo, _buffer("b_hi", b_shape, np.uint16),
-                  _buffer("b_lo", b_shape, np.uint16), out)
+    out = scratch("out", (a_hi.shape[0] * 16, b_shape[0] * 16), np.float32)
+    _rows_product(kinds, qtype, raw, first, a_hi, a_lo, scratch("b_hi", b_shape, np.uint16),
+                  scratch("b_lo", b_shape, np.uint16), out)
     return out[:, :last - first]
 
 

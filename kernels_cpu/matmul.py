@@ -159,10 +159,11 @@ def many_products(mats, tasks, acts, out):
 
 
 @njit(cache=True, parallel=True)
-def many_products_amx(mats, tasks, acts, out):
+def many_products_amx(mats, tasks, acts, out, works):
     """many_products with AMX's integer tiles (amx_int8.py) for each task's pairs of groups and
     a multiple of 16 tokens, the vector path for the rest (a separate function: the tile
-    instructions compile only for a CPU that has them)."""
+    instructions compile only for a CPU that has them); works: a row of amx_int8.work_bytes
+    for each of Numba's threads."""
     q32, d32, sum32, ssum32, q256, d256, sum16 = acts
     k = max(q32.shape[1], q256.shape[1])
     tiled = out.shape[0] // amx_int8.TOKENS * amx_int8.TOKENS
@@ -171,7 +172,7 @@ def many_products_amx(mats, tasks, acts, out):
         raw, _ = matrix_arrays(mats, m)
         paired = last - (last - first) % amx_int8.ROWS
         if tiled > 0 and paired > first:
-            work = np.empty(amx_int8.work_bytes(paired - first, k), dtype=np.uint8)
+            work = works[numba.get_thread_id()]
             groups_product_amx(mats, mats[m].qtype, raw, first, paired, q32[:tiled], d32[:tiled], sum32[:tiled],
                                ssum32[:tiled], q256[:tiled], d256[:tiled], sum16[:tiled], out[:tiled], col, work)
         for t in range(0, out.shape[0], PREFILL_TOKEN_BLOCK):
@@ -302,7 +303,13 @@ class WeightMatrix:
         if self.groups is not None:
             acts = x.int8(self.descriptor, _formats([self]))
             out = np.empty((n_tokens, n), dtype=np.float32)
-            (many_products_amx if amx_int8.usable() else many_products)(self.descriptor, self.prefill_tasks, acts, out)
+            if amx_int8.usable():
+                # (kept per Python thread: fresh memory costs a page fault per 4 KiB)
+                works = amx.scratch("amx_int8", (numba.config.NUMBA_NUM_THREADS,
+                                                 amx_int8.work_bytes(PREFILL_TASK_ROWS, k)), np.uint8)
+                many_products_amx(self.descriptor, self.prefill_tasks, acts, out, works)
+            else:
+                many_products(self.descriptor, self.prefill_tasks, acts, out)
             return out
         out = np.empty((n_tokens, n), dtype=np.float32)
 

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 
+import numba
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
@@ -29,7 +30,8 @@ from kernels_cpu.cpu_features import int8_isa, target_features
 from kernels_cpu.interleaved import LAYOUTS as INTERLEAVED
 from kernels_cpu.interleaved import interleaves
 from kernels_cpu import amx_int8
-from kernels_cpu.matmul import _formats, _ManyTokens, load_matrix, many_products, many_products_amx
+from kernels_cpu.matmul import (PREFILL_TASK_ROWS, _formats, _ManyTokens, load_matrix, many_products,
+                                many_products_amx)
 from kernels_cpu.rowdot_float import FLOAT_BYTES
 
 from .test_kernels import _random_k_blocks, _weights
@@ -214,7 +216,8 @@ def test_amx_tiles_give_the_vector_paths_bits(qtype):
     acts = _ManyTokens(_activations(rng, tokens, k, "hard"), k).int8(m.descriptor, _formats([m]))
     vector, tiles = np.full((tokens, n), np.nan, np.float32), np.full((tokens, n), np.nan, np.float32)
     many_products(m.descriptor, m.prefill_tasks, acts, vector)
-    many_products_amx(m.descriptor, m.prefill_tasks, acts, tiles)
+    works = np.empty((numba.config.NUMBA_NUM_THREADS, amx_int8.work_bytes(PREFILL_TASK_ROWS, k)), np.uint8)
+    many_products_amx(m.descriptor, m.prefill_tasks, acts, tiles, works)
     assert np.array_equal(vector, tiles)
 
 
