@@ -8,12 +8,13 @@ follows C (nearest_int: to even; roundf: half away from zero; casts: toward zero
 import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
-from numba import literally, njit, prange, types
+from numba import njit, prange
 from numba.extending import overload
 
 from gguf_io.quant_types import BLOCK_TYPES, MXFP4_VALUES
 from kernels_cpu.blocks import F16_TABLE, quantize_q8_0
 from kernels_cpu.intrinsics import f16_bits
+from kernels_cpu.type_sets import tagged_dtype, tagged_types
 
 F32 = np.float32
 GROUP_MAX_EPS = F32(1e-15)
@@ -505,31 +506,38 @@ def _q6_k(x, out):  # ql[128] qh[64] scales[16] d
 
 
 # block quantizer by type: compiled only into the row loops of the types a conversion writes
-_BLOCK_QUANTIZERS = {int(T.Q4_0): _q4_0, int(T.Q4_1): _q4_1, int(T.Q5_0): _q5_0, int(T.Q5_1): _q5_1,
-                     int(T.Q8_0): _q8_0, int(T.MXFP4): _mxfp4, int(T.Q2_K): _q2_k, int(T.Q3_K): _q3_k,
-                     int(T.Q4_K): _q4_k, int(T.Q5_K): _q5_k, int(T.Q6_K): _q6_k}
+BLOCK_QUANTIZERS = {T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0, T.MXFP4: _mxfp4,
+                    T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k}
 
 
-def _quantize_block(qtype, x, out):
-    """x (one block) into out as qtype, in compiled code only: resolved as _quantize_rows is
-    compiled for one type (qtype a literal there)."""
+def _quantize_block(tag, x, out):
+    """x (one block) into out as the type tag's dtype names, in compiled code only."""
     raise NotImplementedError
 
 
 @overload(_quantize_block)
-def _typed_quantize_block(qtype, x, out):
-    if not isinstance(qtype, types.IntegerLiteral):
-        return None  # (Numba asks again with the literal type)
-    quantize_block = _BLOCK_QUANTIZERS[qtype.literal_value]
-    return lambda qtype, x, out: quantize_block(x, out)
+def _typed_quantize_block(tag, x, out):
+    (qtype,) = tagged_types(tag)
+    quantize_block = BLOCK_QUANTIZERS[qtype]
+    return lambda tag, x, out: quantize_block(x, out)
+
+
+# The type travels as an empty array whose dtype names it (type_sets): its Numba type differs per
+# type, so each type is its own compiled and cached signature. (A literal type argument went
+# through Numba's typing at every call, some 20 ms, before it found the cached code: most of a
+# small model's quantizing time.)
+_TAG = np.dtype([("unused", np.uint8)])
 
 
 @njit(cache=True, parallel=True)
-def _quantize_rows(qtype, x, out, block, block_bytes):
-    literally(qtype)  # (one compiled loop per type, each cached on its own)
+def _quantize_rows(tag, x, out, block, block_bytes):
     for r in prange(x.shape[0]):
         for b in range(x.shape[1] // block):
-            _quantize_block(qtype, x[r, b * block:(b + 1) * block], out[r, b * block_bytes:(b + 1) * block_bytes])
+            _quantize_block(tag, x[r, b * block:(b + 1) * block], out[r, b * block_bytes:(b + 1) * block_bytes])
+
+
+def _tag(qtype) -> np.ndarray:
+    return np.empty(0, dtype=tagged_dtype(_TAG, [qtype]))
 
 
 def quantizers_compiled(qtypes) -> bool:
@@ -539,8 +547,8 @@ def quantizers_compiled(qtypes) -> bool:
         index = _quantize_rows._cache._cache_file._load_index()  # (Numba's own cache index)
     except (AttributeError, OSError, EOFError, ValueError):
         return True
-    compiled = {getattr(key[0][0], "literal_value", None) for key in index}
-    return all(int(t) in compiled for t in qtypes)
+    compiled = {tagged_types(key[0][0]) for key in index}
+    return all((t,) in compiled for t in qtypes)
 
 
 def quantize(x: np.ndarray, qtype: T) -> np.ndarray:
@@ -561,5 +569,5 @@ def quantize(x: np.ndarray, qtype: T) -> np.ndarray:
     if x.shape[1] % block:
         raise ValueError(f"row length {x.shape[1]} is not a multiple of the {qtype.name} block size {block}")
     out = np.zeros((x.shape[0], x.shape[1] // block * block_bytes), dtype=np.uint8)
-    _quantize_rows(int(qtype), x, out, block, block_bytes)
+    _quantize_rows(_tag(qtype), x, out, block, block_bytes)
     return out
