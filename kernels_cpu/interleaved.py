@@ -86,28 +86,32 @@ def byte_places(qtype) -> np.ndarray:
     return places
 
 
-def _group_sources(qtype, row_bytes: int) -> np.ndarray:
-    """(GROUP x block bytes) int64: for each byte of a group's interleaved block, where it lies in
-    the group's rows (rows of row_bytes, one after the other), counted from the first row's block."""
-    places = byte_places(qtype)
-    sources = np.empty(GROUP * places.shape[1], dtype=np.int64)
-    for lane in range(GROUP):
-        sources[places[0] + lane * places[1]] = lane * row_bytes + np.arange(places.shape[1])
-    return sources
+def _runs(qtype) -> list:
+    """LAYOUTS[qtype] with consecutive pieces of one size that follow each other in the file's
+    block merged: (first byte, size, piece size)."""
+    runs = []
+    for first, size in LAYOUTS[qtype]:
+        if runs and runs[-1][2] == size and runs[-1][0] + runs[-1][1] == first:
+            runs[-1][1] += size
+        else:
+            runs.append([first, size, size])
+    return runs
 
 
-@njit(cache=True, nogil=True)
-def _interleave(raw, sources, out, first_group, last_group):
-    # A gather that writes each group's blocks in order: twice the speed of scattering each row's
-    # bytes (1.1-2 GB/s on one core of a Zen 5, on the file's pages), which loading pays per byte.
-    row_bytes, span = raw.shape[1], sources.shape[0]
-    group_rows = raw.reshape(-1)
-    for g in range(first_group, last_group):
-        group_blocks = out[g]
-        for i in range(row_bytes * GROUP // span):
-            start, at = GROUP * g * row_bytes + i * span // GROUP, i * span
-            for j in range(span):
-                group_blocks[at + j] = group_rows[start + sources[j]]
+def _interleave(qtype, raw, out):
+    """raw's rows (whole groups) into out, as interleave describes: a strided copy per run of
+    pieces, pieces as items (numpy's copy loops move 4-byte items as words; a compiled gather of
+    single bytes ran at a third of the speed, and loading pays it on every byte of the model)."""
+    block_bytes = GGML_QUANT_SIZES[qtype][1]
+    groups = raw.shape[0] // GROUP
+    blocks = raw.reshape(groups, GROUP, -1, block_bytes)  # (group, lane, block, byte)
+    out_blocks = out.reshape(groups, blocks.shape[2], GROUP * block_bytes)  # (group, block, byte)
+    at = 0
+    for first, size, piece in _runs(qtype):
+        pieces = blocks[:, :, :, first:first + size].view(f"V{piece}")  # (group, lane, block, piece)
+        target = out_blocks[:, :, at:at + GROUP * size].view(f"V{piece}")
+        target.reshape(groups, blocks.shape[2], size // piece, GROUP)[...] = pieces.transpose(0, 2, 3, 1)
+        at += GROUP * size
 
 
 @njit(cache=True, nogil=True)
@@ -126,8 +130,9 @@ def interleave(qtype, raw: np.ndarray) -> np.ndarray:
     GROUP), on all threads (threads.py's: a kernel of Numba's parallel loops took ~1 s of the first
     run to compile)."""
     out = np.empty((raw.shape[0] // GROUP, raw.shape[1] * GROUP), dtype=np.uint8)
-    raw, sources = np.ascontiguousarray(raw), _group_sources(qtype, raw.shape[1])
-    in_parallel(lambda first, last: _interleave(raw, sources, out, first, last), out.shape[0], max_tile=4096)
+    raw = np.ascontiguousarray(raw)
+    in_parallel(lambda first, last: _interleave(qtype, raw[GROUP * first:GROUP * last], out[first:last]),
+                out.shape[0], max_tile=4096)
     return out
 
 
