@@ -22,6 +22,8 @@ are decoded once for all of them (a verified draft's few tokens, or prefill's ma
 product of 8-bit integers, which outruns BLAS on dequantized float32 tiles), and the tokens left
 over in passes of fewer (rowdot.for_token_passes; a single decode step's alone).
 """
+import mmap
+
 import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
@@ -125,11 +127,22 @@ def row_blocks(groups, places, row, out):
             out[i * block_bytes + c] = group_block[places[0, c] + lane * places[1, c]]
 
 
+def _populated(shape: tuple) -> np.ndarray:
+    """Fresh uint8 memory of this shape, its pages mapped in one call (MAP_POPULATE) where the
+    system has it: a page fault each, some 1 us per 4 KiB in these VMs, cost loading more than
+    the copy into them."""
+    size = int(np.prod(shape))
+    if size < 1 << 20 or not hasattr(mmap, "MAP_POPULATE"):
+        return np.empty(shape, dtype=np.uint8)
+    pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
+    return np.frombuffer(pages, dtype=np.uint8).reshape(shape)
+
+
 def interleave(qtype, raw: np.ndarray) -> np.ndarray:
     """The rows of raw (rows, bytes per row) in interleaved groups: (rows / GROUP, bytes per row *
     GROUP), on all threads (threads.py's: a kernel of Numba's parallel loops took ~1 s of the first
     run to compile)."""
-    out = np.empty((raw.shape[0] // GROUP, raw.shape[1] * GROUP), dtype=np.uint8)
+    out = _populated((raw.shape[0] // GROUP, raw.shape[1] * GROUP))
     raw = np.ascontiguousarray(raw)
     in_parallel(lambda first, last: _interleave(qtype, raw[GROUP * first:GROUP * last], out[first:last]),
                 out.shape[0], max_tile=4096)
