@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -19,8 +20,11 @@ PROMPT = ">>> "
 
 
 def start_chat(*args, env_dir: Path, extra_env: dict | None = None):
+    # (Ctrl-C's default disposition, as a terminal's foreground command has it: a test run started
+    # in the background of a non-interactive shell ignores SIGINT, and its children inherit that)
     child = pexpect.spawn(sys.executable, ["-m", "runner", "chat", *map(str, args)], encoding="utf-8",
                           timeout=300, dimensions=(40, 200),
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                           env={"GGRUN_CACHE_DIR": str(env_dir), "PATH": "/usr/bin:/bin", "HOME": str(env_dir),
                                "PYTHONPATH": str(Path(__file__).parents[1]), **(extra_env or {})})
     child.expect_exact(PROMPT)

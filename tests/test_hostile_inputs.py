@@ -28,6 +28,13 @@ from .gguf_copy import retyped, rewritten
 ROOT = Path(__file__).parents[1]
 
 
+def _as_in_a_terminal():
+    """Ctrl-C's default disposition in the child, as a terminal's foreground command has it (a
+    test run started in the background of a non-interactive shell ignores SIGINT, and its
+    children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -189,7 +196,8 @@ def test_a_signal_during_convert_leaves_nothing_behind(smollm_hf, tmp_path, sig,
     files = [p for p in checkpoint.iterdir() if p.is_file()]
     before = {p: _sha256(p) for p in files}
     child = subprocess.Popen([sys.executable, "-m", "runner", "convert", str(checkpoint), "-o", str(out),
-                              "--type", "Q8_0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              "--type", "Q8_0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=_as_in_a_terminal)
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob(".out.gguf.*.partial")) and time.monotonic() < deadline and child.poll() is None:
         time.sleep(0.05)
@@ -369,7 +377,8 @@ def test_a_context_above_the_trained_length_is_warned_of(model):
 
 def test_ctrl_c_during_run_exits_130(model):
     child = subprocess.Popen([sys.executable, "-m", "runner", "run", str(model), "-p", "Once upon a time", "-n",
-                              "100000", "--ignore-eos"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                              "100000", "--ignore-eos"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=_as_in_a_terminal)
     assert child.stdout.read(20)  # (generating)
     child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=60)
