@@ -245,7 +245,7 @@ def _group_sums(b, isa, factors, act, i):
     return b.add(*chains)
 
 
-# Each type (a Kind): units(b, blk, step, scale) yields the units of one of the block's `steps`
+# Each type (a _Kind): units(b, blk, step, scale) yields the units of one of the block's `steps`
 # (an i64 value: the steps are a loop, so that LLVM keeps each step's decoding to itself; a block
 # unrolled whole had its decoding for all units hoisted to the top and spilled, ~300 stack
 # accesses per Q4_K super-block and four tokens), decoded when the products reach them (tokens
@@ -263,7 +263,7 @@ def _scale_times_dx(name, dx):
     return scales
 
 
-class Kind:
+class _Kind:
     activations = "q256"  # the activations' format: "q32" (Q8_0) or "q256" (Q8_K)
     signed = False  # whether the weights' integers are signed bytes
     top = 15  # the largest of the weights' (unsigned) integers
@@ -316,7 +316,7 @@ def _min_times_sums(b, isa, blk, i, act):
     return b.fmul(blk.halves(2), splat(b, _scalar(b, act["ssum32"], i, F32), GROUP))
 
 
-class _Q4_0(Kind):  # d, qs; offset 8
+class _Q4_0(_Kind):  # d, qs; offset 8
     activations = "q32"
     scales = staticmethod(_scale_times_dx(0, "d32"))
     correction = _offset_times_sums(8)
@@ -326,7 +326,7 @@ class _Q4_0(Kind):  # d, qs; offset 8
         yield _Unit(_nibbles(b, blk, 2), 2)
 
 
-class _Q4_1(Kind):  # d, m, qs
+class _Q4_1(_Kind):  # d, m, qs
     activations = "q32"
     scales = staticmethod(_scale_times_dx(0, "d32"))
     mins = staticmethod(_min_times_sums)
@@ -336,7 +336,7 @@ class _Q4_1(Kind):  # d, m, qs
         yield _Unit(_nibbles(b, blk, 4), 2)
 
 
-class _Q5_0(Kind):  # d, qh, qs; offset 16
+class _Q5_0(_Kind):  # d, qh, qs; offset 16
     activations = "q32"
     top = 31
     scales = staticmethod(_scale_times_dx(0, "d32"))
@@ -347,7 +347,7 @@ class _Q5_0(Kind):  # d, qh, qs; offset 16
         yield _Unit(_nibbles(b, blk, 6, fifth_bits=2), 2)
 
 
-class _Q5_1(Kind):  # d, m, qh, qs
+class _Q5_1(_Kind):  # d, m, qh, qs
     activations = "q32"
     top = 31
     scales = staticmethod(_scale_times_dx(0, "d32"))
@@ -358,7 +358,7 @@ class _Q5_1(Kind):  # d, m, qh, qs
         yield _Unit(_nibbles(b, blk, 8, fifth_bits=4), 2)
 
 
-class _Q8_0(Kind):  # d, qs: signed
+class _Q8_0(_Kind):  # d, qs: signed
     activations = "q32"
     signed = True
     scales = staticmethod(_scale_times_dx(0, "d32"))
@@ -368,7 +368,7 @@ class _Q8_0(Kind):  # d, qs: signed
         yield _Unit([(blk.bytes(2 + 4 * w, 32), 4 * w) for w in range(8)], 2)
 
 
-class _MXFP4(Kind):  # e, qs: 4-bit codes of signed values, offset to unsigned bytes
+class _MXFP4(_Kind):  # e, qs: 4-bit codes of signed values, offset to unsigned bytes
     activations = "q32"
     top = 2 * FP4_OFFSET
     correction = _offset_times_sums(FP4_OFFSET)
@@ -383,7 +383,7 @@ class _MXFP4(Kind):  # e, qs: 4-bit codes of signed values, offset to unsigned b
         yield _Unit([(fp4_values(b, codes), first) for codes, first in _nibbles(b, blk, 1)], 2)
 
 
-class _Q2_K(Kind):
+class _Q2_K(_Kind):
     """scales (byte g: group g's scale in the low nibble, its min in the high one), qs, d, dmin.
     Byte l of chunk c's 32 holds weights 128c + 32j + l in bits 2j, 2j + 1; group g is weights
     16g ... 16g + 15."""
@@ -463,7 +463,7 @@ class _Q3_K(_Q2_K):
         return b.shl(sums, const_vector(I32, [2] * GROUP))
 
 
-class _Q4_K(Kind):
+class _Q4_K(_Kind):
     """d, dmin, 12 bytes packing eight 6-bit scales and mins, qs: 32 bytes hold 64 weights, low
     nibbles first. Scale u < 4 is byte u & 63, min u < 4 byte u + 4 & 63; for u >= 4 the low four
     bits come from byte u + 4 (scale: low nibble, min: high) and the top two from bits 6-7 of byte
@@ -527,7 +527,7 @@ class _Q5_K(_Q4_K):
         return b.select(is_set, b.or_(values, const_vector(I8, [16] * 32)), values)
 
 
-class _Q6_K(Kind):
+class _Q6_K(_Kind):
     """ql, qh, 16 signed 8-bit scales, d; 6-bit values offset by 32. Per 128-weight half h, ql
     byte l < 32 holds weights l (low nibble) and l + 64, byte l + 32 weights l + 32 and l + 96, and
     qh byte l their top two bits (bits 0-1, 2-3, 4-5, 6-7 for l, l + 32, l + 64, l + 96)."""

@@ -297,8 +297,8 @@ class Decoder:
 
     def _forward_batch(self, tokens, cache: KVCache, all_logits: bool):
         batch = cache.reserve(tokens)
-        if cache.rotates_pinned:  # (the host moves them, outside the pass: see move_pinned)
-            cache.move_pinned(lambda i: self.key_rotation(self.layers[i].attn, cache))
+        # (the ring's pinned keys move outside the pass, so that the pass may replay)
+        cache.move_pinned(lambda i: self.key_rotation(self.layers[i].attn, cache))
         # A decode step, or a pass of a few tokens that returns the logits of each (a verified
         # draft), is the same computation every time, up to the batch's values, so a backend may
         # record it once and replay it (a short prompt's pass, which comes once, is not worth
