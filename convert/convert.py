@@ -28,7 +28,7 @@ def _file_type(name: str) -> str:
     return key
 
 
-def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True) -> Summary:
+def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True, split_max_size: int = 0) -> Summary:
     folder = Path(folder)
     if not folder.is_dir():
         raise ConversionError(f"{folder} is not a folder")
@@ -72,7 +72,7 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True) -
     # (a float conversion that carries MXFP4 experts is an MXFP4_MOE file, as llama.cpp names it)
     written_type = "MXFP4_MOE" if carried and FILE_TYPES[file_type][0] in FLOAT_TYPES else file_type
     metadata = model_metadata(folder.resolve().name, hf, written_type, tok, special)
-    return write_gguf(out, hf.arch.name, metadata, tensors, progress)
+    return write_gguf(out, hf.arch.name, metadata, tensors, progress, split_max_size, list(folder.iterdir()))
 
 
 def _mxfp4_tensors(ckpt, hf: HFModel) -> dict[str, list[PlannedTensor]]:
@@ -167,35 +167,45 @@ def _tokenizer_metadata(tok, special: dict, arch) -> list:
     return md
 
 
-def requantize(src: Path, out: Path, type_name: str, progress: bool = True, allow_requantize: bool = False) -> Summary:
-    """src's weights as type_name. A quantized tensor is widened back to a float type, or, with
-    allow_requantize (llama-quantize's --allow-requantize), quantized again from its values (a
-    loss on top of the first: a self-draft's weights, not a file to publish)."""
+COPY = "COPY"  # llama-quantize's type that keeps every tensor as it is (to rewrite or split a file)
+
+
+def requantize(src: Path, out: Path, type_name: str, progress: bool = True, allow_requantize: bool = False,
+               split_max_size: int = 0) -> Summary:
+    """src's weights as type_name (COPY: as they are). A tensor already of its new type is copied;
+    a quantized tensor is widened back to a float type, or, with allow_requantize (llama-quantize's
+    --allow-requantize), quantized again from its values (a loss on top of the first: a
+    self-draft's weights, not a file to publish)."""
     from gguf.quants import dequantize
-    file_type = _file_type(type_name)
-    check_output(out, [src])  # (before the work: also through another path or a link)
+    copy = type_name.upper() == COPY
+    file_type = None if copy else _file_type(type_name)
     f = GGUFFile(src)
+    check_output(out, f.parts)  # (before the work: also through another path or a link)
     params = read_params(f)
-    types = mix_types(file_type, {name: t.shape for name, t in f.tensors.items()},
-                      params.n_layer, params.n_head, params.n_head_kv, params.n_expert)
+    types = {name: t.type for name, t in f.tensors.items()} if copy else mix_types(
+        file_type, {name: t.shape for name, t in f.tensors.items()},
+        params.n_layer, params.n_head, params.n_head_kv, params.n_expert)
     tensors = []
     for name in llama_quantize_order(f.tensors):  # written in that order too, as llama-quantize writes
         t, new_type = f.tensors[name], types[name]
+        if t.type == new_type:
+            tensors.append(PlannedTensor(name, t.shape, t.type, lambda n=name: f.tensor_bytes(n), quantized=True))
+            continue
         # (a quantized tensor may be widened back to a float type, not quantized again)
-        if (t.type != new_type and t.type.name not in ("F32", "F16", "BF16")
-                and new_type.name not in ("F32", "F16", "BF16") and not allow_requantize):
+        if (t.type.name not in ("F32", "F16", "BF16") and new_type.name not in ("F32", "F16", "BF16")
+                and not allow_requantize):
             raise GGUFError(f"tensor {name} is already quantized ({t.type.name}); requantize from F32, F16 or BF16")
         load = (lambda n=name, tt=t: dequantize(f.tensor_bytes(n).reshape(-1), tt.type)
                 .astype(np.float32).reshape(tuple(reversed(tt.shape))))
         tensors.append(PlannedTensor(name, t.shape, new_type, load))
     metadata = []
     for key, mv in f.metadata.items():
-        if key in ("general.architecture",):
+        if key == "general.architecture" or key.startswith("split."):  # (the writer adds its own)
             continue
-        value = int(FILE_TYPES[file_type][1]) if key == "general.file_type" else mv.value
+        value = int(FILE_TYPES[file_type][1]) if key == "general.file_type" and not copy else mv.value
         if isinstance(value, np.ndarray):
             value = value.tolist()
         metadata.append((key, value, mv.type, mv.item_type))
-    if "general.file_type" not in f.metadata:
+    if "general.file_type" not in f.metadata and not copy:
         metadata.append(("general.file_type", int(FILE_TYPES[file_type][1]), GGUFValueType.UINT32, None))
-    return write_gguf(out, f.architecture, metadata, tensors, progress)
+    return write_gguf(out, f.architecture, metadata, tensors, progress, split_max_size, f.parts)

@@ -14,7 +14,8 @@ from gguf import GGML_QUANT_SIZES, GGUFValueType, GGUFWriter
 from gguf import GGMLQuantizationType as T
 
 from gguf_io.progress import progress_bar
-from gguf_io.safe_files import atomic_output
+from gguf_io.safe_files import OutputError, atomic_outputs, same_file
+from gguf_io.split import parse_part_name
 
 from .errors import ConversionError
 from .quants import BLOCK_TYPES, quantize, quantizers_compiled
@@ -41,6 +42,7 @@ class Summary:
     n_params: int
     nbytes: int
     by_type: Counter = field(default_factory=Counter)
+    parts: list[Path] = field(default_factory=list)  # the files written: [path], or a split model's parts
 
     @property
     def bits_per_weight(self) -> float:
@@ -48,9 +50,10 @@ class Summary:
 
     def lines(self) -> list[str]:
         types = ", ".join(f"{n} {t}" for t, n in self.by_type.most_common())
-        return [f"wrote {self.path}",
+        return [f"wrote {', '.join(map(str, self.parts))}",
                 f"tensors: {types}",
-                f"size: {os.path.getsize(self.path) / 2**20:.1f} MiB, {self.n_params / 1e6:.1f} M parameters, "
+                f"size: {sum(os.path.getsize(p) for p in self.parts) / 2**20:.1f} MiB, "
+                f"{self.n_params / 1e6:.1f} M parameters, "
                 f"{self.bits_per_weight:.2f} bits per weight, {self.seconds:.1f} s"]
 
 
@@ -73,13 +76,24 @@ def typed_value(value) -> tuple[object, GGUFValueType, GGUFValueType | None]:
 
 
 def write_gguf(path: Path, arch: str, metadata: list[tuple[str, object, GGUFValueType, GGUFValueType | None]],
-               tensors: list[PlannedTensor], progress: bool = True) -> Summary:
+               tensors: list[PlannedTensor], progress: bool = True, split_max_size: int = 0,
+               inputs: list[Path] = ()) -> Summary:
     """metadata: (key, value, type, array item type) in file order; general.architecture is added.
-    Written atomically (safe_files.atomic_output): a failure leaves no output."""
+    split_max_size: above it, the tensors go into parts of at most that many bytes each (a tensor
+    larger alone has a part to itself), named and keyed as llama-gguf-split writes them; a model
+    that fits is written whole. Written atomically (safe_files.atomic_outputs): a failure leaves
+    no output; nor may a part replace one of the inputs (the files read)."""
     start = time.perf_counter()
     path = Path(path)
-    with atomic_output(path) as tmp:
-        w = GGUFWriter(str(tmp), arch)
+    if sum(t.nbytes for t in tensors) <= split_max_size:
+        split_max_size = 0  # (gguf's writer would warn that it does not split)
+    for p in inputs if split_max_size else ():
+        parsed = parse_part_name(Path(p).name)
+        if parsed and parsed[0] == path.stem and same_file(Path(p).parent, path.parent):
+            raise OutputError(f"the parts of {path.name} could replace {p}, which this command reads: write the "
+                              f"output under another name")
+    with atomic_outputs(path, inputs) as tmp:
+        w = GGUFWriter(str(tmp), arch, split_max_size=split_max_size)
         for key, value, vtype, sub in metadata:
             w.add_key_value(key, value, vtype, sub)
         for t in tensors:
@@ -101,6 +115,7 @@ def write_gguf(path: Path, arch: str, metadata: list[tuple[str, object, GGUFValu
             raw = quantize(data.reshape(-1, t.shape[0]), t.type)
             w.write_tensor_data(raw.reshape(-1))
         w.close()
+        parts = [path.with_name(p.name) for p in w.format_shard_names(tmp)]
     n_params = sum(int(np.prod(t.shape, dtype=np.int64)) for t in tensors)
     return Summary(path, time.perf_counter() - start, n_params, sum(t.nbytes for t in tensors),
-                   Counter(t.type.name for t in tensors))
+                   Counter(t.type.name for t in tensors), parts)

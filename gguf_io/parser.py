@@ -64,6 +64,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     offset: int  # absolute position of the first byte in the file
     nbytes: int
+    part: int = 0  # the file of a split model that holds it (GGUFFile.parts)
 
     @property
     def n_elements(self) -> int:

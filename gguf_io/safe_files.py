@@ -5,6 +5,7 @@ Ctrl-C or SIGTERM leaves the previous file as it was and no partial one behind."
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -68,3 +69,30 @@ def atomic_output(path, inputs: Iterable[Path] = ()) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def atomic_outputs(path, inputs: Iterable[Path] = ()) -> Iterator[Path]:
+    """atomic_output for a writer that may make several files named after `path` (a split model's
+    parts): a temporary folder beside `path` to write `path` into; when the block ends every file
+    in it is synced and renamed into `path`'s folder. On any error or interruption the folder is
+    removed and nothing in `path`'s folder has changed."""
+    path, inputs = Path(path), list(inputs)
+    check_output(path, inputs)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial"))
+    try:
+        yield tmp / path.name
+        made = sorted(tmp.iterdir())
+        clash = next((p for p in inputs if p is not None for m in made if same_file(path.parent / m.name, p)), None)
+        if clash is not None:
+            raise OutputError(f"{clash} would be replaced by a part of the output: write the output elsewhere")
+        for m in made:
+            with open(m, "rb+") as f:
+                os.fsync(f.fileno())
+            os.chmod(m, _mode(path.parent / m.name))
+        for m in made:
+            os.replace(m, path.parent / m.name)
+    except OSError as e:
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -15,6 +15,7 @@ from gguf_io import GGUFError
 from gguf_io.safe_files import OutputError, check_output
 
 from convert.errors import ConversionError
+from convert.convert import COPY
 from convert.mixes import FILE_TYPES
 
 from .backend import DEVICES, BackendError
@@ -22,7 +23,7 @@ from .chat_template import ChatTemplateError
 from .generate import ModelOutputError, PromptError
 from .kv_cache import DEFAULT_CONTEXT, MIN_CONTEXT, ContextFullError
 from .memory_fit import MemoryFitError
-from .registry import DEFAULT_MODEL, MODELS, RegistryError
+from .registry import DEFAULT_MODEL, RegistryError
 from .sampler import OptionError, SamplingOptions
 from .speculative import DRAFT_P_MIN, DraftError, describe_speculation
 from .user_files import InputError, read_text, user_message
@@ -83,10 +84,17 @@ def _merging(merge, *decorators):
 
 
 def _merge_model(kw):
-    model, option = kw.pop("model"), kw.pop("model_opt")
-    if model and option and model != option:
-        raise click.UsageError(f"two models given: {model!r} and -m {option!r}")
-    return {**kw, "model": model or option}
+    model, option, hf = kw.pop("model"), kw.pop("model_opt"), kw.pop("hf_repo")
+    if hf is not None:
+        from .hub import parse_hub_name
+        hub = parse_hub_name(hf)
+        if hub is None:
+            raise click.BadParameter(f"{hf!r} is not USER/REPO[:TAG]", param_hint="-hf")
+        hf = hub.name
+    given = list(dict.fromkeys(m for m in (model, option, hf) if m))
+    if len(given) > 1:
+        raise click.UsageError(f"two models given: {given[0]!r} and {given[1]!r}")
+    return {**kw, "model": given[0] if given else None}
 
 
 def _merge_kv_type(kw):
@@ -105,8 +113,13 @@ def _merge_ngl(kw):
 
 model_argument = _merging(_merge_model, click.argument("model", required=False),
                           click.option("-m", "--model", "model_opt", metavar="MODEL",
-                                       help="The model, as llama.cpp's -m (or give it as the argument); "
-                                            f"omitted: {DEFAULT_MODEL}, downloaded into the cache on first use."))
+                                       help="The model, as llama.cpp's -m (or give it as the argument): a GGUF "
+                                            "file (any part of a split one), a registry name or hf.co/USER/REPO"
+                                            f"[:TAG]; omitted: {DEFAULT_MODEL}, downloaded on first use."),
+                          click.option("-hf", "--hf-repo", "hf_repo", metavar="USER/REPO[:TAG]",
+                                       help="A GGUF model on the Hugging Face Hub, as llama.cpp's -hf: TAG picks "
+                                            "the quant type (default Q4_K_M, else Q8_0, else the first file); "
+                                            "downloaded into the Hugging Face cache once."))
 
 # the sampling options' flags -> SamplingOptions' fields (their defaults are SamplingOptions')
 _SAMPLING_FLAGS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
@@ -336,7 +349,7 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, sampling, st
 
 
 @main.command(cls=Command)
-@click.argument("model")
+@model_argument
 @click.argument("text", required=False)
 @click.option("-f", "--file", "text_file", type=click.Path(dir_okay=False), help="Tokenize a file's text.")
 @click.option("--json", "as_json", is_flag=True)
@@ -378,6 +391,8 @@ def info(model, fit, ctx, mem, users, kv_type):
         _print_fit(f, p, ctx or default_context(p), mem, users, kv_type)
         return
     click.echo(f"file:          {f.path}")
+    if len(f.parts) > 1:
+        click.echo(f"parts:         {len(f.parts)}: " + ", ".join(p.name for p in f.parts))
     click.echo(f"architecture:  {p.arch}   name: {f.get('general.name', '?')}")
     from .bench import parameter_counts, weight_bytes_per_token
     total, active = parameter_counts(f, p)
@@ -439,11 +454,42 @@ def _print_fit(f, p, n_ctx, mem, users, kv_type):
 
 
 @main.command(cls=Command)
-@click.argument("name", type=click.Choice(sorted(MODELS)))
+@click.argument("name")
 def pull(name):
-    """Download a registry model into the cache."""
-    from .registry import pull as pull_model
-    click.echo(pull_model(name))
+    """Download a model into the cache: a registry name (smollm2-135m-instruct, gemma3-270m) or a
+    Hugging Face model, hf.co/USER/REPO[:TAG]. Prints its path."""
+    from .registry import fetch_named
+    click.echo(fetch_named(name))
+
+
+@main.command("list", cls=Command)
+@click.option("--json", "as_json", is_flag=True)
+def list_models(as_json):
+    """The cached models: name, size, architecture, quant type and where each came from."""
+    from .model_cache import cached_models
+    rows = []
+    for m in cached_models():
+        arch, quant = m.describe()
+        rows.append({"name": m.name, "size_bytes": m.size, "architecture": arch, "quant": quant,
+                     "origin": m.origin, "files": [str(p) for p in m.paths]})
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    width = max([len(r["name"]) for r in rows] + [4])
+    click.echo(f"{'NAME':<{width}}  {'SIZE':>9}  {'ARCH':<10} {'QUANT':<9} ORIGIN")
+    for r in rows:
+        parts = f" ({len(r['files'])} parts)" if len(r["files"]) > 1 else ""
+        click.echo(f"{r['name']:<{width}}  {r['size_bytes'] / 2**20:>5.0f} MiB  {r['architecture']:<10} "
+                   f"{r['quant']:<9} {r['origin']}{parts}")
+
+
+@main.command(cls=Command)
+@click.argument("name")
+def rm(name):
+    """Remove a cached model: NAME as `ggrun list` shows it (hf.co/USER/REPO alone: all of its)."""
+    from .model_cache import remove
+    for removed, size in remove(name):
+        click.echo(f"removed {removed} ({size / 2**20:.0f} MiB)")
 
 
 @main.command(cls=Command)
@@ -511,32 +557,53 @@ def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device,
 type_choice = click.Choice(list(FILE_TYPES), case_sensitive=False)
 
 
+def _split_size(ctx, param, text: str | None) -> int:
+    """llama-gguf-split's --split-max-size: N followed by M or G (10^6 or 10^9 bytes); 0: no split."""
+    if text is None:
+        return 0
+    units = {"K": 10**3, "M": 10**6, "G": 10**9}
+    number, unit = text[:-1], text[-1:].upper()
+    if unit not in units or not number.isdigit() or int(number) <= 0:
+        raise click.BadParameter(f"expected a positive whole number and M or G (e.g. 500M, 2G), not {text!r}")
+    return int(number) * units[unit]
+
+
+split_option = click.option("--split-max-size", "split_max_size", metavar="N(M|G)", callback=_split_size,
+                            help="Write a split model of parts up to this size (as llama-gguf-split names and "
+                                 "keys them), e.g. 2G; a model that fits is written whole.")
+
+
 @main.command(cls=Command)
 @click.argument("hf_dir", type=click.Path(file_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="GGUF file to write.")
 @click.option("--type", "type_name", default="Q8_0", show_default=True, type=type_choice)
-def convert(hf_dir, output, type_name):
+@split_option
+def convert(hf_dir, output, type_name, split_max_size):
     """Convert a Hugging Face model folder (safetensors) to a GGUF file of type --type."""
     from pathlib import Path
 
     from convert.convert import convert_hf
-    click.echo("\n".join(convert_hf(Path(hf_dir), Path(output), type_name).lines()), err=True)
+    summary = convert_hf(Path(hf_dir), Path(output), type_name, split_max_size=split_max_size)
+    click.echo("\n".join(summary.lines()), err=True)
 
 
 @main.command(cls=Command)
 @click.argument("src", type=click.Path(exists=True, dir_okay=False))
 @click.argument("dst", type=click.Path(dir_okay=False))
-@click.argument("type_name", metavar="TYPE", type=type_choice)
-def quantize(src, dst, type_name):
-    """Requantize an F32/F16/BF16 GGUF file to TYPE (as llama-quantize does)."""
+@click.argument("type_name", metavar="TYPE", type=click.Choice([*FILE_TYPES, COPY], case_sensitive=False))
+@split_option
+def quantize(src, dst, type_name, split_max_size):
+    """Requantize an F32/F16/BF16 GGUF file (any part of a split one) to TYPE, as llama-quantize
+    does; COPY keeps every tensor as it is (with --split-max-size: split a model)."""
     from pathlib import Path
 
     from convert.convert import requantize
-    click.echo("\n".join(requantize(Path(src), Path(dst), type_name).lines()), err=True)
+    summary = requantize(Path(src), Path(dst), type_name, split_max_size=split_max_size)
+    click.echo("\n".join(summary.lines()), err=True)
 
 
 @main.command(cls=Command)
-@click.argument("model")
+@model_argument
 @click.option("-f", "--file", "text_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="Text to score.")
 @click.option("-c", "--ctx-size", default=512, show_default=True, type=click.IntRange(8))

