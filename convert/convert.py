@@ -14,6 +14,7 @@ from gguf_io.safe_files import check_output
 
 from .errors import ConversionError
 from .gguf_out import PlannedTensor, Summary, typed_value, write_gguf
+from .hf_metadata import general_metadata
 from .hf_model import HFModel, read_hf_model
 from .hf_tokenizer import read_tokenizer
 from .mixes import FILE_TYPES, llama_quantize_order, mix_types
@@ -71,7 +72,8 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True, s
 
     # (a float conversion that carries MXFP4 experts is an MXFP4_MOE file, as llama.cpp names it)
     written_type = "MXFP4_MOE" if carried and FILE_TYPES[file_type][0] in FLOAT_TYPES else file_type
-    metadata = model_metadata(folder.resolve().name, hf, written_type, tok, special)
+    general = general_metadata(folder.resolve(), tensors)  # (resolved: "." is named as the folder it is)
+    metadata = model_metadata(folder.resolve().name, hf, written_type, tok, special, general)
     return write_gguf(out, hf.arch.name, metadata, tensors, progress, split_max_size, list(folder.iterdir()))
 
 
@@ -130,15 +132,19 @@ def _read(ckpt, parts: list[str]) -> np.ndarray:
     return ckpt.float32(parts[0]) if len(parts) == 1 else np.stack([ckpt.float32(p) for p in parts])
 
 
-def model_metadata(name: str, hf: HFModel, file_type: str, tok, special: dict) -> list:
+def model_metadata(name: str, hf: HFModel, file_type: str, tok, special: dict, general: list | None = None) -> list:
     """The GGUF key/value section of a converted model: general keys, the architecture's
-    hyperparameters, the file type and the tokenizer."""
+    hyperparameters, the file type and the tokenizer. general: the typed general keys a Hugging
+    Face folder gives (hf_metadata.general_metadata, general.name among them); without them,
+    general.name is name."""
     arch = hf.arch
-    md = [("general.type", "model"), ("general.name", name)]
-    md += [(f"{arch.name}.{k}", v) for k, v in hf.metadata.items()]
+    if general is None:
+        general = [("general.name", *typed_value(name))]
+    md = [(f"{arch.name}.{k}", v) for k, v in hf.metadata.items()]
     md += [("general.file_type", int(FILE_TYPES[file_type][1])),
            ("general.quantization_version", QUANTIZATION_VERSION)]
-    return [(k, *typed_value(v)) for k, v in md] + _tokenizer_metadata(tok, special, arch)
+    return ([("general.type", *typed_value("model"))] + general + [(k, *typed_value(v)) for k, v in md]
+            + _tokenizer_metadata(tok, special, arch))
 
 
 def _tokenizer_metadata(tok, special: dict, arch) -> list:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from convert.mixes import mix_types
 from gguf_io import GGUFFile, read_params, read_vocab
 
 from .gguf_copy import rewritten
-from .hf_folders import RANDOM_ARCHS, transformers_logits
+from .hf_folders import MOE_CONFIGS, RANDOM_ARCHS, transformers_logits
 from .llama_cpp import PERPLEXITY_TEXT, convert_with_llama_cpp, llama_cpp_perplexity
 
 pytest.importorskip("transformers")
@@ -134,7 +135,7 @@ def test_long_rope_takes_its_long_factors_past_the_original_context(random_model
 @pytest.mark.parametrize("arch", [a for a in RANDOM_ARCHS if a not in ("qwen2", "ernie4_5")])
 def test_random_models_convert_as_llama_cpp_does(random_models, llama_cpp_source, llama_cpp_tools, tmp_path, arch):
     """F32 and Q4_K_M, tensor by tensor, as convert_hf_to_gguf.py and llama-quantize (b11434) write them;
-    the metadata too, but for the name and size label llama.cpp makes up and LLAMA_CPP_LACKS."""
+    the metadata too (the name and size label among it), but for LLAMA_CPP_LACKS."""
     import subprocess
 
     from .test_mixes import tensor_digests
@@ -148,7 +149,176 @@ def test_random_models_convert_as_llama_cpp_does(random_models, llama_cpp_source
         assert sorted(tensor_digests(ours)) == sorted(tensor_digests(reference)), file_type
         a, b = GGUFFile(ours), GGUFFile(reference)
         differ = {k for k in set(a.metadata) | set(b.metadata) if str(a.get(k)) != str(b.get(k))}
-        assert differ - {"general.name", "general.size_label"} == LLAMA_CPP_LACKS.get(arch, set()), file_type
+        assert differ == LLAMA_CPP_LACKS.get(arch, set()), file_type
+
+
+def _typed_metadata(path) -> dict:
+    """key -> (type, array item type, value as a plain Python value)."""
+    f = GGUFFile(path)
+    return {k: (mv.type, mv.item_type, np.asarray(f.get(k)).tolist()) for k, mv in f.metadata.items()}
+
+
+# SmolLM2 as a Hub download holds it: a model card, generation settings, its Hub id in config.json
+SMOLLM2_CARD = """---
+library_name: transformers
+license: apache-2.0
+language:
+- en
+- no
+pipeline_tag: text-generation
+tags:
+- safetensors
+- onnx
+- transformers.js
+base_model:
+- HuggingFaceTB/SmolLM2-135M
+- https://huggingface.co/HuggingFaceTB/SmolLM2-135M-v0.1
+datasets:
+- HuggingFaceTB/smoltalk
+- https://example.com/data
+---
+
+# SmolLM2
+"""
+
+
+@pytest.mark.parametrize("published", [False, True], ids=["as-saved", "as-published"])
+def test_smollm2_metadata_is_llama_cpps_key_for_key(smollm_hf, llama_cpp_source, tmp_path, published):
+    """The real 30-layer SmolLM2, converted by ggrun and by convert_hf_to_gguf.py (b11434): every
+    key, its type and value alike, the general keys in the same order. As transformers saves the
+    folder, named hf-smollm2: the name title-cased and the size label from the parameter count; as
+    the Hub publishes it, in a folder of another name: the name and its parts from the Hub id,
+    the version from the folder's name, license, tags, languages, base models and data sets from
+    the model card, sampling settings from generation_config.json."""
+    folder = tmp_path / ("hf-smollm2-v2" if published else "hf-smollm2")
+    folder.mkdir()
+    for path in smollm_hf.iterdir():  # (linked: the weights are 0.5 GB)
+        (folder / path.name).symlink_to(path)
+    if published:
+        config = json.loads((smollm_hf / "config.json").read_text())
+        generation = json.loads((smollm_hf / "generation_config.json").read_text())
+        for name, data in (("config.json", {**config, "_name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct"}),
+                           ("generation_config.json", {**generation, "temperature": 0.2, "top_p": 0.9, "top_k": 50,
+                                                       "repetition_penalty": 1.1})):
+            (folder / name).unlink()
+            (folder / name).write_text(json.dumps(data))
+        (folder / "README.md").write_text(SMOLLM2_CARD)
+    ours = tmp_path / "ours.gguf"
+    convert_hf(folder, ours, "F32", progress=False)
+    theirs = convert_with_llama_cpp(llama_cpp_source, folder, tmp_path / "theirs.gguf")
+    a, b = _typed_metadata(ours), _typed_metadata(theirs)
+    assert sorted(a) == sorted(b)
+    assert {k: v for k, v in a.items() if v != b[k]} == {}
+    assert [k for k in a if k.startswith("general.")] == [k for k in b if k.startswith("general.")]
+    if published:
+        assert (a["general.name"][2], a["general.basename"][2], a["general.finetune"][2], a["general.version"][2],
+                a["general.languages"][2]) == ("SmolLM2 135M Instruct", "SmolLM2", "Instruct", "v2", ["en", "no"])
+    else:
+        assert (a["general.name"][2], a["general.size_label"][2]) == ("Hf Smollm2", "135M")
+
+
+@pytest.mark.parametrize("arch", [*MOE_CONFIGS, "gpt_oss_mxfp4"])
+def test_mixture_size_labels_are_llama_cpps(moe_folders, llama_cpp_source, tmp_path, arch):
+    """A mixture's size label counts its experts and one expert's share (4x..., 8x...), as
+    convert_hf_to_gguf.py does, also of experts carried in MXFP4; the other general keys alike too."""
+    from .hf_folders import mxfp4_folder
+    folder = (mxfp4_folder(moe_folders["gpt_oss"], tmp_path / "gpt_oss_mxfp4") if arch == "gpt_oss_mxfp4"
+              else moe_folders[arch])
+    ours = tmp_path / "ours.gguf"
+    convert_hf(folder, ours, "F32", progress=False)
+    theirs = convert_with_llama_cpp(llama_cpp_source, folder, tmp_path / "theirs.gguf")
+    a, b = _typed_metadata(ours), _typed_metadata(theirs)
+    assert {k: v for k, v in a.items() if k.startswith("general.")} == {
+        k: v for k, v in b.items() if k.startswith("general.")}
+    assert "x" in a["general.size_label"][2]
+
+
+# llama.cpp's gguf-py (b11434) on names, parameter counts and model cards: what its converter
+# writes for them (Metadata.load, its fallbacks of prepare_metadata), as JSON
+_GGUF_PY_METADATA = """
+import json, sys
+from pathlib import Path
+import gguf
+from gguf.metadata import Metadata
+cases = json.loads(sys.stdin.read())
+out = {"names": [list(Metadata.get_model_id_components(n, t)) for n, t in cases["names"]],
+       "titles": [Metadata.id_to_title(t) for t in cases["titles"]],
+       "sizes": [gguf.size_label(*c) for c in cases["sizes"]], "folders": []}
+for folder, total in cases["folders"]:
+    m = Metadata.load(None, Path(folder), None, total)
+    m.name = Path(folder).name if m.name is None else m.name
+    m.size_label = gguf.size_label(total, total, 0, 0) if m.size_label is None else m.size_label
+    w = gguf.GGUFWriter(None, "llama")
+    m.set_gguf_meta_model(w)
+    out["folders"].append([[k, v.type.name, v.value] for k, v in w.kv_data[0].items() if k != "general.architecture"])
+print(json.dumps(out))
+"""
+
+# (model card, config.json's _name_or_path, folder name) of folders beside the SmolLM2 test's
+MODEL_CARD_CASES = [
+    ("name: My Model\nmodel_creator: someone\nlicense: [mit, apache-2.0]\nsize_label: 1B\n"
+     "base_model: {name: x}\ntags: chat\nlanguage: fr\n", None, "Mixtral-8x7B-Instruct-v0.1"),
+    ("model_name: Named\nmodel_version: v3\nlicense: ''\ndatasets: []\nbase_model:\n- org/Base-7b1-chat\n- 5\n"
+     "pipeline_tag: text-generation\n", "./local", "phi-3-mini-128k-instruct"),
+    (None, "/fsx/checkpoints/run-3", "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M"),
+    ("license: other\nlicense_name: custom\nlicense_link: LICENSE\nmodel_type: llama\nlanguages:\n- no\n",
+     "meta-llama/Llama-2-7b-chat-hf", "SmolLM2-135M-8k"),
+]
+
+
+def test_names_sizes_and_model_cards_read_as_llama_cpp_reads_them(llama_cpp_source, tmp_path):
+    """Hub ids and folder names split into basename, size label, finetune and version, title-cased
+    names, size labels of parameter counts, and whole folders' general keys, against gguf-py's."""
+    import os
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from convert.hf_metadata import general_metadata, model_id_parts, size_label, title
+    names = ["SmolLM2-135M-Instruct", "hf-smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct",
+             "Mixtral-8x7B-Instruct-v0.1", "bloom-7b1", "Qwen2.5-Coder-1.5B-Instruct", "gpt2-xl", "x-small-7B",
+             "Phi-3-mini-128k-instruct", "./local", "Llama-2-7b-chat-hf", "Qwen3-30B-A3B-Instruct-2507", "model-Q4_K_M",
+             "llama-bf16", "v2-model", "1st-model-7b", "My Model Name", "/x", "stablelm-2-1_6b", "iter5-abc-7B",
+             "ab-c1-d-v1.2-3.4", "foo--bar"]
+    totals = [0, 134515008, 7_000_000_000, 47_000_000_000]
+    sizes = [[n, n, 0, 0] for n in (12, 1_000, 999_999, 1_000_000, 1_234_567, 9_500_000, 134515008, 999_500_000,
+                                    20_900_000_000_000)] + [[46_702_792_704, 1_600_000_000, 5_630_000_000, 8]]
+    folders = []
+    for i, (card, hub_id, name) in enumerate(MODEL_CARD_CASES):
+        folder = tmp_path / str(i) / name
+        folder.mkdir(parents=True)
+        if card is not None:
+            (folder / "README.md").write_text(f"---\n{card}---\ntext\n")
+        (folder / "config.json").write_text(json.dumps({} if hub_id is None else {"_name_or_path": hub_id}))
+        (folder / "generation_config.json").write_text('{"top_k": 20, "temperature": 0.6, "penalty_repeat": null}')
+        folders.append([str(folder), [134515008, 7_000_000_000, 46_702_792_704, 1_500_000_000][i]])
+    cases = {"names": [[n, t] for n in names for t in totals], "titles": names + ["v2", "7b model", " a1b2 "],
+             "sizes": sizes, "folders": folders}
+    r = subprocess.run([sys.executable, "-c", _GGUF_PY_METADATA], input=json.dumps(cases), capture_output=True,
+                       text=True, check=True, env={**os.environ, "PYTHONPATH": str(llama_cpp_source / "gguf-py")})
+    want = json.loads(r.stdout)
+    assert [list(model_id_parts(n, t).values()) for n, t in cases["names"]] == want["names"]
+    assert [title(t) for t in cases["titles"]] == want["titles"]
+    assert [size_label(*c) for c in sizes] == want["sizes"]
+    for (folder, total), keys in zip(folders, want["folders"]):
+        got = general_metadata(Path(folder), [SimpleNamespace(name="w.weight", shape=(total,))])
+        assert [[k, t.name, v] for k, v, t, _ in got] == keys, folder
+
+
+def test_a_model_card_that_is_not_yaml_is_left_unread(tmp_path, capsys):
+    """(where llama.cpp's converter stops with YAML's error) with a warning, the rest read as without it"""
+    from types import SimpleNamespace
+
+    from convert.hf_metadata import general_metadata
+    folder = tmp_path / "SmolLM2-135M"
+    folder.mkdir()
+    tensors = [SimpleNamespace(name="token_embd.weight", shape=(576, 49152))]
+    want = general_metadata(folder, tensors)
+    (folder / "README.md").write_text("---\nlicense: [mit\n---\n")
+    assert general_metadata(folder, tensors) == want
+    assert "README.md: the model card's metadata is not valid YAML" in capsys.readouterr().err
+    # (135M, far from the 28M parameters given, reads as a context length: a finetune)
+    assert [v for k, v, *_ in want] == ["SmolLM2 135M", "135m", "SmolLM2", "28M"]
 
 
 # keys ggrun writes that llama.cpp's converter leaves out: Gemma 2's query scale where
