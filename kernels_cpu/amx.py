@@ -1,13 +1,13 @@
 """Prefill's weight products on Intel AMX, the tile matrix units of Sapphire Rapids and later.
 
-BLAS's float32 products bound prefill (~90 GFLOP/s per core here). An AMX instruction
+BLAS's float32 products bound the precise path's prefill. An AMX instruction
 (tdpbf16ps) multiplies a 16 x 32 by a 32 x 16 matrix of bfloat16 into float32 accumulators.
 bfloat16 keeps 8 bits of a value, far from [1/7]'s bound of 1e-5 * max|w| * sum|x| per product,
 so every value is split in two: hi, its nearest bfloat16, and lo, the nearest to what is left.
 x.w is then xh.wh + xh.wl + xl.wh (xl.wl is below 2^-16 of it), about 16 bits of each operand
-for three tile products. Measured on one core of these machines: 100-290 GFLOP/s against BLAS's
-~90, depending on the machine's phase; a tile load (~20 ns) costs about as much as a product and
-the two do not overlap, so the 2 x 2 blocks of outputs below load 10 tiles per 12 products.
+for three tile products, still faster than BLAS per core. A tile load costs about as much as a
+tile product and the two do not overlap, so the 2 x 2 blocks of outputs below load 10 tiles per
+12 products.
 
 Operands are packed so that every tile the instruction loads is one contiguous KiB (rows 4 KiB
 apart would all fall in one L1 set), as bfloat16 bits (uint16):
@@ -222,7 +222,7 @@ def _rows_product(kinds, qtype, raw, first, a_hi, a_lo, b_hi, b_lo, out):
 
 
 # Buffers are kept per thread and reused: fresh memory costs a page fault per 4 KiB when first
-# written, 2-4 us each in these VMs, which made packing the activations 7x slower than the work.
+# written, which in a virtual machine costs more than packing the activations into it.
 _buffers = threading.local()
 
 

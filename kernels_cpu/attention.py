@@ -87,8 +87,8 @@ def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, m
     # up to twice the window; the slots outside it cost as much as the ones inside)
     qp, begin, end = q_pos[t], SLOT_CHUNK, 0
     for s in range(first, min(first + SLOT_CHUNK, n_slots)):
-        # (selects rather than an if: the loop vectorizes; branching, it took a quarter of the
-        # job's time at depth 2048)
+        # (selects rather than an if, so that the loop vectorizes: at long contexts a branch here
+        # is a large share of the job)
         seen = _visible(k_pos[s], qp, window)
         begin = min(begin, s - first if seen else SLOT_CHUNK)
         end = max(end, s - first + 1 if seen else 0)
@@ -116,9 +116,9 @@ def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, sinks, 
     (sinks, MASKED where none); group_tag is
     intrinsics.rows_tag(heads per KV head).
 
-    Jobs are (token, kv head, chunk of slots), run on all threads (one parallel region costs
-    about a microsecond: a short context's jobs in the calling thread saved nothing measurable,
-    and a second, serial driver doubled this kernel's share of the first run's compile time); each
+    Jobs are (token, kv head, chunk of slots), run on all threads even for a short context (a
+    second, serial driver for those would save nothing measurable and would add as much compile
+    time as this one); each
     chunk keeps its own softmax max and sum, rescaled when the chunks are added up."""
     n_kv = keys.shape[0]
     n_chunks = (k_pos.shape[0] + SLOT_CHUNK - 1) // SLOT_CHUNK
@@ -128,8 +128,8 @@ def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, sinks, 
     sums = np.empty((n_jobs, group), dtype=np.float32)
     partial = np.empty((n_jobs, group, out.shape[2]), dtype=np.float32)
     # (no array expressions outside the loop, nor in the functions inlined here: in a parallel
-    # function each becomes a parallel region of its own, about a microsecond apiece: a
-    # `row[:] = 0.0` per head and token in _combine_chunks took SmolLM2's call from 2.5 to 13 us)
+    # function each becomes a parallel region of its own, whose start costs more than a small
+    # model's whole call)
     for job in prange(n_jobs):
         _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, maxima, sums, partial, group_tag)
     _combine_chunks(maxima, sums, partial, sinks, n_kv, n_chunks, out)

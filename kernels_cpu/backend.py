@@ -35,7 +35,7 @@ class CpuBackend:
         self.threads = max(1, min(threads or os.cpu_count() or 1, numba.config.NUMBA_NUM_THREADS))
         numba.set_num_threads(self.threads)
         # Numba's OpenMP workers spin between parallel regions; a multi-threaded BLAS running
-        # beside them (prefill tiles) then fights them for the cores and runs ~10x slower.
+        # beside them (prefill tiles) would fight them for the cores.
         threadpool_limits(1, user_api="blas")
         self._rope_tables: dict = {}
         self._no_sinks: dict = {}  # heads -> sink logits that take no weight

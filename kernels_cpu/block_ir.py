@@ -125,7 +125,7 @@ def _q8_0(b, p):  # d:f16 qs[32] int8
 
 # MXFP4's values plus this offset are unsigned bytes (0..24): its products then take the unsigned
 # path of Q4_0's (one vpdpbusd a word, the offset times the activations' sum taken off once a
-# block), where signed bytes took two more instructions a word and decoded ~2.9x slower
+# block), where signed bytes take two more instructions a word
 FP4_OFFSET = 12
 
 

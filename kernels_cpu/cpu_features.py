@@ -43,10 +43,8 @@ def cpu_description() -> str:
 @lru_cache(maxsize=1)
 def memory_streams() -> int:
     """How many sequential streams each thread of decode's products reads the weights in
-    ($GGRUN_STREAMS overrides). On this project's AMD EPYC (Zen 4) one stream per thread, which
-    its prefetchers follow, read 23-29 GB/s from 2 threads and four far-apart ones 12 GB/s
-    (Q4_K rows of the 7B shape); on its Intel Xeons four streams read ~20 GB/s where one read
-    ~13 (measured with four rows read side by side, before products read one row at a time)."""
+    ($GGRUN_STREAMS overrides): AMD's prefetchers follow one sequential stream per thread and
+    read far-apart streams slower, while Intel's Xeons read faster with four streams a thread."""
     if os.environ.get("GGRUN_STREAMS", "").isdigit() and int(os.environ["GGRUN_STREAMS"]) > 0:
         return int(os.environ["GGRUN_STREAMS"])
     return 4 if _cpuinfo().get("vendor_id") == "GenuineIntel" else 1

@@ -3,8 +3,8 @@ the 8-bit products then keep one row per vector lane, as llama.cpp's repacked ty
 (ggml_gemv_q4_K_8x8_q8_K and its kin, b11434). Every quantized type has its layout.
 
 A one-row product spends most of its instructions applying each unit's scale: a 32-weight unit's
-products land in 16 lanes that all need that one scale (a Q4_K super-block took ~78 vector
-instructions, ~20 cycles in llvm-mca's Zen 3 model), and every row ends in a horizontal sum.
+products land in 16 lanes that all need that one scale (a Q4_K super-block takes ~78 vector
+instructions), and every row ends in a horizontal sum.
 With eight rows side by side, a 32-bit lane holds four weights of one row, vpdpbusd multiplies
 them by the same four activations (one broadcast load) in every lane, and a group's scales are
 one vector of the eight rows' scales: one multiply for all of them.
@@ -129,8 +129,8 @@ def row_blocks(groups, places, row, out):
 
 def _populated(shape: tuple) -> np.ndarray:
     """Fresh uint8 memory of this shape, its pages mapped in one call (MAP_POPULATE) where the
-    system has it: a page fault each, some 1 us per 4 KiB in these VMs, cost loading more than
-    the copy into them."""
+    system has it: a page fault per 4 KiB, as a virtual machine takes them, costs loading more
+    than the copy into them."""
     size = int(np.prod(shape))
     if size < 1 << 20 or not hasattr(mmap, "MAP_POPULATE"):
         return np.empty(shape, dtype=np.uint8)
@@ -140,8 +140,8 @@ def _populated(shape: tuple) -> np.ndarray:
 
 def interleave(qtype, raw: np.ndarray) -> np.ndarray:
     """The rows of raw (rows, bytes per row) in interleaved groups: (rows / GROUP, bytes per row *
-    GROUP), on all threads (threads.py's: a kernel of Numba's parallel loops took ~1 s of the first
-    run to compile)."""
+    GROUP), on all threads (threads.py's: a kernel of Numba's parallel loops would add its compile
+    to the first run's)."""
     out = _populated((raw.shape[0] // GROUP, raw.shape[1] * GROUP))
     raw = np.ascontiguousarray(raw)
     in_parallel(lambda first, last: _interleave(qtype, raw[GROUP * first:GROUP * last], out[first:last]),
@@ -254,8 +254,7 @@ def _group_sums(b, isa, factors, act, i):
 # token, correction(b, isa, blk, i, act) the integers to subtract from that total first (for
 # weights stored with an offset), and mins(b, isa, blk, i, act) what the blocks' mins add to the
 # products (<8 x float>), or None. A unit's multiply-adds run in chains of at most four (each waits ~5
-# cycles for the one before): in chains of eight, Q4_K read 17-22 GB/s from memory where it
-# reads 25-30 with two chains per unit (2 threads, AMD EPYC).
+# cycles for the one before): longer chains keep the products from keeping up with memory.
 
 def _scale_times_dx(name, dx):
     def scales(b, blk, i, act):
@@ -583,9 +582,9 @@ def _unit_sums(b, isa, kind, unit, xs):
 def _unit_sums_int16(b, isa, kind, unit, xs):
     """_unit_sums on AVX2: vpmaddubsw's pair sums (at most 2 * top * 128 each) added as int16 in
     runs that cannot overflow, then one vpmaddwd a run against the unit's scale (scale_table in
-    _as_word_pairs form) or ones, where VNNI-less widening took a vpmaddwd and an add a word and
-    the scale a vpmulld: a Q4_K unit went from 26 instructions to 17 (as llama.cpp's AVX2
-    kernels multiply by the scales in vpmaddwd)."""
+    _as_word_pairs form) or ones: fewer instructions than widening each word with a vpmaddwd and
+    an add and applying the scale with a vpmulld (17 against 26 for a Q4_K unit; llama.cpp's AVX2
+    kernels multiply by the scales in vpmaddwd too)."""
     run = 32767 // (2 * kind.top * 128)
     factors = const_vector(I16, [1] * 16) if unit.scale is None else b.bitcast(unit.scale, vector(I16, 16))
     total = None
@@ -629,14 +628,9 @@ def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts, from_memory):
         with cgutils.for_range(b, ir.Constant(I64, kind.steps)) as step:
             # The first pass over a group reads it from memory, the passes after it from L1: the
             # first fetches the cache lines PREFETCH_BYTES ahead, a step's share of the block in
-            # each step (a Q4_K super-block's 18 fetches at once, before its four steps, left the
-            # K-quants' decode reading 15-17 GB/s where Q4_1's read 26; spread, 22-25: Q4_K
-            # 1.24-1.39x, Q6_K 1.26-1.42x from memory, A/B in one process, 2 threads of an AMD
-            # EPYC Zen 5 with AVX-512 and AVX512-VNNI). A pass of several tokens fetches
-            # PASS_PREFETCH_BYTES ahead into L2 instead: whole passes, in one process, 1.10x
-            # faster at 8 tokens on the 1B shape (1.07-1.12x on Gemma 3, 1.03-1.04x on SmolLM2
-            # Q4_1), 1.17-1.32x at 3 tokens and 1.03x at 2 on Gemma 3; the AVX2 path (passes of 2
-            # tokens, compiled for Haswell) 1.12x at 8 tokens on the 1B shape.
+            # each step (a K-quant super-block's fetches issued all at once, before its steps,
+            # leave its arithmetic waiting on them). A pass of several tokens fetches
+            # PASS_PREFETCH_BYTES ahead into L2 instead (see ir.PASS_PREFETCH_BYTES).
             with b.if_then(from_memory):
                 at = b.mul(step.index, ir.Constant(I64, 64 * lines_per_step))
                 for line in range(lines_per_step):

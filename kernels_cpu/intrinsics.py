@@ -100,11 +100,9 @@ def pointer_at(typingctx, address, dtype):
 
 # cache_product asks for the cache line KV_PREFETCH_BYTES past each vector it loads, into L2:
 # during decode the weights stream has evicted the cache since the last step. Both layouts are
-# read forwards (tiled keys tile by tile, values row by row). Into L1 (decode products' choice,
-# ir.PREFETCH_BYTES) the hints gained nothing at 8 KiB: 30 layers of SmolLM2's f16 cache at 2048
-# slots, each after a layer's weights were read, took 1.3-1.4x less time at 8 KiB into L2 than
-# 4 KiB into L1 (AMD EPYC Zen 5, 2 threads; 4 KiB into L2 1.1x, 16 KiB 1.34x; q8_0 caches, bound
-# by their arithmetic, the same either way).
+# read forwards (tiled keys tile by tile, values row by row). Into L2 and further ahead than decode
+# products' hints (ir.PREFETCH_BYTES, into L1): a float16 cache's reads then overlap its
+# arithmetic (a q8_0 cache, bound by its arithmetic, gains nothing either way).
 KV_PREFETCH_BYTES = 8192
 # Values and bytes per block of a q8_0 KV cache (kv_layout.py), whose scales cache_product applies.
 QBLOCK, QBLOCK_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0]
@@ -133,7 +131,7 @@ def cache_product(typingctx, cache, kv, row_first, col_first, a, out, rows_of_a)
     rows, columns), contiguous along columns, or, for a 4-d array, tiled by columns: (kv heads,
     columns / LANES, rows, LANES), where col_first must be a multiple of LANES (and, for q8_0,
     the rows whole blocks). len(a) is the count rows_tag gave rows_of_a: each count compiles apart
-    (variants for every count up to QUERIES_TOGETHER took half of a first run's compile time).
+    (variants for every count up to QUERIES_TOGETHER would dominate a first run's compile time).
     Callers guarantee the bounds. Attention uses it twice: scores are queries times keys (tiled:
     kv heads, dim, slots), outputs are weights times values (kv heads, slots, dim).
 

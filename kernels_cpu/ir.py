@@ -29,7 +29,7 @@ def splat(b, value, n=LANES):
 def splat_float(b, value, n=LANES):
     """splat for a float32 scalar; one converted from float16 is splatted as float16 and
     converted as a vector, which AVX512-FP16 does in one instruction from memory (vcvtph2psx with
-    a broadcast load) where scalar load, convert and broadcast took three."""
+    a broadcast load) where scalar load, convert and broadcast take three."""
     if isinstance(value, ir.CastInstr) and value.opname == "fpext" and isinstance(value.operands[0].type, ir.HalfType):
         return b.fpext(splat(b, value.operands[0], n), vector(F32, n))
     return splat(b, value, n)
@@ -143,14 +143,13 @@ def _type_suffix(t):
 
 
 # Kernels that stream from memory ask for the cache line this many bytes ahead of what they
-# read: the hardware prefetchers alone left decode's products waiting on memory. Decode's
-# interleaved Q4_K groups read 10-16% faster from 2 threads (AMD EPYC Zen 5); hints into L2
-# instead, or 8 KiB ahead, read them no faster. (Attention's own: intrinsics.KV_PREFETCH_BYTES.)
+# read: the hardware prefetchers alone leave decode's products waiting on memory, and hints into
+# L2 instead, or further ahead, read no faster. (Attention's own: intrinsics.KV_PREFETCH_BYTES.)
 PREFETCH_BYTES = 4096
 # A pass of several tokens over the weights (a verified draft) computes for longer per byte than
 # one token does, and asks for lines further ahead, into L2 (prefetch's into_l1=False): with
-# PREFETCH_BYTES' fetches into L1 its arithmetic and its reads still took turns. Measured in
-# rowdot_float.py (float rows) and interleaved.py (8-bit products of quantized groups).
+# PREFETCH_BYTES' fetches into L1 its arithmetic and its reads take turns (float rows and the
+# 8-bit products of quantized groups alike).
 PASS_PREFETCH_BYTES = 12288
 
 
@@ -220,9 +219,8 @@ def word_picks(b, isa, v, lanes):
     """<16 x i16> whose lane j is v[lanes[j]], for v of 8 or 16 words and lanes that all read
     one half of v (words 0-7 or 8-15), as a vpshufb from that half repeated in both 128-bit
     lanes. Where the picks are not one broadcast, LLVM keeps it: the 16-group K-quants' units
-    (word g in lanes 0-7, g + 1 in 8-15) took a shift and a broadcast each from its own lowering,
-    and llvm-mca's Zen 3 model puts a Q6_K super-block at 17.7 cycles against 21.9 (Q2_K 16.6
-    against 21.3). One broadcast (Q4_K, Q5_K) it turns back into vpbroadcastw."""
+    (word g in lanes 0-7, g + 1 in 8-15) would otherwise take a shift and a broadcast each from
+    LLVM's own lowering. One broadcast (Q4_K, Q5_K) it turns back into vpbroadcastw."""
     if isa == "generic":
         return b.shuffle_vector(v, v, const_vector(I32, lanes))
     half = lanes[0] // 8

@@ -41,13 +41,10 @@ FEW_TOKENS = 8
 # consecutive tasks of a thread are consecutive rows, so each thread reads its share of the
 # weights as one sequential stream (see cpu_features.memory_streams), which the hardware
 # prefetchers follow. Each task also costs a call with fixed work (the type's dispatch, the
-# activations' and output's views): whole decode steps of tasks of 64 rows against 16, in one
-# process (AMD EPYC Zen 5, 2 threads), took SmolLM2 1.07x, the 1B shape 1.02x and the small MoE
-# shape 1.16x less time (its experts' 768- and 2048-row matrices come in tasks per chosen
-# expert). A stack too small to give each thread TASKS_PER_THREAD such tasks takes tasks of
-# fewer rows, down to MIN_TASK_ROWS, and so does one whose threads would get unequal shares
-# (task_rows: SmolLM2's stacks in tasks of 48 rows, whole steps in one process 1.02-1.05x faster
-# for one token of the Q4_1 file and 1.00-1.09x for passes of 8 tokens).
+# activations' and output's views), so tasks are as large as the threads' balance allows: a
+# stack too small to give each thread TASKS_PER_THREAD tasks of TASK_ROWS takes tasks of fewer
+# rows, down to MIN_TASK_ROWS, and so does one whose threads would get unequal shares
+# (task_rows).
 TASK_ROWS, MIN_TASK_ROWS, TASKS_PER_THREAD = 64, 16, 4
 # Prefill's 8-bit products: tasks of this many rows (their blocks stay in L2 while the tokens
 # pass), tokens in blocks of this many (their activations stay in L2 while the rows pass).
@@ -438,8 +435,7 @@ def task_rows(row_counts: list) -> int:
 def _tasks(matrices, first_columns, rows):
     """products' tasks: (matrix, first row, last row + 1, first output column) of up to `rows`
     rows each. (numpy, not a Python loop per task: a vocabulary's output matrix alone
-    has thousands of tasks, and building them in Python cost the first decode step 0.03-0.04 s
-    of a run's start-up.)"""
+    has thousands of tasks, and building them in Python would show in a run's start-up.)"""
     tasks = []
     for i, (m, col) in enumerate(zip(matrices, first_columns)):
         first = np.arange(0, m.shape[0], rows)

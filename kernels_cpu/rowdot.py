@@ -253,11 +253,10 @@ def emit_rows(context, b, first, last, out, col, emit_row, tokens_per_pass=1, ro
     len(out), tokens_per_pass tokens at a time (for_token_passes), storing the values it returns
     (per row of the list `rows`, one per token of the list `tokens`) at out[t, col + row - first];
     a group of rows at a time, so that a row is read from memory once for all tokens, and one
-    group after the other, so that the rows stream from memory in order (four rows read side by
-    side ran at half the speed on an AMD EPYC: its prefetchers follow one stream, not four that
-    each end after a row). A group is one row for a single token, and rows_per_pass rows for
-    several (whose passes fetch ahead themselves): a token's value loaded once then serves every
-    row of the group."""
+    group after the other, so that the rows stream from memory in order (AMD's prefetchers
+    follow one stream, not four that each end after a row). A group is one row for a single
+    token, and rows_per_pass rows for several (whose passes fetch ahead themselves): a token's
+    value loaded once then serves every row of the group."""
     out_type, outv = out
     n_tokens = array_shape(context, b, out_type, outv)[0]
 

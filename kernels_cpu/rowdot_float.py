@@ -2,8 +2,8 @@
 activations (rows_dot_float) and conversion to float32 (row_float32).
 
 Each weight is widened to float32 in registers (vcvtph2ps for F16, a 16-bit shift for BF16) and
-multiplied exactly, so decode reads two bytes per weight where a float32 copy of the matrix took
-four (llama.cpp reads two too, and rounds the activations to F16 or BF16 besides). A few tokens
+multiplied exactly, so decode reads two bytes per weight where a float32 copy of the matrix would
+take four (llama.cpp reads two too, and rounds the activations to F16 or BF16 besides). A few tokens
 (a verified draft) take TOKENS_PER_PASS at a time over each row, which is read from memory once.
 """
 from gguf import GGMLQuantizationType as T
@@ -26,25 +26,15 @@ ACCUMULATORS = 2
 # Several tokens (a verified draft) go over a group of rows at a time, ROWS_PER_PASS rows by
 # TOKENS_PER_PASS tokens, each weight widened once for all the tokens and each token's values
 # loaded once for all the rows: with AVX-512's 32 registers, 2 rows by 4 tokens (16 chains) load
-# 6 vectors a 16 multiply-adds where one row by 8 tokens loaded 18 (the loads, more than the
-# multiply-adds, seem to bound a pass from cache). SmolLM2 F32's forward pass over 8 tokens against
-# one token's, the same process, on an AMD EPYC Zen 4 (2 threads, 3 processes each): 1.08-1.24x
-# (2 by 4), 1.33-1.65x (1 by 8), 1.08-1.37x (2 by 8, whose 32 chains spill), 1.23x (3 by 4).
-# AVX2's 16 registers hold one row by two tokens' chains of 16-lane vectors (2 by 2, whose chains
-# spill: 1.84-4.3x, against 1.58-1.98x).
+# 6 vectors a 16 multiply-adds where one row by 8 tokens would load 18 (the loads, more than the
+# multiply-adds, bound a pass from cache), and more rows or tokens a pass would spill the chains.
+# AVX2's 16 registers hold one row by two tokens' chains of 16-lane vectors.
 TOKENS_PER_PASS = 4 if "avx512f" in target_features() else 2
 ROWS_PER_PASS = 2 if "avx512f" in target_features() else 1
 # The first pass over a row, if it takes 2 tokens or more, asks for the row's lines
 # ir.PASS_PREFETCH_BYTES ahead, into L2 (ir.prefetch_weights): with the hardware prefetchers
-# alone, its arithmetic and its reads took turns (one thread over a 37 MB F32 matrix: 1.5 ms for
-# one token, 3.5 ms for 8, about the sum of the read and of the arithmetic from cache). Whole passes over SmolLM2 F32, in
-# one process (AMD EPYC Zen 5, 2 threads), against 4 KiB ahead into L1 (as one token's quantized
-# products fetch) in passes of 4 tokens or more: 8 tokens 1.14-1.20x, 5 tokens 1.28-1.34x, 2
-# tokens 1.29-1.36x, 6 tokens 1.07x; no fetches at all were 1.27x slower than those at 8 tokens
-# (8, 16 or 24 KiB ahead: 1.08-1.16x at 8; prefetcht2: 0.98x; fetching in the later passes over
-# the row too, which read it from cache: 0.94-1.03x). On the AVX2 path (compiled for Haswell),
-# whose passes take 2 tokens, against no fetches: 8 tokens 1.27-1.47x, 3 tokens 1.26x. One token
-# keeps up with memory without them (0.93x with them).
+# alone, or with one token's fetches into L1, its arithmetic and its reads take turns, so that a
+# pass costs about the read plus the arithmetic. One token keeps up with memory without them.
 
 
 def _as_float32(b, qtype, raw):

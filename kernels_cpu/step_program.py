@@ -153,7 +153,7 @@ def _input(inputs, i, dtype):
 
 
 # A mixture of experts' operations: a program without them (a dense model's) compiles without
-# their kernels, which took ~9 s of a first run's ~21 s.
+# their kernels, a large share of a first run's compile time.
 MIXTURE_OPS = (Op.ROUTE, Op.EXPERT_PRODUCTS, Op.COMBINE, Op.SIGMOID_GATE, Op.EXPERT_ROWS)
 
 

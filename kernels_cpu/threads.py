@@ -2,7 +2,7 @@
 
 Prefill's products are BLAS calls (single-threaded, GIL released) after nogil Numba work.
 Running them on plain threads, rather than BLAS's own pool, keeps BLAS's threads and Numba's
-OpenMP workers from spinning against each other for the same cores (that ran ~10x slower).
+OpenMP workers from spinning against each other for the same cores.
 """
 from concurrent.futures import ThreadPoolExecutor
 

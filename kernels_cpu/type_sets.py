@@ -2,10 +2,11 @@
 model it runs.
 
 A kernel that takes any type branches on the type inside (rowdot.switch_on_type), and each
-branch is a type's whole decoder: compiled for all ten types, the products alone took ~12 s of a
-first run. So the products table (matmul.MATRIX) names the types it may hold in its dtype, as a
-field `types__Q4_K__Q6_K` that holds nothing: its Numba type differs per set, so each set is its
-own compiled (and cached) signature, and the kernels emit branches for those types alone.
+branch is a type's whole decoder: compiled for every type, the products alone would dominate a
+first run's compile time. So the products table (matmul.MATRIX) names the types it may hold in
+its dtype, as a field `types__Q4_K__Q6_K` that holds nothing: its Numba type differs per set, so
+each set is its own compiled (and cached) signature, and the kernels emit branches for those
+types alone.
 """
 from __future__ import annotations
 

@@ -74,8 +74,8 @@ def _dequantize(raw, out, n_rows, row_bytes, k, n_blocks, decode: tl.constexpr, 
 
 def _configs(weights: int):
     """Rows per program × weights per step (every block holds 256 weights or fewer), and warps:
-    seven configurations, few enough that the first run's compiles stay short. On an H200 the
-    best for Q4_K and Q6_K were 512-1024 weights over 1-4 rows and 4 warps."""
+    seven configurations around the shapes that win for Q4_K and Q6_K (512-1024 weights over 1-4
+    rows, 4 warps), few enough that the first run's compiles stay short."""
     shapes = [(1, 1024, 4), (2, 512, 4), (2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 512, 8), (16, 256, 8)]
     return [triton.Config({"ROWS": rows, "BLOCKS": step // weights}, num_warps=warps) for rows, step, warps in shapes]
 

@@ -34,8 +34,8 @@ def time_decode(lm, n_gen: int, depth: int = 0) -> float:
 
 def depth_steps(lm, n_gen: int, depths) -> list[float]:
     """Seconds per decode step at each depth, from n_gen single steps at every depth taken in turn
-    (medians). These machines' phases move separate runs' tok/s by up to 2x; steps alternating
-    between the depths see the same phases, so their ratios hold across them."""
+    (medians). A shared machine's memory speed drifts between separate runs; steps alternating
+    between the depths see the same drift, so their ratios hold across it."""
     warm_up = 2  # (a model's first step is recorded, the second replays it)
     contexts = [list(_context(lm, depth, n_gen + warm_up)) for depth in depths]
     seconds = [[] for _ in depths]

@@ -27,8 +27,8 @@ def load(path, threads=None, kv_type="f16", times: StartupTimes | None = None, d
     paths = ("decode", "prefill") if prefill else ("decode",)
     compiling = compiling_paths(device, kv_type, paths)
     # A warm start makes ~10^5 objects that live as long as the process (Numba's registries and
-    # kernels, the vocabulary) and little garbage, and the collector's passes over them cost it
-    # ~0.1 s; a compile makes garbage, so the collector runs then.
+    # kernels, the vocabulary) and little garbage, and the collector's passes over them would
+    # lengthen it for nothing; a compile makes garbage, so the collector runs then.
     with paused_gc(not compiling):
         if device == "cpu":
             importlib.import_module("kernels_cpu.backend")  # (Numba: the bulk of the imports, timed as such)

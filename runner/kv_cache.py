@@ -28,9 +28,8 @@ import numpy as np
 from .kv_state import KVState, check_fits
 
 # Leading tokens pinned when nothing else is (no BOS, no system prompt): attention leans on the
-# first token as a sink, and a window that loses it degrades fast (as StreamingLLM observed;
-# measured here on SmolLM2 with a 32-slot ring, wrapping batches of an eighth of it: PPL 104 with no
-# sink, 41.0 with one, 42.98 for fresh 32-token windows).
+# first token as a sink, and a window that loses it degrades fast (as StreamingLLM observed, and
+# as SmolLM2 does through a small ring: docs/design.md).
 SINK_TOKENS = 1
 
 # Tokens of context when none is asked for, where the model trained on more: the cache stays small
@@ -140,8 +139,8 @@ class KVCache:
         """The most tokens one forward pass may add now. A batch that wraps the ring overwrites keys
         that its own first queries could still have seen, so a wrapping batch is at most half the
         ring: each query still sees at least half of it, as after llama.cpp's context shift (which
-        drops half the context at once). Measured on SmolLM2 streaming a text through a ring of
-        256: 321 tok/s at PPL 28.47 against 166 tok/s at 27.81 with batches of an eighth."""
+        drops half the context at once), and larger batches stream a long prompt faster at a small
+        cost in perplexity (docs/design.md)."""
         if self.ring and self.used + n_tokens > self.n_ctx:
             return max(1, min(self.max_batch, self.ring_size // 2))
         return self.max_batch

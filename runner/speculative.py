@@ -29,10 +29,9 @@ from .sampler import Choice, Sampler
 
 # Where a draft model's top probability falls below this it stops drafting (--draft-p-min;
 # llama.cpp's default is 0.75). A pass of up to 8 tokens costs little more than one step, so long
-# drafts pay: SmolLM2 F32 with the Q4_1 file as draft, same process, AMD EPYC Zen 4, 3 rounds
-# alternating: 0.1 gave 5.57 tokens a target pass and 1.79-2.20x plain decoding, 0.2 4.27 tokens
-# and 1.64-2.02x (0.5 and up: 2.08 tokens or fewer, 1.34x or less), as many draft steps all told.
-# A random-weight draft's top probability is ~1e-4, so it still stops at once (no cost of drafting).
+# drafts pay, and a low floor makes them long for the same draft steps all told
+# (docs/benchmarks.md). A random-weight draft's top probability is ~1e-4, so it still stops at
+# once (no cost of drafting).
 DRAFT_P_MIN = 0.1
 
 

@@ -87,8 +87,8 @@ def valid_utf8(text: str) -> str:
 class SpecialTokens:
     """Finds the texts of special tokens in a text, left to right, the longest one at each
     position: a trie walked from the characters that can start one. (Gemma 3 has 6414 special
-    tokens, most of them HTML tags; as one regex alternation they took 0.1-0.4 s of start-up to
-    compile and ~8 µs per character of text to match.)"""
+    tokens, most of them HTML tags; as one regex alternation they are slow to compile at
+    start-up and slow to match.)"""
 
     def __init__(self, texts, always=()):
         """texts: the special tokens' texts; always: those matched in literal spans too (llama.cpp
