@@ -17,7 +17,7 @@ from .gguf_out import PlannedTensor, Summary, typed_value, write_gguf
 from .hf_metadata import general_metadata
 from .hf_model import HFModel, read_hf_model
 from .hf_tokenizer import read_tokenizer
-from .mixes import FILE_TYPES, llama_quantize_order, mix_types
+from .mixes import COPY, FILE_TYPES, llama_quantize_order, mix_types
 
 QUANTIZATION_VERSION = 2
 
@@ -171,9 +171,6 @@ def _tokenizer_metadata(tok, special: dict, arch) -> list:
     if "chat_template" in special:
         md.append(("tokenizer.chat_template", special["chat_template"], GGUFValueType.STRING, None))
     return md
-
-
-COPY = "COPY"  # llama-quantize's type that keeps every tensor as it is (to rewrite or split a file)
 
 
 def requantize(src: Path, out: Path, type_name: str, progress: bool = True, allow_requantize: bool = False,

@@ -16,6 +16,8 @@ from gguf import GGMLQuantizationType as T
 from gguf_io import ggml_dims
 from gguf_io.quant_types import FLOAT_TYPES, QUANT_TYPES
 
+# llama-quantize's type that keeps every tensor as it is (to rewrite or split a file)
+COPY = "COPY"
 # --type name -> (default tensor type, llama.cpp file type written as general.file_type)
 FILE_TYPES: dict[str, tuple[T, LlamaFileType]] = {
     "F32": (T.F32, LlamaFileType.ALL_F32),

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections import Counter
+from dataclasses import replace
 
 import click
 
@@ -15,13 +16,13 @@ from gguf_io import GGUFError
 from gguf_io.safe_files import OutputError, check_output
 
 from convert.errors import ConversionError
-from convert.convert import COPY
-from convert.mixes import FILE_TYPES
+from convert.mixes import COPY, FILE_TYPES
 
 from .backend import DEVICES, BackendError
 from .chat_template import ChatTemplateError
 from .generate import ModelOutputError, PromptError
 from .kv_cache import DEFAULT_CONTEXT, MIN_CONTEXT, ContextFullError
+from .load import LoadOptions
 from .memory_fit import MemoryFitError
 from .registry import DEFAULT_MODEL, RegistryError
 from .sampler import OptionError, SamplingOptions
@@ -155,16 +156,30 @@ sampling_options = _merging(
     click.option("--frequency-penalty", type=float, default=_DEFAULT_SAMPLING.frequency_penalty, show_default=True),
     click.option("-s", "--seed", type=click.IntRange(-1), help="Random seed; the same seed gives the same text "
                                                                "(-1 or none: random)."))
+_DEFAULT_LOAD = LoadOptions()
 threads_option = click.option("-t", "--threads", type=click.IntRange(1), help="CPU threads (default: all cores).")
 _kv_types = click.Choice(["f16", "f32", "q8_0"])
-kv_type_option = _merging(
-    _merge_kv_type,
-    click.option("--cache-type", "--kv-type", "kv_type", default="f16", show_default=True, type=_kv_types,
-                 help="KV cache precision (f32: exact, twice the memory; q8_0: 8-bit blocks, about half)."),
+_KV_TYPE_OPTIONS = (
+    click.option("--cache-type", "--kv-type", "kv_type", default=_DEFAULT_LOAD.kv_type, show_default=True,
+                 type=_kv_types, help="KV cache precision (f32: exact, twice the memory; q8_0: 8-bit blocks, "
+                                      "about half)."),
     click.option("-ctk", "--cache-type-k", "ctk", type=_kv_types, help="As --cache-type (llama.cpp's spelling)."),
     click.option("-ctv", "--cache-type-v", "ctv", type=_kv_types, help="As --cache-type (llama.cpp's spelling)."))
-device_option = _merging(
-    _merge_ngl,
+kv_type_option = _merging(_merge_kv_type, *_KV_TYPE_OPTIONS)
+
+
+def _merge_load(kw):
+    """threads, the KV type and the device options as one LoadOptions (its context set by each
+    command)."""
+    from .backend import resolve_device
+    kw = _merge_ngl(_merge_kv_type(kw))
+    load = LoadOptions(device=resolve_device(kw.pop("device")), threads=kw.pop("threads"), kv_type=kw.pop("kv_type"),
+                       precise=kw.pop("precise"))
+    return {**kw, "load": load}
+
+
+load_options = _merging(
+    _merge_load, threads_option, *_KV_TYPE_OPTIONS,
     click.option("--device", default="auto", show_default=True, type=click.Choice(DEVICES),
                  help="cpu (Numba), cuda (an NVIDIA GPU through torch), or auto: cuda when "
                       "available. torch-cpu runs the GPU kernels on the CPU (for testing)."),
@@ -217,13 +232,13 @@ system_options = _options(
                  help="Read the system prompt from a file."))
 
 
-def _draft_loader(threads, kv_type, device, n_ctx, precise):
+def _draft_loader(options: LoadOptions):
     """load(path) for make_drafter: a draft model loaded as the target was, each file once."""
     loaded = {}
 
     def load(path):
         if str(path) not in loaded:
-            loaded[str(path)] = _load(str(path), threads, kv_type, device=device, n_ctx=n_ctx, precise=precise)
+            loaded[str(path)] = _load(str(path), options)
         return loaded[str(path)]
     return load
 
@@ -235,15 +250,13 @@ def main():
     smollm2-135m-instruct, downloaded into the cache on first use."""
 
 
-def _load(model, threads, kv_type="f16", times=None, device="auto", n_ctx=None, precise=False, prefill=True):
-    """engine.load of a model path or registry name, saying on stderr when kernels compile and when
-    the context is longer than the model was trained on."""
-    from .backend import resolve_device
+def _load(model, options: LoadOptions, times=None, prefill=True):
+    """engine.load of a model path or name, saying on stderr when kernels compile and when the
+    context is longer than the model was trained on."""
     from .engine import load
     from .registry import resolve
-    lm = load(resolve(model), threads, kv_type, times, resolve_device(device), n_ctx, precise, prefill,
-              notify=_say_once)
-    warning = lm.context_warning(n_ctx or lm.default_context())
+    lm = load(resolve(model), options, times, prefill, notify=_say_once)
+    warning = lm.context_warning(options.n_ctx or lm.default_context())
     if warning:
         _say_once(f"warning: {warning}")
     return lm
@@ -280,35 +293,32 @@ def _say_once(message: str):
               help=f"Context size (default: min(trained, {DEFAULT_CONTEXT})).")
 @click.option("--ring/--no-ring", default=True, show_default=True,
               help="Past the context, keep BOS and overwrite the oldest tokens; --no-ring makes that an error.")
-@threads_option
-@kv_type_option
-@device_option
+@load_options
 @draft_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
 @click.option("--timings", is_flag=True, help="Print where the time before the first token went.")
 def run(model, prompt, prompt_file, system, system_file, n_predict, sampling, stops, ignore_eos, special, ctx_size,
-        ring, threads, kv_type, device, precise, draft, lookup, draft_max, draft_min, draft_p_min, as_json, timings):
+        ring, load, draft, lookup, draft_max, draft_min, draft_p_min, as_json, timings):
     """Complete a prompt with MODEL (a GGUF path or a registry name)."""
     from .startup import StartupTimes
     times = StartupTimes()
     times.start("interpreter and CLI")
-    from .backend import resolve_device
     from .engine import Session, warm_prefill
     from .reasoning import REASONING, ReplyDecoder, SplitReply, reasoning_format
     from .sampler import Sampler
 
     prompt = _prompt_text(prompt, prompt_file)
     system = _system_text(system, system_file)
-    lm = _load(model, threads, kv_type, times, device, ctx_size, precise, prefill=False)
+    load = replace(load, n_ctx=ctx_size)
+    lm = _load(model, load, times, prefill=False)
     session = Session.new(lm, ctx_size, ring=ring)
     if draft or lookup:
         from .speculative import make_drafter
-        session.drafter = make_drafter(lm, draft, lookup, session.cache.n_ctx, ring, draft_p_min,
-                                       _draft_loader(threads, kv_type, device, ctx_size, precise))
+        session.drafter = make_drafter(lm, draft, lookup, session.cache.n_ctx, ring, draft_p_min, _draft_loader(load))
         session.draft_max, session.draft_min = draft_max, draft_min
         times.mark("draft")
     ids = session.prompt_ids(prompt, system, special)
-    if len(ids) > lm.backend.few_tokens and warm_prefill(lm, resolve_device(device), kv_type, _say_once):
+    if len(ids) > lm.backend.few_tokens and warm_prefill(lm, load.device, load.kv_type, _say_once):
         times.mark("prefill kernels")
     ids = session.fit(ids, n_predict)
     for notice in session.notices:
@@ -499,13 +509,11 @@ def rm(name):
 @click.option("-r", "--repetitions", default=3, show_default=True, type=click.IntRange(1))
 @click.option("-d", "--depth", "depths", default="0", show_default=True,
               help="Comma-separated context depths to decode at (llama-bench's -d), e.g. 16,2048.")
-@threads_option
-@kv_type_option
-@device_option
+@load_options
 @draft_options
 @click.option("--json", "as_json", is_flag=True)
-def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device, precise, draft, lookup, draft_max,
-          draft_min, draft_p_min, as_json):
+def bench(model, n_prompt, n_gen, repetitions, depths, load, draft, lookup, draft_max, draft_min, draft_p_min,
+          as_json):
     """Prefill and decode speed, like llama-bench: mean ± std over repetitions after a warm-up.
     Decode rows add the bytes a step reads and the share of the measured memory bandwidth."""
     from .bench import run_bench
@@ -517,14 +525,13 @@ def bench(model, n_prompt, n_gen, repetitions, depths, threads, kv_type, device,
             raise ValueError
     except ValueError:
         raise click.BadParameter("expected comma-separated non-negative integers", param_hint="--depth") from None
-    lm = _load(model, threads, kv_type, device=device, n_ctx=max(n_prompt, max(depths) + n_gen + 1, 16),
-               precise=precise)
+    lm = _load(model, replace(load, n_ctx=max(n_prompt, max(depths) + n_gen + 1, 16)))
     rows = run_bench(lm, n_prompt, n_gen, repetitions, depths)
     speculation = None
     if (draft or lookup) and n_gen:
         from .bench import speculative_row
         from .speculative import make_drafter
-        load_draft = _draft_loader(threads, kv_type, device, None, precise)
+        load_draft = _draft_loader(load)
 
         def new_drafter():  # (a fresh drafter, with a fresh cache, per run; the model loaded once)
             return make_drafter(lm, draft, lookup, n_gen + 512, False, draft_p_min, load_draft)
@@ -561,7 +568,7 @@ def _split_size(ctx, param, text: str | None) -> int:
     """llama-gguf-split's --split-max-size: N followed by M or G (10^6 or 10^9 bytes); 0: no split."""
     if text is None:
         return 0
-    units = {"K": 10**3, "M": 10**6, "G": 10**9}
+    units = {"M": 10**6, "G": 10**9}
     number, unit = text[:-1], text[-1:].upper()
     if unit not in units or not number.isdigit() or int(number) <= 0:
         raise click.BadParameter(f"expected a positive whole number and M or G (e.g. 500M, 2G), not {text!r}")
@@ -613,19 +620,16 @@ def quantize(src, dst, type_name, split_max_size):
 @click.option("--save-logits", type=click.Path(dir_okay=False), help="Store log-probabilities for --kl-base.")
 @click.option("--kl-base", type=click.Path(exists=True, dir_okay=False),
               help="Compare with logits saved from another model with the same tokenizer.")
-@threads_option
-@kv_type_option
-@device_option
+@load_options
 @click.option("--json", "as_json", is_flag=True)
-def perplexity(model, text_file, ctx_size, ring, ubatch, save_logits, kl_base, threads, kv_type, device, precise,
-               as_json):
+def perplexity(model, text_file, ctx_size, ring, ubatch, save_logits, kl_base, load, as_json):
     """Perplexity of MODEL on a text, computed as llama.cpp's perplexity tool does."""
     from . import perplexity as ppl
     from .registry import resolve
     text = read_text(text_file)
     if save_logits:  # (before the work, not after it)
         check_output(save_logits, [resolve(model), text_file, kl_base])
-    lm = _load(model, threads, kv_type, device=device, n_ctx=ring or ctx_size, precise=precise)
+    lm = _load(model, replace(load, n_ctx=ring or ctx_size))
     try:
         base = ppl.load_base(kl_base, len(text.encode("utf-8")) + 1) if kl_base else None
         result = (ppl.ring_perplexity(lm, text, ring, base=base) if ring
@@ -699,23 +703,21 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
               help="A reasoning model's thinking (gpt-oss's analysis channel, <think> text): shown apart "
                    "from the answer, or hidden.")
 @sampling_options
-@threads_option
-@kv_type_option
-@device_option
+@load_options
 @draft_options
-def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv, reasoning, sampling, threads,
-         kv_type, device, precise, draft, lookup, draft_max, draft_min, draft_p_min):
+def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv, reasoning, sampling, load, draft,
+         lookup, draft_max, draft_min, draft_p_min):
     """Talk with MODEL in the terminal; the context never runs out (ring window)."""
     from .chat import ChatSession, repl
     from .registry import cache_dir
     system = _system_text(system, system_file)
-    lm = _load(model, threads, kv_type, device=device, n_ctx=ctx_size, precise=precise)
+    load = replace(load, n_ctx=ctx_size)
+    lm = _load(model, load)
     n_ctx = ctx_size or lm.default_context()
     drafter = None
     if draft or lookup:
         from .speculative import make_drafter
-        drafter = make_drafter(lm, draft, lookup, n_ctx, True, draft_p_min,
-                               _draft_loader(threads, kv_type, device, ctx_size, precise))
+        drafter = make_drafter(lm, draft, lookup, n_ctx, True, draft_p_min, _draft_loader(load))
     session = ChatSession(lm, n_ctx, sampling, system, chat_template,
                           max_reply=sys.maxsize if n_predict < 0 else n_predict, save_kv=save_kv, drafter=drafter,
                           draft_max=draft_max, draft_min=draft_min)

@@ -9,23 +9,24 @@ from collections.abc import Callable, Iterator
 
 from .generate import GenerationStats, PromptError, generate, truncate_prompt
 from .kv_cache import SINK_TOKENS, ContextFullError, KVCache
-from .load import LoadedModel, load_model
+from .load import LoadedModel, LoadOptions, load_model
 from .sampler import Sampler
 from .speculative import SpeculationStats, generate_speculative
 from .startup import StartupTimes, paused_gc
 from .tokenizer import StreamDecoder
 
 
-def load(path, threads=None, kv_type="f16", times: StartupTimes | None = None, device="cpu", n_ctx=None,
-         precise=False, prefill=True, notify: Callable[[str], None] = lambda message: None) -> LoadedModel:
-    """The model on a resolved device, with its kernels loaded from Numba's cache (or compiled, the
+def load(path, options: LoadOptions = LoadOptions(), times: StartupTimes | None = None, prefill=True,
+         notify: Callable[[str], None] = lambda message: None) -> LoadedModel:
+    """The model on options.device, with its kernels loaded from Numba's cache (or compiled, the
     first time: notify says so) by throw-away forward passes (warm_up), so that the prompt does not
     pay for that; prefill: also those of prompts longer than decode's kernels take (run passes
     False and warms them itself when its prompt needs them). On CUDA that step compiles and tunes
     the Triton products (Triton and torch.compile keep them in their own caches)."""
     times = times or StartupTimes()
+    device = options.device
     paths = ("decode", "prefill") if prefill else ("decode",)
-    compiling = compiling_paths(device, kv_type, paths)
+    compiling = compiling_paths(device, options.kv_type, paths)
     # A warm start makes ~10^5 objects that live as long as the process (Numba's registries and
     # kernels, the vocabulary) and little garbage, and the collector's passes over them would
     # lengthen it for nothing; a compile makes garbage, so the collector runs then.
@@ -35,7 +36,7 @@ def load(path, threads=None, kv_type="f16", times: StartupTimes | None = None, d
         times.mark("imports")
         if compiling and device == "cpu":  # (its loading compiles too: it interleaves matrices' rows)
             notify(compiling_message(device))
-        lm = load_model(path, device=device, threads=threads, kv_type=kv_type, n_ctx=n_ctx, precise=precise)
+        lm = load_model(path, options)
         times.mark("file mapping and model")
         if compiling and device != "cpu":
             notify(compiling_message(device))

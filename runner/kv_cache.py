@@ -78,7 +78,7 @@ class PassReplays:
 
 class KVCache:
     def __init__(self, backend, n_ctx: int, layer_windows: list[int], head_shapes: list[tuple[int, int, int]],
-                 max_batch: int, ring: bool = False, kv_type: str = "f32", model_replays: dict | None = None):
+                 max_batch: int, kv_type: str, ring: bool = False, model_replays: dict | None = None):
         """One cache layer per entry of layer_windows, with its (KV heads, key size, value size)
         from head_shapes; model_replays: the model's store of recorded passes, which its caches
         share where the backend binds a recording to each cache's buffers as it replays."""

@@ -84,19 +84,27 @@ def _check_kv_type(params: ModelParams, backend, kv_type: str) -> None:
                            f"{'/'.join(map(str, sizes))}: use f16")
 
 
-def load_model(path, device: str = "cpu", threads: int | None = None, kv_type: str = "f32",
-               n_ctx: int | None = None, precise: bool = False) -> LoadedModel:
-    """The model on a backend; n_ctx (default: the model's default context) sizes the memory check
-    of devices with their own memory; precise: see make_backend."""
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a model is loaded, built by keyword; each default is defined here alone."""
+    device: str = "cpu"          # a resolved device (backend.resolve_device): cpu, cuda or torch-cpu
+    threads: int | None = None   # CPU threads (None: all cores)
+    kv_type: str = "f16"         # the KV cache's type: f16, f32 (exact) or q8_0
+    n_ctx: int | None = None     # the context the memory check sizes the cache for (None: the model's default)
+    precise: bool = False        # see backend.make_backend
+
+
+def load_model(path, options: LoadOptions = LoadOptions()) -> LoadedModel:
+    """The model on a backend, its memory checked for options.n_ctx tokens of context."""
     f = GGUFFile(path)
     arch = architecture(f.architecture, f"{f.path.name}: ")
     params = read_params(f)
     tokenizer = Tokenizer(read_vocab(f))
-    backend = make_backend(device, threads, precise)
-    _check_kv_type(params, backend, kv_type)
-    _check_fit(f, params, backend, kv_type, n_ctx or default_context(params))
+    backend = make_backend(options.device, options.threads, options.precise)
+    _check_kv_type(params, backend, options.kv_type)
+    _check_fit(f, params, backend, options.kv_type, options.n_ctx or default_context(params))
     weights = WeightLoader(f, backend, arch)
     model = MODELS[arch.name](params, weights, backend)
     weights.check_all_read()
-    model.kv_type = kv_type
+    model.kv_type = options.kv_type
     return LoadedModel(f, params, tokenizer, model, backend)

@@ -42,7 +42,7 @@ class MemoryFit:
     kv_type: str
 
     @classmethod
-    def of(cls, f: GGUFFile, params: ModelParams, kv_type: str = "f16") -> MemoryFit:
+    def of(cls, f: GGUFFile, params: ModelParams, kv_type: str) -> MemoryFit:
         by_type = Counter()
         for t in f.tensors.values():
             by_type[t.type.name] += t.nbytes  # the blocks' scales and mins included

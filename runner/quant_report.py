@@ -8,7 +8,7 @@ from pathlib import Path
 from gguf_io.safe_files import atomic_output
 
 from .bench import time_decode
-from .load import load_model
+from .load import LoadOptions, load_model
 from .perplexity import compare_to_base, load_base, perplexity, save_logits
 
 DEFAULT_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
@@ -34,7 +34,7 @@ def quant_report(source: Path, text: str, types, n_ctx: int, threads: int | None
             path = base_path if type_name == "base" else tmp / f"{type_name}.gguf"
             if type_name != "base":
                 make(type_name, path)
-            lm = load_model(path, threads=threads)
+            lm = load_model(path, LoadOptions(kv_type="f32", threads=threads))
             if type_name == "base":
                 result = perplexity(lm, text, n_ctx, progress=progress)
                 save_logits(result, tmp / "base.npz", len(lm.tokenizer.vocab))

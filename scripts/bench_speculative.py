@@ -26,6 +26,7 @@ from convert.convert import requantize  # noqa: E402
 from kernels_cpu.cpu_features import cpu_description, int8_isa  # noqa: E402
 from runner.bench import speculative_row  # noqa: E402
 from runner.engine import load  # noqa: E402
+from runner.load import LoadOptions  # noqa: E402
 from runner.registry import cache_dir, resolve  # noqa: E402
 from runner.speculative import (DRAFT_P_MIN, PromptLookup, check_vocabularies, describe_speculation,  # noqa: E402
                                 make_drafter)
@@ -46,15 +47,15 @@ def main(n=128, rounds=2):
     if not f32.exists():
         f32.parent.mkdir(parents=True, exist_ok=True)
         requantize(smollm, f32, "F32", progress=False)
-    target = load(f32, threads)
+    target = load(f32, LoadOptions(threads=threads))
 
     def loader(path):
-        return load(Path(resolve(str(path))), threads)
+        return load(Path(resolve(str(path))), LoadOptions(threads=threads))
     case("1. F32 target, Q4_1 draft", target, n, rounds,
          lambda: make_drafter(target, str(smollm), 0, 2048, False, DRAFT_P_MIN, loader))
     case("2. F32 target, self:Q4_0", target, n, rounds,
          lambda: make_drafter(target, "self:Q4_0", 0, 2048, False, DRAFT_P_MIN, loader))
-    gemma = load(Path(resolve("gemma3-270m")), threads)
+    gemma = load(Path(resolve("gemma3-270m")), LoadOptions(threads=threads))
     code = inspect.getsource(PromptLookup) + inspect.getsource(check_vocabularies)
     text = f"Rewrite this function with one change: rename `sequence` to `tokens`.\n\n```python\n{code}```\n"
     ids = gemma.tokenizer.encode(text)
@@ -68,7 +69,7 @@ def main(n=128, rounds=2):
         if not tiny.exists():
             write_random_llama(tiny, LlamaShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
                                                 vocab_size=SHAPE_7B.vocab_size), progress=False)
-        target7b = load(big, threads)
+        target7b = load(big, LoadOptions(threads=threads))
         case("4. 7B-shaped random target, tiny random draft", target7b, max(8, n // 8), rounds,
              lambda: make_drafter(target7b, str(tiny), 0, 2048, False, DRAFT_P_MIN, loader), [1, 500, 600, 700])
 

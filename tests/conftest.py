@@ -25,8 +25,8 @@ def gemma_path():
 
 @pytest.fixture(scope="session")
 def smollm(smollm_path):
-    from runner.load import load_model
-    return load_model(smollm_path)
+    from runner.load import LoadOptions, load_model
+    return load_model(smollm_path, LoadOptions(kv_type="f32"))
 
 
 @pytest.fixture(scope="session")

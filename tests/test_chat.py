@@ -283,7 +283,7 @@ def harmony_model(tmp_path_factory, llama_cpp_source):
     from convert.gguf_out import PlannedTensor, write_gguf
     from convert.random_model import LlamaShape, write_random_llama
     from gguf_io import GGUFFile
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     root = tmp_path_factory.mktemp("harmony")
     write_random_llama(root / "plain.gguf", LlamaShape(n_layer=1, n_embd=64, n_head=2, n_head_kv=1, n_ff=128,
                                                        vocab_size=600), "F32", progress=False)
@@ -300,7 +300,7 @@ def harmony_model(tmp_path_factory, llama_cpp_source):
     metadata.append(("tokenizer.chat_template", template, V.STRING, None))
     tensors = [PlannedTensor(name, t.shape, t.type, lambda n=name: f.tensor_bytes(n), quantized=True)
                for name, t in f.tensors.items()]
-    return load_model(write_gguf(root / "harmony.gguf", f.architecture, metadata, tensors, progress=False).path)
+    return load_model(write_gguf(root / "harmony.gguf", f.architecture, metadata, tensors, progress=False).path, LoadOptions(kv_type="f32"))
 
 
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>")

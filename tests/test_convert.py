@@ -42,8 +42,8 @@ def test_f32_conversion_reproduces_the_source(smollm_path, smollm_f32):
 def test_f32_conversion_gives_the_same_logits(smollm_path, smollm_f32):
     """(the quantized model on exact arithmetic, --precise: its default 8-bit activations are
     not what the F32 file's products compute)"""
-    from runner.load import load_model
-    smollm, converted = load_model(smollm_path, precise=True), load_model(smollm_f32)
+    from runner.load import LoadOptions, load_model
+    smollm, converted = load_model(smollm_path, LoadOptions(kv_type="f32", precise=True)), load_model(smollm_f32, LoadOptions(kv_type="f32"))
     ids = smollm.tokenizer.encode("The history of the printing press begins in the fifteenth century")
     a = smollm.model.forward(ids, smollm.model.new_cache(64), all_logits=True)
     b = converted.model.forward(ids, converted.model.new_cache(64), all_logits=True)
@@ -62,13 +62,13 @@ def test_chooser_reproduces_a_llama_cpp_quantized_file(gemma_path):
 @pytest.mark.parametrize("arch", RANDOM_ARCHS)
 def test_random_models_match_transformers(random_models, tmp_path, arch, device):
     """At every position of an input longer than the sliding windows (16) of the models that have them."""
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     if device == "torch-cpu":
         pytest.importorskip("torch")
     folder = random_models[arch]
     out = tmp_path / f"{arch}.gguf"
     convert_hf(folder, out, "F32", progress=False)
-    lm = load_model(out, device=device)
+    lm = load_model(out, LoadOptions(kv_type="f32", device=device))
     assert lm.params.arch == arch
     ids = np.random.default_rng(1).integers(0, lm.params.vocab_size, 40).tolist()
     want = transformers_logits(folder, ids)
@@ -84,17 +84,17 @@ def test_random_models_at_q8_0_compute_their_own_weights(random_models, tmp_path
     model amplifies rounding: GLM-4's, with four norms a layer, reaches 0.989 against its widened
     weights on the default path's 8-bit activations, and 0.975 against transformers with the
     weights' rounding added; the precise path computes the widened weights' function exactly."""
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     folder = random_models[arch]
     ids = np.random.default_rng(1).integers(0, 1024, 40).tolist()
     want = transformers_logits(folder, ids)
     q8, widened = tmp_path / f"{arch}-q8.gguf", tmp_path / f"{arch}-q8-f32.gguf"
     convert_hf(folder, q8, "Q8_0", progress=False)
     requantize(q8, widened, "F32", progress=False)
-    lq, lw = load_model(q8), load_model(widened)
+    lq, lw = load_model(q8, LoadOptions(kv_type="f32")), load_model(widened, LoadOptions(kv_type="f32"))
     quantized = lq.model.forward(ids, lq.model.new_cache(64), all_logits=True)
     exact = lw.model.forward(ids, lw.model.new_cache(64), all_logits=True)
-    lp = load_model(q8, precise=True)
+    lp = load_model(q8, LoadOptions(kv_type="f32", precise=True))
     precise = lp.model.forward(ids, lp.model.new_cache(64), all_logits=True)
     assert np.corrcoef(precise.ravel(), exact.ravel())[0, 1] > 0.99999
     assert np.corrcoef(quantized.ravel(), exact.ravel())[0, 1] > 0.985
@@ -105,11 +105,11 @@ def test_lookup_tables_are_read_in_place(random_models, tmp_path):
     """An untied token embedding and Gemma 4's per-layer embeddings are only looked up by rows: the
     CPU backend reads them from the mapped file (E2B's per-layer table alone is ~1.9 GB at Q6_K),
     where the matrices it multiplies are copied into interleaved groups."""
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     for arch in ("glm4", "gemma4"):  # (vocabularies of whole interleaved groups: 50304, 1024)
         out = tmp_path / f"{arch}.gguf"
         convert_hf(random_models[arch], out, "Q8_0", progress=False)
-        m = load_model(out).model
+        m = load_model(out, LoadOptions(kv_type="f32")).model
         table = m.tok_embd if arch == "glm4" else m.per_layer_token_embd
         assert table.reads_file and not m.layers[0].attn.wq.reads_file, arch
 
@@ -117,10 +117,10 @@ def test_lookup_tables_are_read_in_place(random_models, tmp_path):
 def test_long_rope_takes_its_long_factors_past_the_original_context(random_models, tmp_path):
     """Phi-3's LongRoPE: a context longer than the trained one (64 here) rotates by the long
     factors, as llama.cpp chooses them (by context size) and transformers (by sequence length)."""
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     out = tmp_path / "phi3.gguf"
     convert_hf(random_models["phi3"], out, "F32", progress=False)
-    lm = load_model(out)
+    lm = load_model(out, LoadOptions(kv_type="f32"))
     assert lm.params.rope_orig_context == 64 and lm.params.rope_attn_factor > 1
     ids = np.random.default_rng(2).integers(0, lm.params.vocab_size, 80).tolist()
     want = transformers_logits(random_models["phi3"], ids)
@@ -337,13 +337,13 @@ def test_llama_cpp_computes_ggruns_files_alike(random_models, llama_cpp_tools, t
     """llama.cpp loads ggrun's F32 file of each architecture and its perplexity over 128-token
     windows (past every sliding window, YaRN's original context and the query temperature's
     period of the test models) is ggrun's: both exact (F32 cache, no flash attention's float16)."""
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     from runner.perplexity import perplexity
     out = tmp_path / f"{arch}.gguf"
     convert_hf(random_models[arch], out, "F32", progress=False)
     (tmp_path / "text.txt").write_text(PERPLEXITY_TEXT)
     theirs = llama_cpp_perplexity(llama_cpp_tools, out, tmp_path / "text.txt")
-    ours = perplexity(load_model(out), PERPLEXITY_TEXT, 128, progress=False).ppl
+    ours = perplexity(load_model(out, LoadOptions(kv_type="f32")), PERPLEXITY_TEXT, 128, progress=False).ppl
     assert abs(ours / theirs - 1) < 1e-4, (ours, theirs)
 
 
@@ -351,7 +351,7 @@ def test_llama_3_rope_scaling_converts_as_llama_cpp_does(random_models, llama_cp
     """Llama 3.1's rope_type "llama3" becomes llama.cpp's rope_freqs tensor, its bytes equal to
     what convert_hf_to_gguf.py writes (and the rest of the file too); the logits are transformers'
     with the same scaling, on a context that takes the scaled band (original context 128)."""
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
 
     from .test_mixes import tensor_digests
     folder = tmp_path / "llama3"
@@ -366,7 +366,7 @@ def test_llama_3_rope_scaling_converts_as_llama_cpp_does(random_models, llama_cp
     assert sorted(tensor_digests(ours)) == sorted(tensor_digests(theirs))
     factors = GGUFFile(ours).tensor_bytes("rope_freqs.weight").view(np.float32).ravel()
     assert factors.min() == 1 and factors.max() == 8 and ((factors > 1) & (factors < 8)).any()
-    lm = load_model(ours)
+    lm = load_model(ours, LoadOptions(kv_type="f32"))
     ids = np.random.default_rng(1).integers(0, lm.params.vocab_size, 40).tolist()
     want = transformers_logits(folder, ids)
     got = lm.model.forward(ids, lm.model.new_cache(64), all_logits=True)
@@ -379,7 +379,7 @@ def test_a_file_with_tensors_the_graph_does_not_take_is_refused(random_models, t
     import json
 
     from gguf_io import GGUFError
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     folder = tmp_path / "biased"
     shutil.copytree(random_models["ernie4_5"], folder)
     config = json.loads((folder / "config.json").read_text())
@@ -389,7 +389,7 @@ def test_a_file_with_tensors_the_graph_does_not_take_is_refused(random_models, t
     out = tmp_path / "biased.gguf"
     convert_hf(folder, out, "F32", progress=False)
     with pytest.raises(GGUFError, match=r"tensor 'blk\.0\.ffn_.*\.bias'.* not used by ggrun's ernie4_5 model"):
-        load_model(out)
+        load_model(out, LoadOptions(kv_type="f32"))
 
 
 def test_gemma_4_reads_its_files_as_llama_cpp_does(random_models, tmp_path):
@@ -398,7 +398,7 @@ def test_gemma_4_reads_its_files_as_llama_cpp_does(random_models, tmp_path):
     layers would read other layers' caches than llama.cpp's fixed choice (the second-last layer
     with its own cache for sliding layers, the last for global ones) is refused."""
     from gguf_io import GGUFError
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     out = tmp_path / "gemma4.gguf"
     convert_hf(random_models["gemma4"], out, "F32", progress=False)
     assert read_params(GGUFFile(out)).logit_softcap == 10.0
@@ -408,7 +408,7 @@ def test_gemma_4_reads_its_files_as_llama_cpp_does(random_models, tmp_path):
     uncapped = rewritten(tmp_path / "gemma2.gguf", tmp_path / "gemma2-uncapped.gguf",
                          {"gemma2.final_logit_softcapping": None, "gemma2.attn_logit_softcapping": None})
     assert (read_params(GGUFFile(uncapped)).logit_softcap, read_params(GGUFFile(uncapped)).attn_softcap) == (30.0, 50.0)
-    p = load_model(out).params
+    p = load_model(out, LoadOptions(kv_type="f32")).params
     assert [p.kv_source(i) for i in range(p.n_layer)] == [0, 1, 2, 3, 2, 3]
     from click.testing import CliRunner
 
@@ -418,7 +418,7 @@ def test_gemma_4_reads_its_files_as_llama_cpp_does(random_models, tmp_path):
     moved = rewritten(out, tmp_path / "moved.gguf",
                        {"gemma4.attention.sliding_window_pattern": [True, False, False, True, True, False]})
     with pytest.raises(GGUFError, match="layer 4 shares the cache of layer 3, not the one llama.cpp's"):
-        load_model(moved)
+        load_model(moved, LoadOptions(kv_type="f32"))
 
 
 def _safetensors(folder, header: object, data: bytes = bytes(8)):
@@ -524,7 +524,7 @@ def test_random_llama_command_asks_for_its_output(tmp_path, monkeypatch):
 
 def test_random_llama_for_benchmarks_loads_and_runs(tmp_path):
     from convert.random_model import ROWS, LlamaShape, write_random_llama
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     shape = LlamaShape(n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, vocab_size=1000)
     path = tmp_path / "random.gguf"
     write_random_llama(path, shape, progress=False)
@@ -537,7 +537,7 @@ def test_random_llama_for_benchmarks_loads_and_runs(tmp_path):
     assert np.array_equal(raw[:ROWS], raw[ROWS:2 * ROWS])  # blocks repeat down the tensor
     w = dequantize(raw[:ROWS].reshape(-1), T.Q4_K)
     assert np.isfinite(w).all() and 0.01 < w.std() < 0.03
-    lm = load_model(path)
+    lm = load_model(path, LoadOptions(kv_type="f32"))
     logits = lm.model.forward(lm.tokenizer.encode("hello"), lm.model.new_cache(32))
     assert logits.shape == (1000,) and np.isfinite(logits).all()
 

@@ -4,7 +4,7 @@ arithmetic): 64 greedy tokens of the precise path, teacher-forced through fast d
 import numpy as np
 import pytest
 
-from runner.load import load_model
+from runner.load import LoadOptions, load_model
 
 from .test_model import PROMPT
 
@@ -19,7 +19,7 @@ def _log_softmax(z):
 @pytest.mark.parametrize("model", ["smollm_path", "gemma_path"])
 def test_fast_decode_follows_the_precise_greedy_text(model, request):
     path = request.getfixturevalue(model)
-    precise, fast = load_model(path, precise=True), load_model(path)
+    precise, fast = load_model(path, LoadOptions(kv_type="f32", precise=True)), load_model(path, LoadOptions(kv_type="f32"))
     ids = precise.tokenizer.encode(PROMPT)[:48]
     caches = precise.model.new_cache(256), fast.model.new_cache(256)
     want, got = [precise.model.forward(ids, caches[0])], [fast.model.forward(ids, caches[1])]

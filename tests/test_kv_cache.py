@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from runner.kv_state import KVState, KVStateError
-from runner.load import load_model
+from runner.load import LoadOptions, load_model
 
 TEXT = (Path(__file__).parent / "data" / "ppl_text.txt").read_text()
 
@@ -25,7 +25,7 @@ def _steps(lm, cache, tokens):
 
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
 def test_truncate_is_as_if_the_tokens_were_never_added(smollm_path, ids, kv_type):
-    lm = load_model(smollm_path, kv_type=kv_type)
+    lm = load_model(smollm_path, LoadOptions(kv_type=kv_type))
     cache = lm.model.new_cache(128)
     lm.model.forward(ids[:20], cache)
     _steps(lm, cache, ids[20:26])  # drafts, rejected
@@ -95,7 +95,7 @@ def test_truncate_into_the_pinned_prefix_shortens_it(smollm, ids):
 def test_snapshot_restores_in_memory_and_from_disk(smollm_path, ids, tmp_path, device):
     if device == "torch-cpu":
         pytest.importorskip("torch")
-    lm = load_model(smollm_path, device=device, kv_type="q8_0")
+    lm = load_model(smollm_path, LoadOptions(device=device, kv_type="q8_0"))
     cache = lm.model.new_cache(64, ring=True)
     lm.model.forward(ids[:3], cache)
     cache.pin()
@@ -116,7 +116,7 @@ def test_snapshot_moves_between_backends_exactly(smollm_path, ids):
     """One layout on every backend: the CPU's tiled q8_0 keys, exported, imported by torch and
     exported again are the same bytes; and torch decodes on from them."""
     pytest.importorskip("torch")
-    cpu, gpu = load_model(smollm_path, kv_type="q8_0"), load_model(smollm_path, device="torch-cpu", kv_type="q8_0")
+    cpu, gpu = load_model(smollm_path, LoadOptions(kv_type="q8_0")), load_model(smollm_path, LoadOptions(device="torch-cpu", kv_type="q8_0"))
     cache = cpu.model.new_cache(100)
     cpu.model.forward(ids[:37], cache)
     state = cache.snapshot()
@@ -158,7 +158,7 @@ def test_a_state_that_does_not_fit_is_refused_and_changes_nothing(smollm, ids, t
 
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
 def test_an_empty_cache_snapshots_and_restores(smollm_path, kv_type):
-    lm = load_model(smollm_path, kv_type=kv_type)
+    lm = load_model(smollm_path, LoadOptions(kv_type=kv_type))
     empty = lm.model.new_cache(64, ring=True).snapshot()
     cache = lm.model.new_cache(64, ring=True)
     lm.model.forward([1, 2, 3], cache)

@@ -11,7 +11,7 @@ import pytest
 
 from convert.convert import requantize
 from gguf_io import GGUFFile, read_params
-from runner.load import load_model, memory_fit
+from runner.load import LoadOptions, load_model, memory_fit
 from runner.memory_fit import MemoryFit, parse_size
 from runner.perplexity import compare_to_base, load_base, perplexity, save_logits
 
@@ -35,7 +35,7 @@ def quantized(smollm_f32, tmp_path_factory):
 
 
 def test_perplexity_orders_the_quantizations(smollm_f32, quantized):
-    ppl = {name: perplexity(load_model(path), TEXT, 256, progress=False)
+    ppl = {name: perplexity(load_model(path, LoadOptions(kv_type="f32")), TEXT, 256, progress=False)
            for name, path in [("F32", smollm_f32), *quantized.items()]}
     assert ppl["F32"].tokens_scored == 4 * 127  # 1063 tokens: four chunks, second halves scored
     assert ppl["F32"].ppl < ppl["Q4_K_M"].ppl < ppl["Q2_K"].ppl
@@ -117,7 +117,7 @@ def test_fit_figures_by_hand(smollm_path, gemma_path):
 
 @pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
 def test_fit_counts_the_cache_the_cpu_backend_allocates(smollm_path, kv_type):
-    lm = load_model(smollm_path, kv_type=kv_type)
+    lm = load_model(smollm_path, LoadOptions(kv_type=kv_type))
     cache = lm.model.new_cache(256)
     assert sum(a.nbytes for a in cache.keys + cache.values) == memory_fit(lm.file, lm.params, kv_type).kv_bytes(256)
 
@@ -178,7 +178,7 @@ def test_prefill_on_amx_tiles_keeps_greedy_text_and_perplexity(request, model, m
     from runner.sampler import Sampler, SamplingOptions
     if not amx_int8.usable():
         pytest.skip("this CPU has no AMX integer tiles")
-    lm = load_model(request.getfixturevalue(model))
+    lm = load_model(request.getfixturevalue(model), LoadOptions(kv_type="f32"))
     prompt = lm.tokenizer.encode(TEXT[:600])
 
     def outcomes():

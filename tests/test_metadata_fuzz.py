@@ -42,7 +42,7 @@ class _Watched(dict):
 
 def keys_read(path: Path, monkeypatch) -> list[str]:
     """The metadata keys that loading `path` looks up."""
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     seen: set[str] = set()
     init = GGUFFile.__init__
 
@@ -51,7 +51,7 @@ def keys_read(path: Path, monkeypatch) -> list[str]:
         self.metadata = _Watched(self.metadata, seen)
     with monkeypatch.context() as m:
         m.setattr(GGUFFile, "__init__", watching)
-        load_model(path)
+        load_model(path, LoadOptions(kv_type="f32"))
     return sorted(seen - {"general.architecture"})  # (the copies' architecture is the file's, by design)
 
 
@@ -81,12 +81,12 @@ def _as_json(value: MetadataValue | None):
 def forward_each(cases_file: str, model: str, folder: str) -> None:
     """For each (key, value) of cases_file: the model with it, loaded, through a forward pass of
     a few tokens and a decode step."""
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     for key, raw in json.loads(Path(cases_file).read_text()):
         value = None if raw is None else MetadataValue(V(raw[0]), raw[1], None if raw[2] is None else V(raw[2]))
         path = rewritten(model, Path(folder) / "case.gguf", {key: value})
         print(key, raw, flush=True)
-        lm = load_model(path, kv_type="f16")
+        lm = load_model(path, LoadOptions(kv_type="f16"))
         cache = lm.model.new_cache(lm.default_context())
         logits = lm.model.forward(lm.tokenizer.encode("Hello there", parse_special=False) or [0], cache)
         lm.model.forward([int(logits.argmax())], cache)
@@ -94,7 +94,7 @@ def forward_each(cases_file: str, model: str, folder: str) -> None:
 
 
 def test_hostile_metadata_loads_or_is_refused(smollm_path, tmp_path, monkeypatch):
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     keys = keys_read(smollm_path, monkeypatch)
     assert {"llama.rope.dimension_count", "llama.block_count", "tokenizer.ggml.tokens",
             "llama.rope.scaling.type"} <= set(keys)  # (read, and one the file lacks)
@@ -106,7 +106,7 @@ def test_hostile_metadata_loads_or_is_refused(smollm_path, tmp_path, monkeypatch
     def load(key, value):
         path = rewritten(smollm_path, tmp_path / "fuzz.gguf", {key: value})
         try:
-            load_model(path)
+            load_model(path, LoadOptions(kv_type="f32"))
         except GGUFError as e:
             assert str(e) and "\n" not in str(e)
             return

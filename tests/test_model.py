@@ -24,10 +24,10 @@ def hf_logits(smollm_path, smollm):
 
 
 def test_logits_match_transformers(smollm_path, hf_logits):
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     ids, want = hf_logits
     assert len(ids) >= 64
-    model = load_model(smollm_path, precise=True).model
+    model = load_model(smollm_path, LoadOptions(kv_type="f32", precise=True)).model
     got = model.forward(ids, model.new_cache(256), all_logits=True)
     assert got.shape == want.shape
     assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
@@ -36,9 +36,9 @@ def test_logits_match_transformers(smollm_path, hf_logits):
 
 def test_decode_steps_match_prefill(smollm_path, hf_logits):
     """Token-by-token decoding through the KV cache gives the same logits as one prefill."""
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     ids, want = hf_logits
-    model = load_model(smollm_path, precise=True).model
+    model = load_model(smollm_path, LoadOptions(kv_type="f32", precise=True)).model
     cache = model.new_cache(128)
     split = len(ids) - 8
     model.forward(ids[:split], cache)
@@ -53,9 +53,9 @@ def test_reduced_precision_caches_stay_close(smollm_path, hf_logits, kv_type, dt
     """The f16 KV cache (the CLI's default, as llama.cpp's) and the q8_0 one against the same
     fp32 reference: the exact tests above use the f32 cache; rounding keys and values may flip
     near-ties. (A model of its own: the session's is shared, and stays as it is.)"""
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     ids, want = hf_logits
-    model = load_model(smollm_path, kv_type=kv_type, precise=True).model
+    model = load_model(smollm_path, LoadOptions(kv_type=kv_type, precise=True)).model
     cache = model.new_cache(256)
     got = model.forward(ids[:-8], cache, all_logits=True)
     decoded = [model.forward([t], cache) for t in ids[-8:]]
@@ -69,4 +69,4 @@ def test_a_q8_0_cache_needs_head_sizes_in_whole_blocks(smollm_path, monkeypatch)
     read = load_module.read_params
     monkeypatch.setattr(load_module, "read_params", lambda f: dataclasses.replace(read(f), head_dim=80))
     with pytest.raises(BackendError, match=r"multiples of 32; this model.s are 64/80"):
-        load_module.load_model(smollm_path, kv_type="q8_0")
+        load_module.load_model(smollm_path, load_module.LoadOptions(kv_type="q8_0"))

@@ -12,7 +12,7 @@ from gguf_io import GGUFFile
 from kernels_cpu.backend import CpuBackend
 from kernels_cpu.experts import GATING, route
 from kernels_cpu.step_program import REPLAY_KEY, Op
-from runner.load import load_model
+from runner.load import LoadOptions, load_model
 
 from .hf_folders import GPT2_VOCAB, MOE_CONFIGS, transformers_logits
 from .llama_cpp import PERPLEXITY_TEXT, convert_with_llama_cpp, llama_cpp_perplexity
@@ -172,7 +172,7 @@ def _prefill_and_steps(lm, ids):
 def test_moe_models_match_transformers(moe_folders, moe_files, arch, device):
     if device == "torch-cpu":
         pytest.importorskip("torch")
-    lm = load_model(moe_files[arch][0], device=device)
+    lm = load_model(moe_files[arch][0], LoadOptions(kv_type="f32", device=device))
     ids = np.random.default_rng(1).integers(0, lm.params.vocab_size, 64).tolist()
     want = transformers_logits(moe_folders[arch], ids)
     prefill, steps, cache = _prefill_and_steps(lm, ids)
@@ -191,12 +191,12 @@ def test_quantized_moe_models_compute_their_exact_values(moe_files, arch):
     """A Q4_K_M mixture on the precise path against the same weights widened to F32; the default
     8-bit path's decode steps against its own prefill."""
     _, q4, widened = moe_files[arch]
-    ids = np.random.default_rng(3).integers(0, load_model(q4).params.vocab_size, 24).tolist()
-    exact = load_model(widened).model.forward(ids, load_model(widened).model.new_cache(128), all_logits=True)
-    prefill, steps, _ = _prefill_and_steps(load_model(q4, precise=True), ids)
+    ids = np.random.default_rng(3).integers(0, load_model(q4, LoadOptions(kv_type="f32")).params.vocab_size, 24).tolist()
+    exact = load_model(widened, LoadOptions(kv_type="f32")).model.forward(ids, load_model(widened, LoadOptions(kv_type="f32")).model.new_cache(128), all_logits=True)
+    prefill, steps, _ = _prefill_and_steps(load_model(q4, LoadOptions(kv_type="f32", precise=True)), ids)
     for got in (prefill, steps):
         assert np.abs(got - exact).max() < 5e-3 * np.abs(exact).max()
-    prefill, steps, _ = _prefill_and_steps(load_model(q4), ids)
+    prefill, steps, _ = _prefill_and_steps(load_model(q4, LoadOptions(kv_type="f32")), ids)
     assert np.corrcoef(prefill.ravel(), exact.ravel())[0, 1] > 0.9
     assert np.corrcoef(steps.ravel(), prefill.ravel())[0, 1] > 0.999
 
@@ -237,7 +237,7 @@ def test_llama_cpp_computes_ggruns_moe_files_alike(moe_files, llama_cpp_tools, t
     from runner.perplexity import perplexity
     (tmp_path / "text.txt").write_text(PERPLEXITY_TEXT)
     theirs = llama_cpp_perplexity(llama_cpp_tools, moe_files[arch][0], tmp_path / "text.txt")
-    ours = perplexity(load_model(moe_files[arch][0]), PERPLEXITY_TEXT, 128, progress=False).ppl
+    ours = perplexity(load_model(moe_files[arch][0], LoadOptions(kv_type="f32")), PERPLEXITY_TEXT, 128, progress=False).ppl
     assert abs(ours / theirs - 1) < 1e-4, (ours, theirs)
 
 
@@ -258,14 +258,14 @@ def test_mxfp4_checkpoint_converts_and_runs_as_llama_cpps(moe_folders, llama_cpp
     assert GGUFFile(ours).get("general.file_type") == GGUFFile(theirs).get("general.file_type") == 38
     requantize(ours, widened, "F32", progress=False)
     ids = np.random.default_rng(4).integers(0, GPT2_VOCAB, 40).tolist()
-    exact = load_model(widened).model.forward(ids, load_model(widened).model.new_cache(64), all_logits=True)
+    exact = load_model(widened, LoadOptions(kv_type="f32")).model.forward(ids, load_model(widened, LoadOptions(kv_type="f32")).model.new_cache(64), all_logits=True)
     for device in ("cpu", "torch-cpu"):
-        lm = load_model(ours, device=device, precise=True) if device == "cpu" else load_model(ours, device=device)
+        lm = load_model(ours, LoadOptions(kv_type="f32", device=device, precise=True)) if device == "cpu" else load_model(ours, LoadOptions(kv_type="f32", device=device))
         got = lm.model.forward(ids, lm.model.new_cache(64), all_logits=True)
         assert np.abs(got - exact).max() < 1e-4 * np.abs(exact).max(), device
     (tmp_path / "text.txt").write_text(PERPLEXITY_TEXT)
     theirs_ppl = llama_cpp_perplexity(llama_cpp_tools, ours, tmp_path / "text.txt")
-    ours_ppl = perplexity(load_model(ours), PERPLEXITY_TEXT, 128, progress=False).ppl  # (both round activations to Q8_0)
+    ours_ppl = perplexity(load_model(ours, LoadOptions(kv_type="f32")), PERPLEXITY_TEXT, 128, progress=False).ppl  # (both round activations to Q8_0)
     assert abs(ours_ppl / theirs_ppl - 1) < 2e-3, (ours_ppl, theirs_ppl)
 
 
@@ -281,5 +281,5 @@ def test_random_gpt_oss_shapes_run_as_in_llama_cpp(llama_cpp_tools, tmp_path):
     assert summary.by_type["MXFP4"] == 6 and GGUFFile(path).architecture == "gpt-oss"
     (tmp_path / "text.txt").write_text(PERPLEXITY_TEXT)
     theirs = llama_cpp_perplexity(llama_cpp_tools, path, tmp_path / "text.txt")
-    ours = perplexity(load_model(path), PERPLEXITY_TEXT, 128, progress=False).ppl
+    ours = perplexity(load_model(path, LoadOptions(kv_type="f32")), PERPLEXITY_TEXT, 128, progress=False).ppl
     assert abs(ours / theirs - 1) < 2e-3, (ours, theirs)

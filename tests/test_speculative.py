@@ -18,7 +18,7 @@ from runner.speculative import (DraftError, DraftModel, PromptLookup, Speculatio
 def models(tmp_path_factory):
     """An F32 target, another model of the same vocabulary, and one of another vocabulary."""
     from convert.random_model import LlamaShape, write_random_llama
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     root = tmp_path_factory.mktemp("spec")
     shapes = {"target": (LlamaShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, vocab_size=1000), "F32"),
               "other": (LlamaShape(n_layer=1, n_embd=128, n_head=2, n_head_kv=1, n_ff=256, vocab_size=1000), "Q8_0"),
@@ -26,16 +26,17 @@ def models(tmp_path_factory):
     out = {}
     for name, (shape, type_name) in shapes.items():
         write_random_llama(root / f"{name}.gguf", shape, type_name, progress=False, tiled=False)
-        out[name] = load_model(root / f"{name}.gguf")
+        out[name] = load_model(root / f"{name}.gguf", LoadOptions(kv_type="f32"))
     return out
 
 
 def _drafter(models, kind, n_ctx, monkeypatch, tmp_path):
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     monkeypatch.setenv("GGRUN_CACHE_DIR", str(tmp_path))
     draft = {"same model": str(models["target"].file.path), "other model": str(models["other"].file.path),
              "self:Q4_0": "self:Q4_0"}.get(kind)
-    return make_drafter(models["target"], draft, 2 if kind == "lookup" else 0, n_ctx, False, 0.0, load_model)
+    return make_drafter(models["target"], draft, 2 if kind == "lookup" else 0, n_ctx, False, 0.0,
+                        lambda path: load_model(path, LoadOptions(kv_type="f32")))
 
 
 @pytest.mark.parametrize("kind", ["same model", "other model", "self:Q4_0", "lookup"])
@@ -123,16 +124,17 @@ def test_expected_tokens_per_pass():
 def test_real_models_speculate_token_for_token(request, name, kind, monkeypatch, tmp_path):
     """SmolLM2 and Gemma 3 at temperature 0: plain decoding's tokens with each kind of draft (a
     model: the file itself)."""
-    from runner.load import load_model
+    from runner.load import LoadOptions, load_model
     monkeypatch.setenv("GGRUN_CACHE_DIR", str(tmp_path))
     path = request.getfixturevalue(name)
-    target = load_model(path)
+    target = load_model(path, LoadOptions(kv_type="f32"))
     text = "def add(a, b):\n    return a + b\n\nRewrite add so that it also prints its arguments:\n"
     prompt = target.tokenizer.encode(text)
     greedy = SamplingOptions(temperature=0)
     want = list(generate(target.model, target.model.new_cache(256), prompt, Sampler(greedy), 40, stop_ids=()))
     draft = {"model": str(path), "self:Q4_0": "self:Q4_0"}.get(kind)
-    drafter = make_drafter(target, draft, 3 if kind == "lookup" else 0, 256, False, 0.5, load_model)
+    drafter = make_drafter(target, draft, 3 if kind == "lookup" else 0, 256, False, 0.5,
+                           lambda path: load_model(path, LoadOptions(kv_type="f32")))
     spec = SpeculationStats()
     got = list(generate_speculative(target.model, target.model.new_cache(256), prompt, Sampler(greedy), 40, (),
                                     drafter, spec=spec))
@@ -142,12 +144,12 @@ def test_real_models_speculate_token_for_token(request, name, kind, monkeypatch,
 
 def test_torch_backend_speculates_through_the_same_path(models):
     pytest.importorskip("torch")
-    from runner.load import load_model
-    target = load_model(models["target"].file.path, device="torch-cpu")
+    from runner.load import LoadOptions, load_model
+    target = load_model(models["target"].file.path, LoadOptions(kv_type="f32", device="torch-cpu"))
     greedy = SamplingOptions(temperature=0)
     prompt = [1, 5, 6, 7]
     want = list(generate(target.model, target.model.new_cache(128), prompt, Sampler(greedy), 24, stop_ids=()))
-    drafter = DraftModel(load_model(models["other"].file.path, device="torch-cpu"), 128, ring=False, p_min=0.0)
+    drafter = DraftModel(load_model(models["other"].file.path, LoadOptions(kv_type="f32", device="torch-cpu")), 128, ring=False, p_min=0.0)
     got = list(generate_speculative(target.model, target.model.new_cache(128), prompt, Sampler(greedy), 24, (),
                                     drafter, draft_max=4))
     assert got == want
@@ -178,8 +180,8 @@ def test_a_pass_of_a_few_tokens_computes_them_as_single_steps(request, name):
     the logits, past the 8-bit activations), and so did SwiGLU's gate over strided columns (1e-8,
     which F32 weights keep and an 8-bit rounding now and then turns into 0.8). Eager and replayed
     alike."""
-    from runner.load import load_model
-    lm = load_model(request.getfixturevalue(name))
+    from runner.load import LoadOptions, load_model
+    lm = load_model(request.getfixturevalue(name), LoadOptions(kv_type="f32"))
     m = lm.model
     for n_prompt in (20, 40):
         prompt, chunk = list(range(1000, 1000 + n_prompt)), [2000, 2001, 2002, 2003, 2004, 2005, 2006]
@@ -208,8 +210,8 @@ def test_chat_drafts_and_replies_as_without(smollm_path):
     """Two greedy turns with a lookup draft (over the conversation's tokens): the replies of plain
     chat, and /stats counts the drafts."""
     from runner.chat import ChatSession, format_stats
-    from runner.load import load_model
-    lm = load_model(smollm_path)
+    from runner.load import LoadOptions, load_model
+    lm = load_model(smollm_path, LoadOptions(kv_type="f32"))
     greedy = SamplingOptions(temperature=0)
     plain = ChatSession(lm, 512, greedy, max_reply=24)
     drafted = ChatSession(lm, 512, greedy, max_reply=24, drafter=PromptLookup(2), draft_max=6)
@@ -228,8 +230,8 @@ def test_rejected_drafts_inside_a_wrapped_ring_give_back_what_they_overwrote(mod
     slots stay empty (the context holds fewer tokens until it fills again)."""
     if device == "torch-cpu":
         pytest.importorskip("torch")
-    from runner.load import load_model
-    target = load_model(models["target"].file.path, device=device, kv_type="q8_0")
+    from runner.load import LoadOptions, load_model
+    target = load_model(models["target"].file.path, LoadOptions(device=device, kv_type="q8_0"))
     m, ids = target.model, list(range(300, 370))
     cache = m.new_cache(24, ring=True)
     m.forward(ids[:4], cache)

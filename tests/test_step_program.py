@@ -9,7 +9,7 @@ import pytest
 
 from convert.convert import convert_hf
 from kernels_cpu.step_program import REPLAY_KEY
-from runner.load import load_model
+from runner.load import LoadOptions, load_model
 
 from .hf_folders import RANDOM_ARCHS
 
@@ -43,13 +43,13 @@ def _assert_replay_is_exact(lm, prompt, n, replayable=True, chunk=1, **cache_arg
 
 @pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0"])
 def test_smollm_replays_exactly(smollm_path, kv_type):
-    lm = load_model(smollm_path, kv_type=kv_type)
+    lm = load_model(smollm_path, LoadOptions(kv_type=kv_type))
     _assert_replay_is_exact(lm, [1, 504, 3458, 314], 24, n_ctx=64)
 
 
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
 def test_gemma_replays_exactly_past_the_sliding_window(gemma_path, kv_type):
-    lm = load_model(gemma_path, kv_type=kv_type)
+    lm = load_model(gemma_path, LoadOptions(kv_type=kv_type))
     window = lm.params.sliding_window
     prompt = np.random.default_rng(0).integers(0, lm.params.vocab_size, window + 4).tolist()
     _assert_replay_is_exact(lm, prompt, 12, n_ctx=window + 32)
@@ -74,21 +74,21 @@ def test_every_architecture_replays_exactly(random_models, tmp_path, arch, chunk
     """One-token steps, and passes of a few tokens with the logits of each (a verified draft)."""
     out = tmp_path / f"{arch}-q8.gguf"
     convert_hf(random_models[arch], out, "Q8_0", progress=False)
-    _assert_replay_is_exact(load_model(out), [1, 2, 3], 8 if chunk == 1 else 4, chunk=chunk, n_ctx=48)
+    _assert_replay_is_exact(load_model(out, LoadOptions(kv_type="f32")), [1, 2, 3], 8 if chunk == 1 else 4, chunk=chunk, n_ctx=48)
 
 
 @pytest.mark.parametrize("outtype", ["F32", "F16", "BF16"])
 def test_float_weights_replay_exactly(random_models, tmp_path, outtype):
     out = tmp_path / f"llama-{outtype}.gguf"
     convert_hf(random_models["llama"], out, outtype, progress=False)
-    _assert_replay_is_exact(load_model(out), [1, 2, 3], 8, n_ctx=32)
+    _assert_replay_is_exact(load_model(out, LoadOptions(kv_type="f32")), [1, 2, 3], 8, n_ctx=32)
 
 
 @pytest.mark.parametrize("chunk", [1, 5], ids=["steps", "passes of 5 tokens"])
 def test_one_recording_replays_over_every_cache_of_the_model(smollm_path, chunk):
     """A pass recorded over one cache replays over the model's later caches, of other sizes too,
     bound to their buffers (also where the recording's cache is gone), as they compute eagerly."""
-    lm = load_model(smollm_path)
+    lm = load_model(smollm_path, LoadOptions(kv_type="f32"))
     prompt = [1, 504, 3458, 314]
     n = 6 if chunk == 1 else 4
     _, first = _decode(lm, prompt, 3, replay=True, chunk=chunk, n_ctx=32)
@@ -125,7 +125,7 @@ DATA_DEPENDENT = {
 
 @pytest.mark.parametrize("read", list(DATA_DEPENDENT))
 def test_a_step_that_reads_activation_values_is_not_replayed(smollm_path, monkeypatch, read):
-    lm = load_model(smollm_path)
+    lm = load_model(smollm_path, LoadOptions(kv_type="f32"))
     block = lm.model.block
 
     def scaled_block(layer, x, batch, cache, i):
@@ -143,7 +143,7 @@ def test_a_step_that_reads_activation_values_is_not_replayed(smollm_path, monkey
 def test_a_read_the_tracing_cannot_see_is_caught_by_the_first_replay(smollm_path, monkeypatch):
     """np.asarray hands out a plain copy of an activation: its reads are invisible to the
     recorder; the first replay, checked against an eager step, drops the program."""
-    lm = load_model(smollm_path)
+    lm = load_model(smollm_path, LoadOptions(kv_type="f32"))
     block = lm.model.block
 
     def scaled_block(layer, x, batch, cache, i):

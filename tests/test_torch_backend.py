@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from runner import backend as backend_module
 from runner.backend import BackendError, make_backend, resolve_device
 from runner.cli import main
-from runner.load import load_model
+from runner.load import LoadOptions, load_model
 from runner.memory_fit import MemoryFitError
 from runner.perplexity import perplexity
 
@@ -58,7 +58,7 @@ def _assert_same_greedy(got, want):
 @pytest.fixture(scope="module", params=["smollm_path", "gemma_path"])
 def both_backends(request):
     path = request.getfixturevalue(request.param)
-    return load_model(path, precise=True), load_model(path, device=DEVICE)
+    return load_model(path, LoadOptions(kv_type="f32", precise=True)), load_model(path, LoadOptions(kv_type="f32", device=DEVICE))
 
 
 def test_64_greedy_tokens_match_the_cpu_backend(both_backends):
@@ -126,8 +126,8 @@ def test_ring_with_pinned_keys_matches_the_cpu_backend(both_backends):
 def test_q8_0_cache_matches_the_cpu_backend(smollm_path, graphs):
     """Both backends quantize the q8_0 cache alike (llama.cpp's rounding), eagerly and through
     the padded one-token step of CUDA graphs."""
-    cpu = load_model(smollm_path, kv_type="q8_0", precise=True)
-    gpu = load_model(smollm_path, device=DEVICE, kv_type="q8_0")
+    cpu = load_model(smollm_path, LoadOptions(kv_type="q8_0", precise=True))
+    gpu = load_model(smollm_path, LoadOptions(device=DEVICE, kv_type="q8_0"))
     gpu.model.backend = TorchBackend(gpu.backend.device.type, graphs=graphs)
     assert gpu.model.new_cache(8).keys[0].dtype == torch.int8
     ids = cpu.tokenizer.encode(PROMPT)
@@ -157,14 +157,14 @@ def test_a_model_too_big_for_the_device_says_what_it_needs(smollm_path, monkeypa
     with pytest.raises(MemoryFitError, match=r"needs weights 0\.09 GiB \+ f16 KV cache 0\.0[0-9] GiB at context "
                                              r"2048, but 0\.10 GiB are free on torch-cpu: the longest context that "
                                              r"fits is (\d+) tokens") as refused:
-        load_model(smollm_path, device="torch-cpu", kv_type="f16", n_ctx=2048)
+        load_model(smollm_path, LoadOptions(device="torch-cpu", kv_type="f16", n_ctx=2048))
     best = int(re.search(r"fits is (\d+)", str(refused.value))[1])
     assert 16 <= best < 2048
-    load_model(smollm_path, device="torch-cpu", kv_type="f16", n_ctx=best)
+    load_model(smollm_path, LoadOptions(device="torch-cpu", kv_type="f16", n_ctx=best))
 
 
 def test_weights_stay_quantized_on_the_device(smollm_path):
-    lm = load_model(smollm_path, device=DEVICE)
+    lm = load_model(smollm_path, LoadOptions(kv_type="f32", device=DEVICE))
     layer = lm.model.layers[0]
     w = layer.ffn.gate
     assert w.raw.dtype == torch.uint8

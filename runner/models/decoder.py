@@ -131,7 +131,7 @@ class Decoder:
     gated_activation = "silu"
     swiglu_clamp = (1.702, 7.0)
     fused_gate_up = False   # the dense feed-forward's gate and up are one matrix, ffn_up (Phi-3, GLM-4)
-    kv_type = "f32"         # KV cache precision of new caches: "f32" (exact), "f16" or "q8_0" (less memory)
+    kv_type: str            # KV cache precision of new caches (load.LoadOptions sets it)
     value_norm = False      # RMSNorm (without weight) on each value head (Gemma 4)
     values_from_keys = False  # a layer without V attends over its K projection as values too (Gemma 4)
     query_scale = 0.0       # the scores' scale whatever the file says (Gemma 4's 1; 0: the file's, or 1/sqrt(head))
