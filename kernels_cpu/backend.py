@@ -68,8 +68,14 @@ class CpuBackend:
         getattr(self.recorder, record)(*args, out)
         return out
 
+    def upload(self, batch):
+        return batch
+
     def to_numpy(self, x):
         return x
+
+    def concat(self, xs):
+        return np.concatenate(xs)
 
     def softcap(self, x, cap):
         x = np.ascontiguousarray(x)

@@ -86,6 +86,9 @@ class TorchBackend:
     def split(self, x, widths):
         return list(torch.split(x, list(widths), dim=1))
 
+    def concat(self, xs):
+        return torch.cat(xs)
+
     def route(self, logits, k, gating, norm, scale):
         return ops.route(logits, k, gating, norm, scale)
 

@@ -37,7 +37,12 @@ class Backend(Protocol):
         cache they were recorded on; a compiled step program on the CPU, bound to the cache's
         buffers as it replays, which binds_replays says)."""
 
+    def upload(self, batch) -> Any:
+        """The batch with its arrays on the device (run does it for the pass's own batch)."""
+
     def to_numpy(self, x) -> Any: ...
+    def concat(self, xs) -> Any:
+        """Arrays of rows one after another (the lanes of a pass, lane by lane)."""
     def softcap(self, x, cap: float) -> Any:
         """cap * tanh(x / cap)."""
 

@@ -164,3 +164,34 @@ def speculative_row(lm, new_drafter, n_gen: int, repetitions: int, draft_max: in
     return {"test": f"tg{n_gen} speculative", "plain_tok_s": plain_tok_s, "speculative_tok_s": speculative_tok_s,
             "speedup": speculative_tok_s / plain_tok_s, "same_text": stats.tokens == plain[-1].tokens,
             **spec.as_dict()}
+
+
+def concurrency_rows(lm, levels: list[int], n_gen: int, repetitions: int) -> list[dict]:
+    """Decode through continuous batching (runner/batching.py) with N sequences at once, for each
+    N of levels taken in turn each repetition (after a warm-up of each): aggregate and
+    per-sequence tok/s over the steps after every prompt is in, and the aggregate against the
+    first level's."""
+    from .batching import Batcher
+    from .sampler import Sampler, SamplingOptions
+    rng = np.random.default_rng(2)
+
+    def aggregate(n: int, steps: int) -> float:
+        batcher = Batcher(lm, slots=n, n_ctx=16 + steps + 8)
+        seqs = [batcher.add(rng.integers(0, lm.params.vocab_size, 16).tolist(), Sampler(SamplingOptions(temperature=0)),
+                            steps, stop_ids=()) for _ in range(n)]
+        while any(s.pending or s.slot is None for s in seqs if not s.finished):
+            batcher.step()
+        before, start = sum(len(s.tokens) for s in seqs), time.perf_counter()
+        while batcher.step():
+            pass
+        return (sum(len(s.tokens) for s in seqs) - before) / (time.perf_counter() - start)
+    for n in levels:
+        aggregate(n, 4)
+    speeds = {n: [] for n in levels}
+    for _ in range(repetitions):
+        for n in levels:
+            speeds[n].append(aggregate(n, n_gen))
+    first = float(np.mean(speeds[levels[0]]))
+    return [{"test": f"tg{n_gen} x{n}", "sequences": n, "tok_s_mean": float(np.mean(s)),
+             "tok_s_std": float(np.std(s)), "per_sequence_tok_s": float(np.mean(s)) / n,
+             "vs_first_level": float(np.mean(s)) / first} for n, s in speeds.items()]

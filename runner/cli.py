@@ -509,11 +509,14 @@ def rm(name):
 @click.option("-r", "--repetitions", default=3, show_default=True, type=click.IntRange(1))
 @click.option("-d", "--depth", "depths", default="0", show_default=True,
               help="Comma-separated context depths to decode at (llama-bench's -d), e.g. 16,2048.")
+@click.option("--concurrency", "concurrency", metavar="N,N,...",
+              help="Also decode N sequences at once through continuous batching, e.g. 1,2,4,8: aggregate "
+                   "and per-sequence tok/s, each N in turn.")
 @load_options
 @draft_options
 @click.option("--json", "as_json", is_flag=True)
-def bench(model, n_prompt, n_gen, repetitions, depths, load, draft, lookup, draft_max, draft_min, draft_p_min,
-          as_json):
+def bench(model, n_prompt, n_gen, repetitions, depths, concurrency, load, draft, lookup, draft_max, draft_min,
+          draft_p_min, as_json):
     """Prefill and decode speed, like llama-bench: mean ± std over repetitions after a warm-up.
     Decode rows add the bytes a step reads and the share of the measured memory bandwidth."""
     from .bench import run_bench
@@ -525,6 +528,12 @@ def bench(model, n_prompt, n_gen, repetitions, depths, load, draft, lookup, draf
             raise ValueError
     except ValueError:
         raise click.BadParameter("expected comma-separated non-negative integers", param_hint="--depth") from None
+    try:
+        levels = [int(n) for n in concurrency.split(",")] if concurrency else []
+        if levels and min(levels) < 1:
+            raise ValueError
+    except ValueError:
+        raise click.BadParameter("expected comma-separated positive integers", param_hint="--concurrency") from None
     lm = _load(model, replace(load, n_ctx=max(n_prompt, max(depths) + n_gen + 1, 16)))
     rows = run_bench(lm, n_prompt, n_gen, repetitions, depths)
     speculation = None
@@ -536,8 +545,13 @@ def bench(model, n_prompt, n_gen, repetitions, depths, load, draft, lookup, draf
         def new_drafter():  # (a fresh drafter, with a fresh cache, per run; the model loaded once)
             return make_drafter(lm, draft, lookup, n_gen + 512, False, draft_p_min, load_draft)
         speculation = speculative_row(lm, new_drafter, n_gen, repetitions, draft_max, draft_min)
+    if levels and n_gen:
+        from .bench import concurrency_rows
+        batched = concurrency_rows(lm, levels, n_gen, repetitions)
+    else:
+        batched = []
     if as_json:
-        click.echo(json.dumps(rows + ([speculation] if speculation else []), indent=1))
+        click.echo(json.dumps(rows + ([speculation] if speculation else []) + batched, indent=1))
         return
     if rows:
         click.echo(f"cpu: {rows[0]['cpu']} · decode products: {rows[0]['decode_products']}")
@@ -552,6 +566,10 @@ def bench(model, n_prompt, n_gen, repetitions, depths, load, draft, lookup, draf
         s = speculation
         click.echo(f"{s['test']}: {s['speculative_tok_s']:.1f} tok/s against {s['plain_tok_s']:.1f} plain, "
                    f"{s['speedup']:.2f}x (same process, alternating); {describe_speculation(s)}")
+    for r in batched:
+        click.echo(f"{r['test']:>10} continuous batching: {r['tok_s_mean']:>7.1f} ± {r['tok_s_std']:.1f} tok/s in all, "
+                   f"{r['per_sequence_tok_s']:.1f} per sequence, {r['vs_first_level']:.2f}x {levels[0]} "
+                   f"sequence(s)' (levels in turn)")
     compared = [r for r in rows if r["speed_vs_first_depth"] is not None]
     for r in compared[1:]:
         extra = r["read_mib_per_token"] - compared[0]["read_mib_per_token"]

@@ -92,6 +92,21 @@ class Layer:
     post_ffn_norm: object = None
 
 
+@dataclass(frozen=True)
+class Lanes:
+    """Several sequences in one forward pass, each with its own cache: lane j's tokens are rows
+    starts[j]:starts[j + 1] of the pass, run against caches[j] with the batch that cache reserved.
+    Every row but attention's goes through the weights together; attention is each lane's own."""
+    caches: tuple
+    batches: tuple
+    starts: tuple
+
+    def rows(self):
+        """(rows, batch, cache) of each lane."""
+        return [(slice(a, b), batch, cache)
+                for a, b, batch, cache in zip(self.starts, self.starts[1:], self.batches, self.caches)]
+
+
 # Attention's optional tensors: field -> (tensor, suffix)
 _ATTENTION_EXTRAS = {"bq": (T.ATTN_Q, "bias"), "bk": (T.ATTN_K, "bias"), "bv": (T.ATTN_V, "bias"),
                      "bo": (T.ATTN_OUT, "bias"), "q_norm": (T.ATTN_Q_NORM, "weight"),
@@ -309,7 +324,28 @@ class Decoder:
         replays = cache.replays_for(len(tokens), all_logits) if replayable else None
         return self.backend.to_numpy(self.backend.run(compute, batch, replays))
 
-    def _compute(self, batch: Batch, cache: KVCache, all_logits: bool):
+    def forward_lanes(self, tokens: list[list[int]], caches: list[KVCache]):
+        """Each sequence's tokens (a few, or one: a decode step) at its own cache's next positions,
+        all in one pass over the weights: the logits of every token, lane after lane (sum of
+        the lanes' tokens, vocab). Each row is computed as forward(tokens, cache, all_logits=True)
+        of its lane alone computes it, bit for bit, on a backend whose products of a few rows
+        compute each row as one row's (both do, within few_tokens rows)."""
+        if sum(map(len, tokens)) > self.backend.few_tokens:
+            raise ValueError(f"a pass of lanes takes at most {self.backend.few_tokens} token(s) on this backend")
+        batches = []
+        for lane, cache in zip(tokens, caches):
+            batches.append(cache.reserve(lane))
+            cache.move_pinned(lambda i, c=cache: self.key_rotation(self.layers[i].attn, c))
+        starts = tuple(np.cumsum([0, *map(len, tokens)]).tolist())
+        joint = batches[0].replace(ids=np.concatenate([b.ids for b in batches]),
+                                   positions=np.concatenate([b.positions for b in batches]))
+
+        def compute(batch):
+            lanes = Lanes(tuple(caches), tuple(self.backend.upload(b) for b in batches), starts)
+            return self._compute(batch, lanes, all_logits=True)
+        return self.backend.to_numpy(self.backend.run(compute, joint))
+
+    def _compute(self, batch: Batch, cache: KVCache | Lanes, all_logits: bool):
         be, p = self.backend, self.params
         x = be.embed(self.tok_embd, batch.ids)
         if self.embed_scale:
@@ -350,6 +386,18 @@ class Decoder:
         if a.q_norm is not None:
             q = be.rms_norm(q.reshape(-1, norm_width or q.shape[1]), a.q_norm, p.rms_eps)
         q = q.reshape(n, heads, a.head_dim)
+        if isinstance(cache, Lanes):
+            out = be.concat([self.attend(a, q[rows], None if k is None else k[rows], None if v is None else v[rows],
+                                         lane_batch, lane_cache, i) for rows, lane_batch, lane_cache in cache.rows()])
+        else:
+            out = self.attend(a, q, k, v, batch, cache, i)
+        out = be.matmul(a.wo, out.reshape(n, heads * a.value_dim))
+        return out if a.bo is None else out + a.bo
+
+    def attend(self, a: Attention, q, k, v, batch: Batch, cache: KVCache, i: int):
+        """One sequence's queries (T, heads, size) over layer i's cache, after storing its keys and
+        values (k None: over the earlier layer's that it shares), before the output projection."""
+        be, p, n = self.backend, self.params, q.shape[0]
         rotate = self.key_rotation(a, cache)
         if a.rotates:
             # (the magnitude scales the rotated dimensions once: not again where the ring moves keys)
@@ -363,9 +411,7 @@ class Decoder:
         else:
             keys, values, key_pos = cache.store(i, *self.keys_values(a, k, v, batch, rotate), batch)
         scale = self.query_scale or p.attention_scale or 1.0 / math.sqrt(a.head_dim)
-        out = be.attention(q, keys, values, batch.positions, key_pos, scale, a.window, p.attn_softcap, a.sinks)
-        out = be.matmul(a.wo, out.reshape(n, heads * a.value_dim))
-        return out if a.bo is None else out + a.bo
+        return be.attention(q, keys, values, batch.positions, key_pos, scale, a.window, p.attn_softcap, a.sinks)
 
     def key_rotation(self, a: Attention, cache: KVCache):
         """The layer's RoPE, rotate(x, positions, magnitude=1.0) in place, at the cache's context."""

@@ -1,0 +1,139 @@
+"""Continuous batching (runner/batching.py): sequences joining and leaving a shared decode pass
+generate, at temperature 0, the tokens each generates alone."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runner.batching import Batcher
+from runner.generate import generate
+from runner.kv_cache import ContextFullError
+from runner.load import LoadOptions, load_model
+from runner.sampler import Sampler, SamplingOptions
+
+GREEDY = SamplingOptions(temperature=0)
+PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time", "1, 2, 3, 4,",
+           "The cat sat on the mat. " * 30, "Water boils at"]
+
+
+def alone(lm, ids, n):
+    """Plain generation of one sequence (runner/generate.py), as `ggrun run` does it."""
+    return list(generate(lm.model, lm.model.new_cache(512), ids, Sampler(GREEDY), n,
+                         lm.tokenizer.vocab.end_of_generation))
+
+
+def drain(batcher, limit=10_000):
+    for _ in range(limit):
+        if not batcher.step():
+            return
+    raise AssertionError("the batcher did not finish")
+
+
+@pytest.fixture(scope="module")
+def lm(smollm_path):
+    return load_model(smollm_path, LoadOptions(kv_type="f32"))
+
+
+def test_sequences_joining_at_any_step_generate_their_tokens_alone(lm):
+    ids = [lm.tokenizer.encode(p) for p in PROMPTS]
+    assert len(ids[4]) > 128  # (prefilled in chunks, between decode passes)
+    want = [alone(lm, i, 16) for i in ids]
+    batcher = Batcher(lm, slots=3, n_ctx=512)
+    seqs = [batcher.add(i, Sampler(GREEDY), 16) for i in ids[:2]]
+    for late in ids[2:]:  # (the others come while those run: one every three steps)
+        for _ in range(3):
+            batcher.step()
+        seqs.append(batcher.add(late, Sampler(GREEDY), 16))
+        assert len(batcher.running) <= 3
+    drain(batcher)
+    assert [s.tokens for s in seqs] == want
+    assert all(s.finish_reason in ("length", "eos") for s in seqs)
+    assert not batcher.running and not batcher.waiting
+
+
+def test_a_decode_pass_takes_every_running_sequence(lm, monkeypatch):
+    passes = []
+    batcher = Batcher(lm, slots=4, n_ctx=256)
+    decode = batcher._decode
+    monkeypatch.setattr(batcher, "_decode", lambda seqs: passes.append(len(seqs)) or decode(seqs))
+    for p in PROMPTS[:4]:
+        batcher.add(lm.tokenizer.encode(p), Sampler(GREEDY), 8, stop_ids=())
+    drain(batcher)
+    # (one prompt prefilled a step; each then decodes 7 tokens after the prefill's first)
+    assert passes == [1, 2, 3, 4, 4, 4, 4, 3, 2, 1]
+
+
+def test_a_cancelled_sequence_leaves_within_a_step(lm):
+    batcher = Batcher(lm, slots=2, n_ctx=256)
+    ids = [lm.tokenizer.encode(p) for p in PROMPTS[:3]]
+    a, b = (batcher.add(i, Sampler(GREEDY), 64, stop_ids=()) for i in ids[:2])
+    c = batcher.add(ids[2], Sampler(GREEDY), 8, stop_ids=())
+    for _ in range(4):
+        batcher.step()
+    a.cancelled = True  # (set from another thread, read between steps)
+    n = len(a.tokens)
+    batcher.step()
+    assert a.finish_reason == "cancelled" and len(a.tokens) == n and a.slot is None
+    drain(batcher)
+    assert b.tokens == alone(lm, ids[1], 64)[:len(b.tokens)] and len(b.tokens) == 64
+    assert c.tokens == alone(lm, ids[2], 8)  # (it took the slot a left)
+
+
+def test_a_shared_prefix_is_prefilled_once(lm):
+    system = lm.tokenizer.encode("You are a helpful assistant who answers in one short sentence. " * 8)
+    first, second = system + lm.tokenizer.encode(" Q: Name a colour."), system + lm.tokenizer.encode(" Q: Name a fruit.")
+    batcher = Batcher(lm, slots=1, n_ctx=512)
+    s1 = batcher.add(first, Sampler(GREEDY), 6, stop_ids=())
+    drain(batcher)
+    s2 = batcher.add(second, Sampler(GREEDY), 6, stop_ids=())
+    drain(batcher)
+    assert s1.cached_tokens == 0 and s2.cached_tokens >= len(system) - 1
+    assert s2.tokens == alone(lm, second, 6)
+    # the next turn of a conversation: only its new tokens are prefilled
+    turn = second + s2.tokens + lm.tokenizer.encode(" And a vegetable?")
+    s3 = batcher.add(turn, Sampler(GREEDY), 4, stop_ids=())
+    drain(batcher)
+    assert s3.cached_tokens == len(second) + len(s2.tokens) - 1
+
+
+def test_context_limits(lm):
+    batcher = Batcher(lm, slots=1, n_ctx=32)
+    with pytest.raises(ContextFullError, match="32"):
+        batcher.add(list(range(100, 140)), Sampler(GREEDY), 4)
+    seq = batcher.add(lm.tokenizer.encode("1, 2, 3, 4, 5, 6,"), Sampler(GREEDY), 100, stop_ids=())
+    drain(batcher)
+    assert seq.finish_reason == "context" and len(seq.ids) + len(seq.tokens) <= 32
+
+
+def test_the_torch_backend_takes_a_lane_a_pass(smollm_path):
+    pytest.importorskip("torch")
+    lm = load_model(smollm_path, LoadOptions(device="torch-cpu", kv_type="f32"))
+    ids = [lm.tokenizer.encode(p) for p in PROMPTS[:2]]
+    batcher = Batcher(lm, slots=2, n_ctx=64)
+    seqs = [batcher.add(i, Sampler(GREEDY), 4, stop_ids=()) for i in ids]
+    drain(batcher)
+    for seq, i in zip(seqs, ids):
+        want = list(generate(lm.model, lm.model.new_cache(64), i, Sampler(GREEDY), 4, ()))
+        assert seq.tokens == want
+    # (its products compute a row as a one-row product does for one row alone: one lane a pass)
+    assert lm.backend.few_tokens == batcher.lanes == 1
+    logits = lm.model.forward_lanes([[5]], [lm.model.new_cache(16)])
+    assert logits.shape == (1, lm.params.vocab_size) and np.isfinite(logits).all()
+    with pytest.raises(ValueError, match="at most 1 token"):
+        lm.model.forward_lanes([[5], [6]], [lm.model.new_cache(16), lm.model.new_cache(16)])
+
+
+def test_bench_measures_concurrency(smollm_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from runner.cli import main
+    r = CliRunner().invoke(main, ["bench", str(smollm_path), "-p", "0", "-n", "4", "-r", "1", "--concurrency", "1,3",
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    rows = [row for row in json.loads(r.output[r.output.index("["):]) if "sequences" in row]
+    assert [(row["test"], row["sequences"]) for row in rows] == [("tg4 x1", 1), ("tg4 x3", 3)]
+    assert rows[0]["vs_first_level"] == 1.0 and all(row["tok_s_mean"] > 0 for row in rows)
+    bad = CliRunner().invoke(main, ["bench", str(smollm_path), "--concurrency", "0,2"])
+    assert bad.exit_code != 0 and "positive integers" in bad.output
