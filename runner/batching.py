@@ -122,6 +122,8 @@ class Batcher:
             slot = max(free, key=lambda s: common_prefix(s.held, seq.ids))
             # (at least the last prompt token runs again: its logits give the first token)
             reuse = min(common_prefix(slot.held, seq.ids), len(seq.ids) - 1)
+            if not slot.cache.truncation_keeps(reuse):
+                reuse = 0
             slot.cache.truncate(reuse)
             del slot.held[reuse:]
             seq.slot, seq.cached_tokens, seq.pending = slot, reuse, seq.ids[reuse:]

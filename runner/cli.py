@@ -743,6 +743,53 @@ def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv
     repl(session, sys.stdout, cache_dir() / "chat_history", colour=colour, hide_reasoning=reasoning == "hide")
 
 
+@main.command(cls=Command)
+@model_argument
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface; then set --api-key).")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to listen on (0: a free one, which the first log line names).")
+@click.option("-np", "--parallel", default=1, show_default=True, type=click.IntRange(1),
+              help="Slots, as llama-server's -np. For now sequences run one at a time, in arrival order (the "
+                   "others wait in the queue); continuous batching will run the slots together.")
+@click.option("-c", "--ctx-size", type=click.IntRange(MIN_CONTEXT),
+              help="Context of EACH sequence (not divided among the slots, as llama-server divides it): a "
+                   "request's prompt plus max_tokens must fit in it, else it gets a 400. "
+                   f"Default: min(trained, {DEFAULT_CONTEXT}).")
+@click.option("--max-queue", default=64, show_default=True, type=click.IntRange(1),
+              help="Requests that may wait for a slot; more get 503.")
+@click.option("--api-key", envvar="GGRUN_API_KEY", show_envvar=True,
+              help="Require this key (Authorization: Bearer KEY) on every route but /health.")
+@click.option("-a", "--alias", help="The model's name in the API (default: as given, or its file name).")
+@sampling_options
+@load_options
+def serve(model, host, port, parallel, ctx_size, max_queue, api_key, alias, sampling, load):
+    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models) and
+    Ollama's (/api/chat, /api/generate, /api/tags, /api/show), plus /health, /props, /metrics,
+    /tokenize and /detokenize. The sampling options are the defaults that requests override. One
+    log line per request on stderr; Ctrl-C or SIGTERM cancel what runs and stop."""
+    import time
+    from pathlib import Path
+
+    from .registry import resolve
+    from .serve.model import ModelCard
+    from .serve.server import bind, serve as run_server
+    path = Path(resolve(model))
+    card = ModelCard.of(model or DEFAULT_MODEL, path, alias)
+    sock = bind(host, port)
+
+    def load_model():
+        return _load(str(path), replace(load, n_ctx=ctx_size))
+
+    def log(line):
+        click.echo(f"{time.strftime('%H:%M:%S')} {line}", err=True)
+    stopped_by = run_server(load_model, card, sampling, sock, ctx_size, parallel, max_queue, api_key, log)
+    if stopped_by == signal.SIGINT:
+        raise KeyboardInterrupt
+    if stopped_by == signal.SIGTERM:
+        _terminated(stopped_by, None)
+
+
 def entry():
     """The `ggrun` command. When Numba first loads a kernel it probes for SciPy's BLAS (to support
     np.dot in jitted code) and imports cffi with its C parser (for cffi functions in jitted code);

@@ -219,6 +219,17 @@ class KVCache:
                         for i, w in enumerate(self.windowed) if not w}
         self._rotated_to = {i: 0 for i in self._pinned}
 
+    def truncation_keeps(self, n: int) -> bool:
+        """Whether truncate(n) leaves a cache that continues as one that stopped at n: each
+        sliding-window layer, which keeps only window + max_batch slots, still holds the window
+        before position n (the tokens past n may have overwritten it)."""
+        for kind in self.kind_list:
+            if kind[0] == "window" and kind[1] < self.n_ctx:
+                needed = np.arange(max(0, n - (kind[1] - self.max_batch)), n)
+                if not np.isin(needed, self.positions[kind]).all():
+                    return False
+        return True
+
     def truncate(self, n: int) -> None:
         """Forget the tokens from position n on, as if they had never been added; the next token
         takes position n. Inside a wrapped ring, what they overwrote is put back if they came in

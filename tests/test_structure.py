@@ -94,3 +94,30 @@ def test_every_sampling_option_is_a_flag_and_settable_in_chat():
     names = {f.name for f in fields(SamplingOptions)}
     assert set(_SAMPLING_FLAGS.values()) == names
     assert {field for field, _ in SETTABLE.values()} == names
+
+
+def _absolute_imports(path: Path) -> set[str]:
+    """The dotted names a file imports, relative imports resolved."""
+    package = path.relative_to(ROOT).parent.parts
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else ()
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names |= {module} | {f"{module}.{a.name}" for a in node.names}
+    return names
+
+
+def test_the_server_sits_on_the_engine():
+    """runner/serve reaches the model through the engine (Session, sampler, tokenizer, chat
+    templates), never into kernels or model code; nothing but the CLI imports it."""
+    below = ("kernels_cpu", "kernels_gpu", "runner.models", "runner.weights")
+    serve = ROOT / "runner" / "serve"
+    offenders = {f"{path.relative_to(ROOT)} imports {name}" for path in serve.rglob("*.py")
+                 for name in _absolute_imports(path) if name.startswith(below)}
+    assert not offenders
+    users = {str(path.relative_to(ROOT)) for path in (ROOT / "runner").rglob("*.py")
+             if serve not in path.parents and any(n.startswith("runner.serve") for n in _absolute_imports(path))}
+    assert users == {"runner/cli.py"}
