@@ -39,8 +39,9 @@ class Sequence:
     on_token: Callable[[Choice], None] | None = None  # each generated token, as it comes (worker's thread)
     tokens: list[int] = field(default_factory=list)
     cached_tokens: int = 0          # of the prompt, reused from its slot's cache
-    finish_reason: str | None = None  # "eos", "length", "context" or "cancelled" once finished
+    finish_reason: str | None = None  # "eos", "length", "context", "cancelled" or "failed" once finished
     cancelled: bool = False         # set from anywhere: the sequence leaves at the next step
+    reuse: bool = True              # whether it may start from a prefix its slot's cache holds
     slot: _Slot | None = None
     pending: list[int] = field(default_factory=list)  # prompt tokens still to prefill
     next_token: int | None = None   # sampled, not yet run through the model
@@ -78,15 +79,16 @@ class Batcher:
         return [s.sequence for s in self.slots if s.sequence is not None]
 
     def add(self, ids: list[int], sampler: Sampler, max_tokens: int, stop_ids=None,
-            on_token: Callable[[Choice], None] | None = None) -> Sequence:
-        """Queue a prompt; it joins at a step where a slot is free. A prompt that could never fit
-        a slot's context raises ContextFullError."""
+            on_token: Callable[[Choice], None] | None = None, reuse: bool = True) -> Sequence:
+        """Queue a prompt; it joins at a step where a slot is free (reuse: prefilling only what
+        follows the longest prefix of it a free slot holds). A prompt that could never fit a
+        slot's context raises ContextFullError."""
         if not ids:
             raise ValueError("a sequence needs at least one prompt token")
         if len(ids) >= self.n_ctx:
             raise ContextFullError(f"the prompt has {len(ids)} tokens; a sequence's context holds {self.n_ctx}")
         stop = self.lm.tokenizer.vocab.end_of_generation if stop_ids is None else stop_ids
-        seq = Sequence(list(ids), sampler, max_tokens, frozenset(stop), on_token)
+        seq = Sequence(list(ids), sampler, max_tokens, frozenset(stop), on_token, reuse=reuse)
         self.waiting.append(seq)
         return seq
 
@@ -121,7 +123,7 @@ class Batcher:
             seq = self.waiting.popleft()
             slot = max(free, key=lambda s: common_prefix(s.held, seq.ids))
             # (at least the last prompt token runs again: its logits give the first token)
-            reuse = min(common_prefix(slot.held, seq.ids), len(seq.ids) - 1)
+            reuse = min(common_prefix(slot.held, seq.ids), len(seq.ids) - 1) if seq.reuse else 0
             if not slot.cache.truncation_keeps(reuse):
                 reuse = 0
             slot.cache.truncate(reuse)
@@ -164,6 +166,14 @@ class Batcher:
         if len(seq.tokens) >= seq.max_tokens:
             return self._finish(seq, "length")
         seq.next_token = choice.token
+
+    def fail_running(self) -> None:
+        """End every running sequence ("failed") and empty its slot's cache: a pass that raised
+        may have left it half written."""
+        for seq in self.running:
+            seq.slot.cache.truncate(0)
+            seq.slot.held.clear()
+            self._finish(seq, "failed")
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason, seq.next_token, seq.pending = reason, None, []

@@ -750,8 +750,9 @@ def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
               help="Port to listen on (0: a free one, which the first log line names).")
 @click.option("-np", "--parallel", default=1, show_default=True, type=click.IntRange(1),
-              help="Slots, as llama-server's -np. For now sequences run one at a time, in arrival order (the "
-                   "others wait in the queue); continuous batching will run the slots together.")
+              help="Slots, as llama-server's -np: requests that run together, one pass over the weights a step "
+                   "for all of them (continuous batching; the CPU takes up to 8 a pass); more wait in the queue. "
+                   "Each slot has a KV cache of -c tokens.")
 @click.option("-c", "--ctx-size", type=click.IntRange(MIN_CONTEXT),
               help="Context of EACH sequence (not divided among the slots, as llama-server divides it): a "
                    "request's prompt plus max_tokens must fit in it, else it gets a 400. "

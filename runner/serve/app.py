@@ -95,7 +95,7 @@ async def metrics(request):
                 ("prompt_seconds_total", "Total time spent processing prompts", c.prompt_s),
                 ("tokens_predicted_total", "Number of generation tokens processed", c.generated_tokens),
                 ("tokens_predicted_seconds_total", "Total time spent generating tokens", c.decode_s)]
-    gauges = [("requests_processing", "Number of requests processing", int(s.running is not None)),
+    gauges = [("requests_processing", "Number of requests processing", s.processing),
               ("requests_deferred", "Number of requests waiting in the queue", s.queued),
               ("slots_total", "Slots (--parallel); sequences run one at a time for now", s.slots),
               ("kv_cache_tokens", "Tokens held in the KV cache (kept after a request, for prefix reuse)", s.kv_tokens),

@@ -1,34 +1,31 @@
-"""The engine side of the server: one worker thread owns the model and its KV cache, and runs the
-requests' sequences; HTTP handlers talk to it through submit and cancel alone.
+"""The engine side of the server: one worker thread owns the model and steps a Batcher
+(runner/batching.py) over every running request; HTTP handlers talk to it through submit and
+cancel alone.
 
     ticket = scheduler.submit(job)       # on the event loop; QueueFull when the queue is full
     async for event in ticket.events():  # Text ... then Done or Failed
         ...
-    scheduler.cancel(ticket)             # a client that left: its sequence stops within a token
+    scheduler.cancel(ticket)             # a client that left: its sequence stops within a step
 
-For now the worker runs one sequence at a time, in arrival order (`slots` is reported, not yet
-used): continuous batching (runner/batching.py's Batcher: add, step, a sequence's on_token and
-cancelled) replaces `_next` and `_run`, several tickets stepping together and joining and leaving
-at any step, behind the same Job, Ticket, events, submit and cancel.
-
-Prefix reuse: the cache is kept between requests with the tokens it holds (`held`); a prompt that
-starts with some of them truncates the cache to that common prefix and prefills only the rest, so
-a repeated system prompt, or the next turn of a conversation, costs only its new tokens (a job's
-cache_prompt False prefills it all: see _reuse).
+Up to `slots` requests run together, one decode pass over the weights a step for all of them
+(continuous batching: they join and leave at any step, and a long prompt comes in by chunks
+between the passes); the others wait in the queue. Each slot keeps its KV cache after its request
+with the tokens it holds, and a prompt that starts with some of them prefills only the rest, so a
+repeated system prompt, or the next turn of a conversation, costs only its new tokens.
 """
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from contextlib import closing
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine import Session
+from ..batching import Batcher
 from ..generate import ModelOutputError
 from ..reasoning import ReplyDecoder, reasoning_format
 from ..sampler import Sampler, SamplingOptions
@@ -94,6 +91,7 @@ class Ticket:
         self.job = job
         self.cancelled = False
         self.finished = False
+        self.sequence = None  # its batching.Sequence, once the worker has it
         self._loop = asyncio.get_running_loop()
         self._events: asyncio.Queue = asyncio.Queue()
 
@@ -132,16 +130,15 @@ class Scheduler:
                  on_ready: Callable = lambda lm: None):
         self._load, self._on_ready = load, on_ready
         self.n_ctx, self.slots, self.max_queue = n_ctx, slots, max_queue
-        self.lm = self.cache = None
+        self.lm = self.batcher = None
         self.reasoning: str | None = None  # how the model's replies mark their reasoning (reasoning.py)
-        self.held: list[int] = []      # the tokens the cache holds, in order
         self.ready = False
         self.load_error: BaseException | None = None
         self.stopping = False          # (set from a signal handler: a plain assignment, no lock)
         self.counters = Counters()
-        self.running: Ticket | None = None
-        self._waiting: deque[Ticket] = deque()
-        self._lock = threading.Condition()  # over _waiting
+        self._waiting: deque[Ticket] = deque()  # submitted, not yet given to the batcher
+        self._active: list[_Active] = []         # given to the batcher: waiting for a slot, or running
+        self._lock = threading.Condition()       # over _waiting
         self._thread = threading.Thread(target=self._work, name="ggrun-scheduler", daemon=True)
 
     # -- the handlers' side (the event loop) ---------------------------------------------------
@@ -151,30 +148,38 @@ class Scheduler:
 
     def submit(self, job: Job) -> Ticket:
         """Queue a job (on the event loop, where its ticket's events arrive); QueueFull when
-        max_queue jobs wait already."""
+        max_queue jobs wait for a slot already."""
         ticket = Ticket(job)
         with self._lock:
-            if len(self._waiting) >= self.max_queue:
+            if self.queued >= self.max_queue:
                 self.counters.rejected += 1
-                raise QueueFull(f"the server is busy: {len(self._waiting)} requests are waiting (--max-queue)")
+                raise QueueFull(f"the server is busy: {self.queued} requests are waiting (--max-queue)")
             self._waiting.append(ticket)
             self._lock.notify()
         return ticket
 
     def cancel(self, ticket: Ticket) -> None:
-        """Stop a ticket's sequence (within a token), or take it out of the queue."""
+        """Stop a ticket's sequence (within a step), or take it out of the queue."""
         ticket.cancelled = True
         with self._lock:
             if ticket in self._waiting:
                 self._waiting.remove(ticket)
+        if ticket.sequence is not None:
+            ticket.sequence.cancelled = True
 
     @property
     def queued(self) -> int:
-        return len(self._waiting)
+        """Requests waiting for a slot."""
+        return len(self._waiting) + (len(self.batcher.waiting) if self.batcher is not None else 0)
+
+    @property
+    def processing(self) -> int:
+        return len(self.batcher.running) if self.batcher is not None else 0
 
     @property
     def kv_tokens(self) -> int:
-        return self.cache.used if self.cache is not None else 0
+        """Tokens the slots' caches hold (kept after a request, for prefix reuse)."""
+        return sum(len(slot.held) for slot in self.batcher.slots) if self.batcher is not None else 0
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel what runs and what waits, and end the worker."""
@@ -188,97 +193,110 @@ class Scheduler:
         try:
             self.lm = self._load()
             self.n_ctx = self.n_ctx or self.lm.default_context()
-            self.cache = self.lm.model.new_cache(self.n_ctx, ring=False)
+            self.batcher = Batcher(self.lm, self.slots, self.n_ctx)
             self.reasoning = reasoning_format(self.lm.tokenizer.vocab)
             self._on_ready(self.lm)
         except BaseException as e:  # (the server reports it and exits)
             self.load_error = e
             return
         self.ready = True
-        while (ticket := self._next()) is not None:
+        while self._take_new():
             try:
-                self._run(ticket)
-            except Exception as e:  # (the model's NaN logits, or a bug: the request fails, the server goes on)
+                self.batcher.step()
+            except Exception as e:  # (the model's NaN logits, or a bug: its requests fail, the server goes on)
                 if not isinstance(e, ModelOutputError):
                     traceback.print_exc()
-                self.cache.truncate(0)
-                self.held = []
                 message = str(e) if isinstance(e, ModelOutputError) else f"internal error: {type(e).__name__}: {e}"
-                ticket.put(Failed(500, message))
-            finally:
-                self.running = None
+                for active in self._active:
+                    active.ticket.put(Failed(500, message))
+                self.batcher.fail_running()
+                self._active = []
+            self._report_finished()
         with self._lock:
             waiting, self._waiting = list(self._waiting), deque()
-        for ticket in waiting:
+        for ticket in waiting + [a.ticket for a in self._active]:
             ticket.put(Failed(503, "the server is shutting down"))
 
-    def _next(self) -> Ticket | None:
-        """The next ticket in arrival order (None once the server stops)."""
+    def _take_new(self) -> bool:
+        """Give the submitted tickets to the batcher, waiting while there is nothing to do; False
+        once the server stops."""
         with self._lock:
             while not self.stopping:
-                if self._waiting:
-                    self.running = self._waiting.popleft()
-                    return self.running
+                while self._waiting:
+                    self._start(self._waiting.popleft())
+                if self._active:
+                    return True
                 self._lock.wait(0.1)  # (stop() sets `stopping` from a signal handler, without a notify)
-        return None
+        return False
 
-    def _run(self, ticket: Ticket) -> None:
-        job, counters = ticket.job, self.counters
+    def _start(self, ticket: Ticket) -> None:
+        job = ticket.job
         if ticket.cancelled:  # (its client left as it came out of the queue)
             ticket.put(Done("cancelled", Usage(len(job.ids))))
             return
-        reused = self._reuse(job.ids, job.cache_prompt)
-        session = Session(self.lm, self.cache)
-        sampler = _RecordingSampler(job.sampling, job.top_logprobs)
-        decoder = ReplyDecoder(self.lm.tokenizer, self.reasoning if job.reasoning else None)
-        text = StopText(job.stops)
-        counters.requests += 1
-        handed = 0  # tokens handed out so far
-        pieces = session.complete(job.ids[reused:], sampler, job.max_tokens, history=job.ids[:reused],
-                                  should_stop=lambda: ticket.cancelled or self.stopping, decoder=decoder)
-        with closing(pieces):
-            for piece in pieces:  # (one per token handed out, and a last one, the decoder's remainder)
-                new = [sampler.info(t) for t in session.stats.tokens[handed:]]
-                handed += len(new)
-                segments = text.push(piece, decoder.part)
-                for i, (part, released) in enumerate(segments):
-                    ticket.put(Text(released, part, new if i == 0 else []))
-                if new and not segments:
-                    ticket.put(Text("", decoder.part, new))
-                if text.stopped:
-                    break
-        for part, released in text.flush():
-            ticket.put(Text(released, part, []))
-        stats = session.stats
-        # (the cache holds the prompt and the tokens handed out, but for the last one where it stopped early)
-        self.held = (job.ids + stats.tokens)[:self.cache.used]
-        usage = Usage(len(job.ids), reused, stats.generated_tokens, stats.prefill_s, stats.decode_s)
-        counters.prompt_tokens += len(job.ids) - reused
-        counters.cached_tokens += reused
-        counters.generated_tokens += stats.generated_tokens
-        counters.prompt_s += stats.prefill_s
-        counters.decode_s += stats.decode_s
-        if stats.stop_reason == "interrupted":
-            counters.cancelled += ticket.cancelled
-            ticket.put(Done("cancelled", usage) if ticket.cancelled else Failed(503, "the server is shutting down"))
-        else:
-            ticket.put(Done("stop" if text.stopped or stats.stop_reason == "eos" else "length", usage))
+        active = _Active(ticket, _RecordingSampler(job.sampling, job.top_logprobs),
+                         ReplyDecoder(self.lm.tokenizer, self.reasoning if job.reasoning else None), StopText(job.stops))
+        ticket.sequence = self.batcher.add(job.ids, active.sampler, job.max_tokens, on_token=active.on_token,
+                                           reuse=job.cache_prompt)
+        self._active.append(active)
+        self.counters.requests += 1
 
-    def _reuse(self, ids: list[int], cache_prompt: bool) -> int:
-        """Truncate the cache to the longest prefix of ids it holds (leaving at least one token of
-        ids to prefill, whose logits start the reply) and say how long that is; none where
-        cache_prompt is False. As with llama-server's cache_prompt, a reused prefix was computed
-        in passes of other sizes (a reply's tokens in one-token steps) than a fresh prefill's,
-        whose rounding differs, and at a near tie a greedy pick may differ too."""
-        n, most = 0, min(len(self.held), len(ids) - 1) if cache_prompt else 0
-        while n < most and self.held[n] == ids[n]:
-            n += 1
-        if n and not self.cache.truncation_keeps(n):
-            n = 0
-        if n < self.cache.used:
-            self.cache.truncate(n)
-            self.held = self.held[:n]
-        return n
+    def _report_finished(self) -> None:
+        """Done for each ticket whose sequence ended this step, with its usage counted."""
+        counters, still = self.counters, []
+        for active in self._active:
+            seq = active.ticket.sequence
+            if not seq.finished:
+                still.append(active)
+                continue
+            usage = active.finish()
+            counters.prompt_tokens += usage.prompt_tokens - usage.cached_tokens
+            counters.cached_tokens += usage.cached_tokens
+            counters.generated_tokens += usage.completion_tokens
+            counters.prompt_s += usage.prompt_s
+            counters.decode_s += usage.decode_s
+            counters.cancelled += seq.finish_reason == "cancelled" and not active.text.stopped
+        self._active = still
+
+
+class _Active:
+    """A ticket's sequence in the batcher, and what turns its tokens into the ticket's events."""
+
+    def __init__(self, ticket: Ticket, sampler, decoder: ReplyDecoder, text: StopText):
+        self.ticket, self.sampler, self.decoder, self.text = ticket, sampler, decoder, text
+        self.started = time.perf_counter()
+        self.first_token: float | None = None
+
+    def on_token(self, choice) -> None:
+        """A generated token (on the worker, during the batcher's step): its text, less any stop
+        string, to the ticket; a stop string ends the sequence."""
+        self.first_token = self.first_token or time.perf_counter()
+        self._put(self.decoder.push(choice.token), [self.sampler.info(choice.token)])
+        if self.text.stopped:
+            self.ticket.sequence.cancelled = True
+
+    def _put(self, piece: str, tokens: list[TokenLogprob]) -> None:
+        segments = self.text.push(piece, self.decoder.part)
+        for i, (part, released) in enumerate(segments):
+            self.ticket.put(Text(released, part, tokens if i == 0 else []))
+        if tokens and not segments:
+            self.ticket.put(Text("", self.decoder.part, tokens))
+
+    def finish(self) -> Usage:
+        """The rest of the text and Done, once the sequence has ended; its usage."""
+        seq, now = self.ticket.sequence, time.perf_counter()
+        self._put(self.decoder.flush(), [])
+        for part, released in self.text.flush():
+            self.ticket.put(Text(released, part, []))
+        first = self.first_token or now
+        usage = Usage(len(seq.ids), seq.cached_tokens, len(seq.tokens), first - self.started, now - first)
+        if self.text.stopped or seq.finish_reason == "eos":
+            self.ticket.put(Done("stop", usage))
+        elif seq.finish_reason == "cancelled":
+            self.ticket.put(Done("cancelled", usage))
+        else:  # ("length": max_tokens; "context": the sequence's context is full)
+            self.ticket.put(Done("length", usage))
+        return usage
 
 
 class _RecordingSampler(Sampler):
