@@ -332,6 +332,8 @@ class Decoder:
         compute each row as one row's (both do, within few_tokens rows)."""
         if sum(map(len, tokens)) > self.backend.few_tokens:
             raise ValueError(f"a pass of lanes takes at most {self.backend.few_tokens} token(s) on this backend")
+        if len({c.n_ctx for c in caches}) > 1:  # (RoPE's frequencies may depend on the context)
+            raise ValueError("the lanes of a pass need caches of one context size")
         batches = []
         for lane, cache in zip(tokens, caches):
             batches.append(cache.reserve(lane))
@@ -386,22 +388,27 @@ class Decoder:
         if a.q_norm is not None:
             q = be.rms_norm(q.reshape(-1, norm_width or q.shape[1]), a.q_norm, p.rms_eps)
         q = q.reshape(n, heads, a.head_dim)
-        if isinstance(cache, Lanes):
-            out = be.concat([self.attend(a, q[rows], None if k is None else k[rows], None if v is None else v[rows],
-                                         lane_batch, lane_cache, i) for rows, lane_batch, lane_cache in cache.rows()])
-        else:
+        lanes = cache.rows() if isinstance(cache, Lanes) else None
+        # (every row is rotated at its own position: the lanes' rows together)
+        rotate = self.key_rotation(a, cache.caches[0] if lanes else cache)
+        if a.rotates:
+            # (the magnitude scales the rotated dimensions once: not again where the ring moves keys)
+            rotate(q, batch.positions, magnitude=p.rope_attn_factor)
+        if k is not None:
+            k, v = self.keys_values(a, k, v, batch, rotate)
+        if lanes is None:
             out = self.attend(a, q, k, v, batch, cache, i)
+        else:
+            out = be.concat([self.attend(a, q[rows], None if k is None else k[rows], None if v is None else v[rows],
+                                         lane_batch, lane_cache, i) for rows, lane_batch, lane_cache in lanes])
         out = be.matmul(a.wo, out.reshape(n, heads * a.value_dim))
         return out if a.bo is None else out + a.bo
 
     def attend(self, a: Attention, q, k, v, batch: Batch, cache: KVCache, i: int):
-        """One sequence's queries (T, heads, size) over layer i's cache, after storing its keys and
-        values (k None: over the earlier layer's that it shares), before the output projection."""
+        """One sequence's rotated queries (T, heads, size) over layer i's cache, after storing its
+        keys and values (k None: over the earlier layer's that it shares), before the output
+        projection."""
         be, p, n = self.backend, self.params, q.shape[0]
-        rotate = self.key_rotation(a, cache)
-        if a.rotates:
-            # (the magnitude scales the rotated dimensions once: not again where the ring moves keys)
-            rotate(q, batch.positions, magnitude=p.rope_attn_factor)
         # (the batch's positions from the cache's count: the host's, where the batch's may be a device's)
         temperature = self.query_temperature(np.arange(cache.used - n, cache.used)) if p.attn_temp_scale else None
         if temperature is not None:
@@ -409,7 +416,7 @@ class Decoder:
         if k is None:
             keys, values, key_pos = cache.read(a.kv_layer, batch)
         else:
-            keys, values, key_pos = cache.store(i, *self.keys_values(a, k, v, batch, rotate), batch)
+            keys, values, key_pos = cache.store(i, k, v, batch)
         scale = self.query_scale or p.attention_scale or 1.0 / math.sqrt(a.head_dim)
         return be.attention(q, keys, values, batch.positions, key_pos, scale, a.window, p.attn_softcap, a.sinks)
 
