@@ -9,7 +9,9 @@ one chunk a step between decode passes, so the running streams keep flowing whil
 Each of the `slots` sequences that may run at once has a KV cache of `n_ctx` tokens, kept with
 the tokens it holds after its sequence ends: a new prompt goes to the free slot holding the
 longest prefix of it and prefills only the rest (a repeated system prompt, the next turn of a
-conversation).
+conversation). Given a drafter, a sequence that runs alone decodes speculatively
+(runner/speculative.py's drafts and verification); several batch instead, which spends the same
+spare compute.
 
     batcher = Batcher(lm, slots=4, n_ctx=2048)
     seq = batcher.add(ids, Sampler(options), max_tokens=128)   # then, from the same thread:
@@ -25,6 +27,7 @@ from .generate import checked
 from .kv_cache import ContextFullError
 from .load import LoadedModel
 from .sampler import Choice, Sampler
+from .speculative import verify
 
 PREFILL_CHUNK = 128  # prompt tokens a step, between decode passes
 
@@ -68,8 +71,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class Batcher:
-    def __init__(self, lm: LoadedModel, slots: int, n_ctx: int, prefill_chunk: int = PREFILL_CHUNK):
+    def __init__(self, lm: LoadedModel, slots: int, n_ctx: int, prefill_chunk: int = PREFILL_CHUNK, drafter=None,
+                 draft_max: int = 16, draft_min: int = 0):
+        """drafter (speculative.make_drafter's): speculative decoding while one sequence runs
+        alone, drafts of draft_min to draft_max tokens; several sequences batch instead."""
         self.lm, self.n_ctx, self.prefill_chunk = lm, n_ctx, prefill_chunk
+        self.drafter, self.draft_max, self.draft_min = drafter, draft_max, draft_min
         self.slots = [_Slot(lm.model.new_cache(n_ctx)) for _ in range(slots)]
         self.waiting: deque[Sequence] = deque()
         self.lanes = lm.backend.few_tokens  # sequences a decode pass takes
@@ -101,7 +108,9 @@ class Batcher:
         if prefilling is not None:
             self._prefill_chunk(prefilling)
         decoding = [s for s in self.running if s.next_token is not None][:self.lanes]
-        if decoding:
+        if len(decoding) == 1 and len(self.running) == 1 and self.drafter is not None:
+            self._speculate(decoding[0])
+        elif decoding:
             self._decode(decoding)
         return bool(self.waiting or self.running)
 
@@ -138,6 +147,30 @@ class Batcher:
         if not seq.pending:
             self._sample(seq, logits)
 
+    def _speculate(self, seq: Sequence) -> None:
+        """A lone sequence's step through a drafted chunk (runner/speculative.py): the drafted
+        tokens the target's pass accepts, and one more, each handed out as a step's would be."""
+        cache, history = seq.slot.cache, seq.ids + seq.tokens
+        room = min(seq.max_tokens - len(seq.tokens), self.n_ctx - cache.used - 2, self.lanes - 1, self.draft_max)
+        draft = self.drafter.propose(history, room, min(self.draft_min, room)) if room > 0 else []
+        if not draft:
+            return self._decode([seq])
+        last = seq.next_token
+        rows = checked(self.lm.model.forward([last] + draft, cache, all_logits=True))
+        ready = verify(seq.sampler, rows, draft, history)
+        rejected = len(draft) - (len(ready) - 1)
+        if rejected:
+            cache.truncate(cache.used - rejected)
+        seq.slot.held.extend([last] + draft[:len(ready) - 1])
+        for j, (_, choice) in enumerate(ready):
+            if seq.cancelled or seq.finished:
+                break
+            self._take(seq, choice)
+            if j < len(ready) - 1:  # (an accepted draft token: in the cache already)
+                seq.next_token = None
+        if seq.cancelled and not seq.finished:
+            self._finish(seq, "cancelled")
+
     def _decode(self, seqs: list[Sequence]) -> None:
         tokens = [s.next_token for s in seqs]
         if len(seqs) == 1:  # (a plain step, which a backend replays from its recording)
@@ -155,7 +188,10 @@ class Batcher:
             return self._finish(seq, "cancelled")
         if len(seq.tokens) >= seq.max_tokens:
             return self._finish(seq, "length")
-        choice = seq.sampler.choose(logits, seq.ids + seq.tokens)
+        self._take(seq, seq.sampler.choose(logits, seq.ids + seq.tokens))
+
+    def _take(self, seq: Sequence, choice: Choice) -> None:
+        """Hand out a chosen token (it runs through the model next), or end the sequence."""
         if choice.token in seq.stop_ids:
             return self._finish(seq, "eos")
         if seq.slot.cache.used >= self.n_ctx:

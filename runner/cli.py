@@ -764,11 +764,15 @@ def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv
 @click.option("-a", "--alias", help="The model's name in the API (default: as given, or its file name).")
 @sampling_options
 @load_options
-def serve(model, host, port, parallel, ctx_size, max_queue, api_key, alias, sampling, load):
+@draft_options
+def serve(model, host, port, parallel, ctx_size, max_queue, api_key, alias, sampling, load, draft, lookup, draft_max,
+          draft_min, draft_p_min):
     """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models) and
     Ollama's (/api/chat, /api/generate, /api/tags, /api/show), plus /health, /props, /metrics,
-    /tokenize and /detokenize. The sampling options are the defaults that requests override. One
-    log line per request on stderr; Ctrl-C or SIGTERM cancel what runs and stop."""
+    /tokenize and /detokenize. The sampling options are the defaults that requests override. With
+    --draft or --lookup, speculative decoding runs while one request runs alone; several batch
+    instead, which uses the same spare compute. One log line per request on stderr; Ctrl-C or
+    SIGTERM cancel what runs and stop."""
     import time
     from pathlib import Path
 
@@ -784,7 +788,11 @@ def serve(model, host, port, parallel, ctx_size, max_queue, api_key, alias, samp
 
     def log(line):
         click.echo(f"{time.strftime('%H:%M:%S')} {line}", err=True)
-    stopped_by = run_server(load_model, card, sampling, sock, ctx_size, parallel, max_queue, api_key, log)
+    def drafter(lm, n_ctx):
+        from .speculative import make_drafter
+        return make_drafter(lm, draft, lookup, n_ctx, False, draft_p_min, _draft_loader(load))
+    stopped_by = run_server(load_model, card, sampling, sock, ctx_size, parallel, max_queue, api_key, log,
+                            drafter=drafter if draft or lookup else None, draft_max=draft_max, draft_min=draft_min)
     if stopped_by == signal.SIGINT:
         raise KeyboardInterrupt
     if stopped_by == signal.SIGTERM:

@@ -137,3 +137,28 @@ def test_bench_measures_concurrency(smollm_path):
     assert rows[0]["vs_first_level"] == 1.0 and all(row["tok_s_mean"] > 0 for row in rows)
     bad = CliRunner().invoke(main, ["bench", str(smollm_path), "--concurrency", "0,2"])
     assert bad.exit_code != 0 and "positive integers" in bad.output
+
+
+def test_a_lone_sequence_speculates_and_keeps_its_tokens(lm, monkeypatch):
+    from runner.speculative import PromptLookup
+    ids = lm.tokenizer.encode("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2,")
+    other = lm.tokenizer.encode("Once upon a time")
+    want, want_other = alone(lm, ids, 24), alone(lm, other, 24)
+    batcher = Batcher(lm, slots=2, n_ctx=256, drafter=PromptLookup(3), draft_max=6)
+    passes = []
+    forward = lm.model.forward
+    monkeypatch.setattr(lm.model, "forward", lambda t, c, all_logits=False: passes.append(len(t)) or
+                        forward(t, c, all_logits))
+    seq = batcher.add(ids, Sampler(GREEDY), 24)
+    drain(batcher)
+    assert seq.tokens == want
+    drafted = [n for n in passes[1:] if n > 1]  # (after the prompt's pass)
+    assert drafted and len(passes) - 1 < len(want)  # (drafted chunks: fewer passes than tokens)
+    # two at once batch instead: the same tokens, each pass one token a sequence
+    passes.clear()
+    a, b = batcher.add(ids, Sampler(GREEDY), 24, reuse=False), batcher.add(other, Sampler(GREEDY), 24, reuse=False)
+    for _ in range(3):
+        batcher.step()
+    assert all(n == 1 or n == len(ids) or n == len(other) for n in passes)
+    drain(batcher)
+    assert (a.tokens, b.tokens) == (want, want_other)

@@ -517,3 +517,16 @@ def test_a_reasoning_models_thinking_comes_apart(harmony_model, monkeypatch):
              .json()["usage"]["prompt_tokens"] for effort in ("low", "medium")]
     assert usage[0] != usage[1]  # (gpt-oss's template writes "Reasoning: low" or "Reasoning: medium")
     state.scheduler.stop()
+
+
+def test_a_lone_request_speculates_with_the_same_text(start, smollm_path):
+    """--lookup: speculative decoding while one request runs alone; the greedy text is run's."""
+    prompt = "Count: 1, 2, 3, 1, 2, 3, 1, 2, 3,"
+    reference = run_json(smollm_path, "-p", prompt, "-n", "24")
+    s = start(smollm_path, "-c", N_CTX, "--lookup", 3, "--draft-max", 6)
+    s.wait_ready()
+    client = s.openai()
+    reply = client.completions.create(model=client.models.list().data[0].id, prompt=prompt, max_tokens=24,
+                                      temperature=0)
+    assert reply.choices[0].text == reference["text"]
+    assert s.stop(signal.SIGTERM) == 143 and "Traceback" not in s.log()

@@ -127,8 +127,12 @@ class Scheduler:
     with 503 meanwhile); on_ready(lm) is called once it has."""
 
     def __init__(self, load: Callable, n_ctx: int | None, slots: int = 1, max_queue: int = 64,
-                 on_ready: Callable = lambda lm: None):
+                 on_ready: Callable = lambda lm: None, drafter: Callable | None = None, draft_max: int = 16,
+                 draft_min: int = 0):
+        """drafter(lm, n_ctx): a speculative drafter (speculative.make_drafter's), which the
+        batcher uses while one request runs alone."""
         self._load, self._on_ready = load, on_ready
+        self._drafter, self._draft_max, self._draft_min = drafter, draft_max, draft_min
         self.n_ctx, self.slots, self.max_queue = n_ctx, slots, max_queue
         self.lm = self.batcher = None
         self.reasoning: str | None = None  # how the model's replies mark their reasoning (reasoning.py)
@@ -193,7 +197,9 @@ class Scheduler:
         try:
             self.lm = self._load()
             self.n_ctx = self.n_ctx or self.lm.default_context()
-            self.batcher = Batcher(self.lm, self.slots, self.n_ctx)
+            drafter = self._drafter(self.lm, self.n_ctx) if self._drafter else None
+            self.batcher = Batcher(self.lm, self.slots, self.n_ctx, drafter=drafter, draft_max=self._draft_max,
+                                   draft_min=self._draft_min)
             self.reasoning = reasoning_format(self.lm.tokenizer.vocab)
             self._on_ready(self.lm)
         except BaseException as e:  # (the server reports it and exits)

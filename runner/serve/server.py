@@ -58,25 +58,27 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serving_state(load: Callable, card: ModelCard, sampling: SamplingOptions, n_ctx: int | None, slots: int = 1,
-                  max_queue: int = 64, api_key: str | None = None, log: Callable[[str], None] = print) -> ServeState:
-    """The handlers' state, with a scheduler (not started) whose worker will load() the model."""
+                  max_queue: int = 64, api_key: str | None = None, log: Callable[[str], None] = print,
+                  **drafting) -> ServeState:
+    """The handlers' state, with a scheduler (not started) whose worker will load() the model;
+    drafting: the scheduler's drafter and draft_max."""
     def ready(lm):
         state.model = ServedModel(lm, scheduler.n_ctx)
         if state.model.template_warning:
             log(f"warning: {state.model.template_warning}")
         log(f"ready: {card.name} ({card.architecture} {card.quant}), a context of {scheduler.n_ctx} tokens per "
-            f"sequence, {slots} slot{'s' * (slots > 1)} (sequences run one at a time for now)")
+            f"sequence, {slots} slot{'s' * (slots > 1)} (running together)")
 
-    scheduler = Scheduler(load, n_ctx, slots, max_queue, on_ready=ready)
+    scheduler = Scheduler(load, n_ctx, slots, max_queue, on_ready=ready, **drafting)
     state = ServeState(scheduler, card, sampling, api_key)  # (ready() sets its model)
     return state
 
 
 def serve(load: Callable, card: ModelCard, sampling: SamplingOptions, sock: socket.socket, n_ctx: int | None,
-          slots: int, max_queue: int, api_key: str | None, log: Callable[[str], None]) -> int | None:
+          slots: int, max_queue: int, api_key: str | None, log: Callable[[str], None], **drafting) -> int | None:
     """Serve until a signal, and return it; load() (on the worker thread) gives the model. A model
     that fails to load ends the server, and its error is raised here."""
-    state = serving_state(load, card, sampling, n_ctx, slots, max_queue, api_key, log)
+    state = serving_state(load, card, sampling, n_ctx, slots, max_queue, api_key, log, **drafting)
     scheduler = state.scheduler
     config = uvicorn.Config(create_app(state, log), log_level="warning", access_log=False, lifespan="off",
                             timeout_graceful_shutdown=10)
