@@ -67,14 +67,15 @@ def is_model_file(path: str) -> bool:
     return name.endswith(".gguf") and not any(word in name for word in _NOT_MODELS)
 
 
-def _is_first_part(path: str) -> bool:
+def is_first_part(path: str) -> bool:
+    """Whether a GGUF file is a whole model or the first part of a split one."""
     parsed = parse_part_name(PurePosixPath(path).name)
     return parsed is None or parsed[1] == 0
 
 
 def choose_files(model: HubModel, files: list[str]) -> list[str]:
     """The repository files (paths) of model's tag: the chosen file, or all parts of a split one."""
-    candidates = [f for f in sorted(files) if is_model_file(f) and _is_first_part(f)]
+    candidates = [f for f in sorted(files) if is_model_file(f) and is_first_part(f)]
     for tag in (model.tag,) if model.tag else DEFAULT_TAGS:
         pattern = re.compile(re.escape(tag) + r"[.-]", re.IGNORECASE)
         chosen = next((f for f in candidates if pattern.search(f)), None)

@@ -6,9 +6,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf_io.split import parse_part_name
-
-from .hub import file_tag, is_model_file, parse_hub_name, split_siblings
+from .hub import file_tag, is_first_part, is_model_file, parse_hub_name, split_siblings
 from .registry import MODELS, RegistryError, model_path
 
 
@@ -59,8 +57,7 @@ def _hub_models() -> list[CachedModel]:
         for rev in sorted(repo.revisions, key=lambda r: (not r.refs, -r.last_modified)):
             files = {str(f.file_path.relative_to(rev.snapshot_path)): f.file_path for f in rev.files}
             for rel in sorted(files):
-                parsed = parse_part_name(Path(rel).name)
-                if not is_model_file(rel) or (parsed and parsed[1] != 0):
+                if not is_model_file(rel) or not is_first_part(rel):
                     continue
                 name = f"hf.co/{repo.repo_id}:{file_tag(rel) or rel}"
                 try:
