@@ -1,7 +1,10 @@
 """Attention over the KV cache (laid out as kv_layout.py describes, in any of its element types).
 
 Every slot carries the position it holds, and the mask is computed from positions, never from
-slot indices, so any slot order works (the ring of kv_cache.py, sliding windows).
+slot indices, so any slot order works (the ring of kv_cache.py, sliding windows, the blocks of
+kv_pool.py). The sums run over the visible keys in the order of their positions, so a result
+does not depend on where the cache keeps them: a sequence's blocks scattered in a pool among
+others' compute what the same keys in one run of slots compute, bit for bit.
 A few queries (decode) run a Numba kernel; many (prefill) run BLAS products per head.
 
 Attention sinks (gpt-oss): each head's learned logit joins its softmax's denominator, taking a
@@ -24,6 +27,8 @@ QUERY_CHUNK = 128
 
 # Masked scores; finite, because fastmath code may assume there are no infinities.
 MASKED = np.float32(-1e30)
+# The first position of a chunk that sees none (it sorts last).
+NO_POSITION = np.int32(2**31 - 1)
 # Slots per job of the decode kernel: enough jobs for every core even with one KV head.
 SLOT_CHUNK = 256
 
@@ -74,9 +79,11 @@ def softmax_visible(scores, q_pos, k_pos, window, softcap, sink):
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, maxima, sums, partial, group_tag):
+def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, maxima, sums, partial, firsts,
+                   group_tag):
     """Job (token, kv head, chunk of slots) of attention_few: the chunk's softmax max and sum and
-    its weighted values, from register-blocked cache_product calls."""
+    its weighted values, from register-blocked cache_product calls, and the first position it
+    sees (the order in which chunks are added up)."""
     _, n_head, key_dim = q.shape
     n_kv = keys.shape[0]
     n_slots = k_pos.shape[0]
@@ -85,13 +92,15 @@ def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, m
     t, kv, first = job // (n_kv * n_chunks), job // n_chunks % n_kv, job % n_chunks * SLOT_CHUNK
     # only the span of the chunk's slots that the query can see (a sliding window's ring holds
     # up to twice the window; the slots outside it cost as much as the ones inside)
-    qp, begin, end = q_pos[t], SLOT_CHUNK, 0
+    qp, begin, end, lowest = q_pos[t], SLOT_CHUNK, 0, NO_POSITION
     for s in range(first, min(first + SLOT_CHUNK, n_slots)):
         # (selects rather than an if, so that the loop vectorizes: at long contexts a branch here
         # is a large share of the job)
         seen = _visible(k_pos[s], qp, window)
         begin = min(begin, s - first if seen else SLOT_CHUNK)
         end = max(end, s - first + 1 if seen else 0)
+        lowest = min(lowest, k_pos[s] if seen else NO_POSITION)
+    firsts[job] = lowest
     if end <= begin:
         for g in range(group):
             maxima[job, g], sums[job, g] = MASKED, 0.0
@@ -127,24 +136,28 @@ def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, sinks, 
     maxima = np.empty((n_jobs, group), dtype=np.float32)
     sums = np.empty((n_jobs, group), dtype=np.float32)
     partial = np.empty((n_jobs, group, out.shape[2]), dtype=np.float32)
+    firsts = np.empty(n_jobs, dtype=np.int32)
     # (no array expressions outside the loop, nor in the functions inlined here: in a parallel
     # function each becomes a parallel region of its own, whose start costs more than a small
     # model's whole call)
     for job in prange(n_jobs):
-        _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, maxima, sums, partial, group_tag)
-    _combine_chunks(maxima, sums, partial, sinks, n_kv, n_chunks, out)
+        _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, maxima, sums, partial, firsts,
+                       group_tag)
+    _combine_chunks(maxima, sums, partial, firsts, sinks, n_kv, n_chunks, out)
 
 
 @njit(cache=True, fastmath=True, inline="always")
-def _combine_chunks(maxima, sums, partial, sinks, n_kv, n_chunks, out):
+def _combine_chunks(maxima, sums, partial, firsts, sinks, n_kv, n_chunks, out):
     """out[t, h] from the per-chunk softmax maxima, sums and weighted values of attention_few,
-    and the head's sink."""
+    and the head's sink: the chunks added up in the order of the first positions they see."""
     n_tokens, n_head, value_dim = out.shape
     group = n_head // n_kv
+    order = np.empty(n_chunks, dtype=np.int64)
     for t in range(n_tokens):
         for h in range(n_head):
             kv, g = h // group, h % group
             first_job = (t * n_kv + kv) * n_chunks
+            _chunk_order(firsts[first_job:first_job + n_chunks], order)
             best = sinks[h]
             for job in range(first_job, first_job + n_chunks):
                 best = max(best, maxima[job, g])
@@ -152,7 +165,8 @@ def _combine_chunks(maxima, sums, partial, sinks, n_kv, n_chunks, out):
             row = out[t, h]
             for i in range(value_dim):  # (a loop: see attention_few's note on array expressions)
                 row[i] = 0.0
-            for job in range(first_job, first_job + n_chunks):
+            for c in range(n_chunks):
+                job = first_job + order[c]
                 if sums[job, g] > 0:
                     rescale = exp_f32(maxima[job, g] - best)
                     total += sums[job, g] * rescale
@@ -161,6 +175,19 @@ def _combine_chunks(maxima, sums, partial, sinks, n_kv, n_chunks, out):
             inv = np.float32(1.0) / total if total > 0 else np.float32(0.0)
             for i in range(value_dim):
                 row[i] *= inv
+
+
+@njit(cache=True, inline="always")
+def _chunk_order(firsts, order):
+    """order: the chunks by the first position each sees (an insertion sort: there are few, and
+    they come in order already where a cache keeps its tokens in order)."""
+    for c in range(firsts.shape[0]):
+        order[c] = c
+        j = c
+        while j > 0 and firsts[order[j - 1]] > firsts[c]:
+            order[j] = order[j - 1]
+            j -= 1
+        order[j] = c
 
 
 def attention(q, keys, values, q_pos, k_pos, scale, window, softcap, sinks):
@@ -175,31 +202,45 @@ def attention(q, keys, values, q_pos, k_pos, scale, window, softcap, sinks):
                       rows_tag(n_head // keys.shape[0]))
         return out
     group = n_head // keys.shape[0]
-    n = len(k_pos)
     chunks = [(a, min(a + QUERY_CHUNK, n_tokens)) for a in range(0, n_tokens, QUERY_CHUNK)]
-    spans = [_visible_span(q_pos[a:b], k_pos, args[1]) for a, b in chunks]
+    spans = [_visible_slots(q_pos[a:b], k_pos, args[1]) for a, b in chunks]
+    # only the key tiles from the first slot seen to the last are converted (a pool holds other
+    # sequences' blocks too), with the spans counted from there
+    bounds = [(s.start, s.stop) if isinstance(s, slice) else (int(s.min()), int(s.max()) + 1) for s in spans]
+    bounds = [(a, b) for a, b in bounds if b > a] or [(0, 0)]
+    base, end = min(a for a, _ in bounds), max(b for _, b in bounds)
+    base -= base % KEY_TILE
+    spans = [slice(s.start - base, s.stop - base) if isinstance(s, slice) else s - base for s in spans]
+    k_pos = k_pos[base:end]
 
     def heads(first, last):
         converted = {}  # a KV head's keys and values as float32, once for all its query heads
         for h in range(first, last):
             kv = h // group
             if kv not in converted:
-                converted[kv] = key_columns(keys[kv:kv + 1], n)[0], value_rows(values[kv:kv + 1], n)[0]
+                converted[kv] = (key_columns(keys[kv:kv + 1, base // KEY_TILE:], end - base)[0],
+                                 value_rows(values[kv:kv + 1, base:], end - base)[0])
             k, v = converted[kv]
-            for (a, b), (begin, end) in zip(chunks, spans):
-                scores = (q[a:b, h, :] * args[0]) @ k[:, begin:end]
-                softmax_visible(scores, q_pos[a:b], k_pos[begin:end], args[1], args[2], sinks[h])
-                np.matmul(scores, v[begin:end], out=out[a:b, h, :])
+            for (a, b), slots in zip(chunks, spans):
+                scores = (q[a:b, h, :] * args[0]) @ k[:, slots]
+                softmax_visible(scores, q_pos[a:b], k_pos[slots], args[1], args[2], sinks[h])
+                np.matmul(scores, v[slots], out=out[a:b, h, :])
     in_parallel(heads, n_head)
     return out
 
 
-def _visible_span(q_pos, k_pos, window):
-    """(begin, end): the slots that any of these queries may see lie in begin..end-1 (causal
-    masking: a chunk of early queries skips the later keys, about half the work of a prompt)."""
+def _visible_slots(q_pos, k_pos, window):
+    """The slots that any of these queries may see (causal masking: a chunk of early queries
+    skips the later keys, about half the work of a prompt), in the order of their positions: a
+    slice where they lie so in one run of slots, else their indices."""
     q_min, q_max = q_pos.min(), q_pos.max()
     seen = (k_pos >= 0) & (k_pos <= q_max)
     if window:
         seen &= q_min - k_pos < window
     slots = np.flatnonzero(seen)
-    return (int(slots[0]), int(slots[-1]) + 1) if slots.size else (0, 0)
+    if not slots.size:
+        return slice(0, 0)
+    begin, end = int(slots[0]), int(slots[-1]) + 1
+    if end - begin == slots.size and (slots.size == 1 or (np.diff(k_pos[begin:end]) > 0).all()):
+        return slice(begin, end)
+    return slots[np.argsort(k_pos[slots], kind="stable")]

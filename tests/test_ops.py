@@ -230,3 +230,29 @@ def test_cache_product_against_numpy(dtype, rows, cols, tiled, queries):
     _cache_product(arg.view(np.uint16) if dtype == np.float16 else arg, 2, 7, col_first, a, out, rows_tag(len(a)))
     want = a.astype(np.float64) @ cache[2, 7:7 + rows, col_first:col_first + cols].astype(np.float64)
     assert np.allclose(out, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("window", [0, 300])
+@pytest.mark.parametrize("n_tok", [1, 4, 20])  # the decode kernel (one and several queries) and the BLAS path
+def test_attention_is_the_same_wherever_the_cache_keeps_its_keys(window, n_tok):
+    """A sequence's keys in blocks scattered through a pool, out of order, among other blocks
+    (runner/kv_pool.py): the same bits as the same keys in one run of slots."""
+    from kernels_cpu.attention import SLOT_CHUNK
+    n_kv, d, n = 2, 64, 2 * SLOT_CHUNK + 90
+    keys, values = (rng.standard_normal((n, n_kv, d)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((n_tok, 6, d)).astype(np.float32)
+    q_pos = np.arange(n - n_tok, n, dtype=np.int32)
+    contiguous = be.new_kv(n_kv, d, d, n, "f16")
+    be.store_kv(*contiguous, np.arange(n, dtype=np.int64), keys, values)
+    want = be.attention(q, *contiguous, q_pos, np.arange(n, dtype=np.int32), 0.125, window, 0.0)
+    blocks = np.array([4, 1, 2])  # (block 0 and 3: another sequence's)
+    pool = be.new_kv(n_kv, d, d, 5 * SLOT_CHUNK, "f16")
+    other = np.r_[np.arange(SLOT_CHUNK), np.arange(3 * SLOT_CHUNK, 4 * SLOT_CHUNK)]
+    be.store_kv(*pool, other.astype(np.int64), *(rng.standard_normal((len(other), n_kv, d)).astype(np.float32)
+                                                 for _ in range(2)))
+    positions = np.arange(n)
+    slots = blocks[positions // SLOT_CHUNK] * SLOT_CHUNK + positions % SLOT_CHUNK
+    be.store_kv(*pool, slots, keys, values)
+    k_pos = np.full(5 * SLOT_CHUNK, -1, dtype=np.int32)
+    k_pos[slots] = positions
+    assert np.array_equal(be.attention(q, *pool, q_pos, k_pos, 0.125, window, 0.0), want)
