@@ -9,7 +9,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from . import amx, ops
-from .attention import MASKED, attention
+from .attention import MASKED, SLOT_CHUNK, attention
 from .bandwidth import read_bandwidth
 from .blocks import SUPPORTED_TYPES
 from .activations import rounding_kind
@@ -28,6 +28,7 @@ class CpuBackend:
     supported_types = SUPPORTED_TYPES
     kv_types = tuple(ELEMENTS)
     binds_replays = True  # (a step program takes its cache's buffers as it replays: step_program.py)
+    kv_block = SLOT_CHUNK  # (attention's jobs: one that sees none of its slots skips them)
 
     def __init__(self, threads: int | None = None, precise: bool = False):
         # precise: decode's products take 16-bit activations (rowdot.py), not llama.cpp's 8-bit ones

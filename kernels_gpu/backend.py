@@ -16,7 +16,7 @@ from gguf_io.quant_types import QUANT_TYPES
 
 from . import kv_layout, ops
 from .matmul import Products, upload
-from .step_graph import replay_step
+from .step_graph import MIN_SLOTS, replay_step
 
 
 class TorchBackend:
@@ -24,6 +24,7 @@ class TorchBackend:
     supported_types = frozenset(QUANT_TYPES)  # (tests/test_structure.py: DEQUANTIZE covers them)
     kv_types = tuple(kv_layout.ELEMENTS)
     binds_replays = False  # (a CUDA graph replays over the cache it was recorded on)
+    kv_block = MIN_SLOTS  # (its attention reads every slot up to the last: any block size serves)
 
     def __init__(self, device: str = "cuda", threads: int | None = None, compiled: bool | None = None,
                  graphs: bool | None = None, triton: bool | None = None, precise: bool = False):

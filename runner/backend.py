@@ -26,6 +26,7 @@ class Backend(Protocol):
     supported_types: frozenset  # GGML tensor types load_matrix takes
     kv_types: tuple             # KV cache element types new_kv makes ("f32", "f16", "q8_0")
     binds_replays: bool         # whether a recorded pass replays over any cache of its model (see run)
+    kv_block: int               # slots of a paged cache's block: attention skips as many at once (kv_pool.py)
 
     def free_memory(self) -> int | None:
         """Bytes the device can still allocate; None for the host's memory (not checked)."""

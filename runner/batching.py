@@ -6,14 +6,15 @@ costs little more than one sequence's step, and each row comes out as it would a
 join and leave at any step. A prompt is prefilled in chunks of at most `prefill_chunk` tokens,
 one chunk a step between decode passes, so the running streams keep flowing while it comes in.
 
-Each of the `slots` sequences that may run at once has a KV cache of `n_ctx` tokens, kept with
-the tokens it holds after its sequence ends: a new prompt goes to the free slot holding the
-longest prefix of it and prefills only the rest (a repeated system prompt, the next turn of a
-conversation). Given a drafter, a sequence that runs alone decodes speculatively
+Up to `slots` sequences run at once, each with a context of `n_ctx` tokens, over one paged KV
+cache of `kv_tokens` tokens (runner/kv_pool.py): a sequence holds blocks for the tokens it has,
+and a new prompt starts from the cached blocks that hold its longest start and prefills only the
+rest (a repeated system prompt, the next turn of a conversation). A sequence joins once the pool
+can reserve blocks for its prompt and its most tokens; until then it waits. Given a drafter, a sequence that runs alone decodes speculatively
 (runner/speculative.py's drafts and verification); several batch instead, which spends the same
 spare compute.
 
-    batcher = Batcher(lm, slots=4, n_ctx=2048)
+    batcher = Batcher(lm, slots=4, n_ctx=2048)                 # (a pool of 4 x 2048 tokens)
     seq = batcher.add(ids, Sampler(options), max_tokens=128)   # then, from the same thread:
     while batcher.step(): ...                                  # seq.tokens grows; seq.finish_reason
 """
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 
 from .generate import checked
 from .kv_cache import ContextFullError
+from .kv_pool import SequenceCache
 from .load import LoadedModel
 from .sampler import Choice, Sampler
 from .speculative import verify
@@ -41,11 +43,11 @@ class Sequence:
     stop_ids: frozenset
     on_token: Callable[[Choice], None] | None = None  # each generated token, as it comes (worker's thread)
     tokens: list[int] = field(default_factory=list)
-    cached_tokens: int = 0          # of the prompt, reused from its slot's cache
+    cached_tokens: int = 0          # of the prompt, reused from the cache
     finish_reason: str | None = None  # "eos", "length", "context", "cancelled" or "failed" once finished
     cancelled: bool = False         # set from anywhere: the sequence leaves at the next step
-    reuse: bool = True              # whether it may start from a prefix its slot's cache holds
-    slot: _Slot | None = None
+    reuse: bool = True              # whether it may start from a prefix the cache holds
+    cache: SequenceCache | None = None  # while it runs
     pending: list[int] = field(default_factory=list)  # prompt tokens still to prefill
     next_token: int | None = None   # sampled, not yet run through the model
 
@@ -54,46 +56,32 @@ class Sequence:
         return self.finish_reason is not None
 
 
-@dataclass(eq=False)
-class _Slot:
-    cache: object
-    held: list[int] = field(default_factory=list)  # the tokens its cache holds, in order
-    sequence: Sequence | None = None
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class Batcher:
-    def __init__(self, lm: LoadedModel, slots: int, n_ctx: int, prefill_chunk: int = PREFILL_CHUNK, drafter=None,
-                 draft_max: int = 16, draft_min: int = 0):
-        """drafter (speculative.make_drafter's): speculative decoding while one sequence runs
-        alone, drafts of draft_min to draft_max tokens; several sequences batch instead."""
-        self.lm, self.n_ctx, self.prefill_chunk = lm, n_ctx, prefill_chunk
+    def __init__(self, lm: LoadedModel, slots: int, n_ctx: int, kv_tokens: int | None = None,
+                 prefill_chunk: int = PREFILL_CHUNK, drafter=None, draft_max: int = 16, draft_min: int = 0):
+        """kv_tokens: the pool's size (default: every slot may fill its context at once);
+        drafter (speculative.make_drafter's): speculative decoding while one sequence runs alone,
+        drafts of draft_min to draft_max tokens; several sequences batch instead."""
+        self.lm, self.slots, self.n_ctx, self.prefill_chunk = lm, slots, n_ctx, prefill_chunk
         self.drafter, self.draft_max, self.draft_min = drafter, draft_max, draft_min
-        self.slots = [_Slot(lm.model.new_cache(n_ctx)) for _ in range(slots)]
+        block = lm.backend.kv_block
+        self.pool = lm.model.new_kv_pool(kv_tokens or slots * -(-n_ctx // block) * block)
         self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
         self.lanes = lm.backend.few_tokens  # sequences a decode pass takes
-
-    @property
-    def running(self) -> list[Sequence]:
-        return [s.sequence for s in self.slots if s.sequence is not None]
 
     def add(self, ids: list[int], sampler: Sampler, max_tokens: int, stop_ids=None,
             on_token: Callable[[Choice], None] | None = None, reuse: bool = True) -> Sequence:
-        """Queue a prompt; it joins at a step where a slot is free (reuse: prefilling only what
-        follows the longest prefix of it a free slot holds). A prompt that could never fit a
-        slot's context raises ContextFullError."""
+        """Queue a prompt; it joins at a step where a slot is free and the pool has room for it
+        (reuse: prefilling only what follows the longest start of it that the cache holds). A
+        prompt that could never fit a sequence's context, or the pool, raises ContextFullError."""
         if not ids:
             raise ValueError("a sequence needs at least one prompt token")
         if len(ids) >= self.n_ctx:
             raise ContextFullError(f"the prompt has {len(ids)} tokens; a sequence's context holds {self.n_ctx}")
+        if self._reservation(len(ids), max_tokens) > self.pool.n_slots:
+            raise ContextFullError(f"the prompt has {len(ids)} tokens and may grow by {max_tokens}; the KV pool "
+                                   f"holds {self.pool.n_slots} tokens in blocks of {self.pool.block}")
         stop = self.lm.tokenizer.vocab.end_of_generation if stop_ids is None else stop_ids
         seq = Sequence(list(ids), sampler, max_tokens, frozenset(stop), on_token, reuse=reuse)
         self.waiting.append(seq)
@@ -115,7 +103,7 @@ class Batcher:
         return bool(self.waiting or self.running)
 
     def _leave_cancelled(self) -> None:
-        for seq in self.running:
+        for seq in list(self.running):
             if seq.cancelled:
                 self._finish(seq, "cancelled")
         kept = [s for s in self.waiting if not s.cancelled]
@@ -124,33 +112,34 @@ class Batcher:
                 seq.finish_reason = "cancelled"
         self.waiting = deque(kept)
 
+    def _reservation(self, n_prompt: int, max_tokens: int) -> int:
+        """Tokens a sequence's blocks are reserved for: its prompt and its most tokens, within the
+        context, in whole blocks."""
+        tokens = min(self.n_ctx, n_prompt + max_tokens)
+        return -(-tokens // self.pool.block) * self.pool.block
+
     def _admit(self) -> None:
-        while self.waiting:
-            free = [s for s in self.slots if s.sequence is None]
-            if not free:
+        """Waiting sequences join, first come first served, while slots and the pool allow."""
+        while self.waiting and len(self.running) < self.slots:
+            seq = self.waiting[0]
+            cache = self.lm.model.sequence_cache(self.pool, self.n_ctx)
+            reused = cache.start(seq.ids, seq.reuse, self._reservation(len(seq.ids), seq.max_tokens))
+            if reused is None:
                 return
-            seq = self.waiting.popleft()
-            slot = max(free, key=lambda s: common_prefix(s.held, seq.ids))
-            # (at least the last prompt token runs again: its logits give the first token)
-            reuse = min(common_prefix(slot.held, seq.ids), len(seq.ids) - 1) if seq.reuse else 0
-            if not slot.cache.truncation_keeps(reuse):
-                reuse = 0
-            slot.cache.truncate(reuse)
-            del slot.held[reuse:]
-            seq.slot, seq.cached_tokens, seq.pending = slot, reuse, seq.ids[reuse:]
-            slot.sequence = seq
+            self.waiting.popleft()
+            seq.cache, seq.cached_tokens, seq.pending = cache, reused, seq.ids[reused:]
+            self.running.append(seq)
 
     def _prefill_chunk(self, seq: Sequence) -> None:
         chunk, seq.pending = seq.pending[:self.prefill_chunk], seq.pending[self.prefill_chunk:]
-        logits = checked(self.lm.model.forward(chunk, seq.slot.cache))
-        seq.slot.held.extend(chunk)
+        logits = checked(self.lm.model.forward(chunk, seq.cache))
         if not seq.pending:
             self._sample(seq, logits)
 
     def _speculate(self, seq: Sequence) -> None:
         """A lone sequence's step through a drafted chunk (runner/speculative.py): the drafted
         tokens the target's pass accepts, and one more, each handed out as a step's would be."""
-        cache, history = seq.slot.cache, seq.ids + seq.tokens
+        cache, history = seq.cache, seq.ids + seq.tokens
         room = min(seq.max_tokens - len(seq.tokens), self.n_ctx - cache.used - 2, self.lanes - 1, self.draft_max)
         draft = self.drafter.propose(history, room, min(self.draft_min, room)) if room > 0 else []
         if not draft:
@@ -161,7 +150,6 @@ class Batcher:
         rejected = len(draft) - (len(ready) - 1)
         if rejected:
             cache.truncate(cache.used - rejected)
-        seq.slot.held.extend([last] + draft[:len(ready) - 1])
         for j, (_, choice) in enumerate(ready):
             if seq.cancelled or seq.finished:
                 break
@@ -174,11 +162,10 @@ class Batcher:
     def _decode(self, seqs: list[Sequence]) -> None:
         tokens = [s.next_token for s in seqs]
         if len(seqs) == 1:  # (a plain step, which a backend replays from its recording)
-            logits = checked(self.lm.model.forward(tokens, seqs[0].slot.cache))[None]
+            logits = checked(self.lm.model.forward(tokens, seqs[0].cache))[None]
         else:
-            logits = checked(self.lm.model.forward_lanes([[t] for t in tokens], [s.slot.cache for s in seqs]))
-        for seq, token, row in zip(seqs, tokens, logits):
-            seq.slot.held.append(token)
+            logits = checked(self.lm.model.forward_lanes([[t] for t in tokens], [s.cache for s in seqs]))
+        for seq, row in zip(seqs, logits):
             seq.next_token = None
             self._sample(seq, row)
 
@@ -194,7 +181,7 @@ class Batcher:
         """Hand out a chosen token (it runs through the model next), or end the sequence."""
         if choice.token in seq.stop_ids:
             return self._finish(seq, "eos")
-        if seq.slot.cache.used >= self.n_ctx:
+        if seq.cache.used >= self.n_ctx:
             return self._finish(seq, "context")
         seq.tokens.append(choice.token)
         if seq.on_token is not None:
@@ -204,14 +191,13 @@ class Batcher:
         seq.next_token = choice.token
 
     def fail_running(self) -> None:
-        """End every running sequence ("failed") and empty its slot's cache: a pass that raised
-        may have left it half written."""
-        for seq in self.running:
-            seq.slot.cache.truncate(0)
-            seq.slot.held.clear()
-            self._finish(seq, "failed")
+        """End every running sequence ("failed"), forgetting the blocks it alone held: a pass that
+        raised may have left them half written."""
+        for seq in list(self.running):
+            self._finish(seq, "failed", keep=False)
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
+    def _finish(self, seq: Sequence, reason: str, keep: bool = True) -> None:
         seq.finish_reason, seq.next_token, seq.pending = reason, None, []
-        seq.slot.sequence = None
-        seq.slot = None
+        seq.cache.release(keep)
+        seq.cache = None
+        self.running.remove(seq)

@@ -179,7 +179,7 @@ def concurrency_rows(lm, levels: list[int], n_gen: int, repetitions: int) -> lis
         batcher = Batcher(lm, slots=n, n_ctx=16 + steps + 8)
         seqs = [batcher.add(rng.integers(0, lm.params.vocab_size, 16).tolist(), Sampler(SamplingOptions(temperature=0)),
                             steps, stop_ids=()) for _ in range(n)]
-        while any(s.pending or s.slot is None for s in seqs if not s.finished):
+        while any(s.pending or s.cache is None for s in seqs if not s.finished):
             batcher.step()
         before, start = sum(len(s.tokens) for s in seqs), time.perf_counter()
         while batcher.step():

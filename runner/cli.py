@@ -23,6 +23,7 @@ from .chat_template import ChatTemplateError
 from .generate import ModelOutputError, PromptError
 from .kv_cache import DEFAULT_CONTEXT, MIN_CONTEXT, ContextFullError
 from .load import LoadOptions
+from .serve.options import ServeOptions
 from .memory_fit import MemoryFitError
 from .registry import DEFAULT_MODEL, RegistryError
 from .sampler import OptionError, SamplingOptions
@@ -749,24 +750,27 @@ def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv
               help="Address to listen on (0.0.0.0: every interface; then set --api-key).")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
               help="Port to listen on (0: a free one, which the first log line names).")
-@click.option("-np", "--parallel", default=1, show_default=True, type=click.IntRange(1),
-              help="Slots, as llama-server's -np: requests that run together, one pass over the weights a step "
-                   "for all of them (continuous batching; the CPU takes up to 8 a pass); more wait in the queue. "
-                   "Each slot has a KV cache of -c tokens.")
+@click.option("-np", "--parallel", default=ServeOptions.parallel, show_default=True, type=click.IntRange(1),
+              help="Requests that run together, one pass over the weights a step for all of them (continuous "
+                   "batching; the CPU takes up to 8 a pass); more wait in the queue.")
 @click.option("-c", "--ctx-size", type=click.IntRange(MIN_CONTEXT),
-              help="Context of EACH sequence (not divided among the slots, as llama-server divides it): a "
+              help="Context of EACH sequence (not divided among the sequences, as llama-server divides it): a "
                    "request's prompt plus max_tokens must fit in it, else it gets a 400. "
                    f"Default: min(trained, {DEFAULT_CONTEXT}).")
-@click.option("--max-queue", default=64, show_default=True, type=click.IntRange(1),
-              help="Requests that may wait for a slot; more get 503.")
+@click.option("--kv-size", type=click.IntRange(MIN_CONTEXT),
+              help="Tokens of the paged KV cache that the sequences share, in blocks (finished requests' blocks "
+                   "stay cached for prefix reuse until needed). A request joins once blocks for its prompt plus "
+                   "max_tokens are free. Default: --parallel x -c, so every sequence may fill its context.")
+@click.option("--max-queue", default=ServeOptions.max_queue, show_default=True, type=click.IntRange(1),
+              help="Requests that may wait to run; more get 503.")
 @click.option("--api-key", envvar="GGRUN_API_KEY", show_envvar=True,
               help="Require this key (Authorization: Bearer KEY) on every route but /health.")
 @click.option("-a", "--alias", help="The model's name in the API (default: as given, or its file name).")
 @sampling_options
 @load_options
 @draft_options
-def serve(model, host, port, parallel, ctx_size, max_queue, api_key, alias, sampling, load, draft, lookup, draft_max,
-          draft_min, draft_p_min):
+def serve(model, host, port, parallel, ctx_size, kv_size, max_queue, api_key, alias, sampling, load, draft, lookup,
+          draft_max, draft_min, draft_p_min):
     """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models) and
     Ollama's (/api/chat, /api/generate, /api/tags, /api/show), plus /health, /props, /metrics,
     /tokenize and /detokenize. The sampling options are the defaults that requests override. With
@@ -783,16 +787,13 @@ def serve(model, host, port, parallel, ctx_size, max_queue, api_key, alias, samp
     card = ModelCard.of(model or DEFAULT_MODEL, path, alias)
     sock = bind(host, port)
 
-    def load_model():
-        return _load(str(path), replace(load, n_ctx=ctx_size))
-
-    def log(line):
-        click.echo(f"{time.strftime('%H:%M:%S')} {line}", err=True)
     def drafter(lm, n_ctx):
         from .speculative import make_drafter
         return make_drafter(lm, draft, lookup, n_ctx, False, draft_p_min, _draft_loader(load))
-    stopped_by = run_server(load_model, card, sampling, sock, ctx_size, parallel, max_queue, api_key, log,
-                            drafter=drafter if draft or lookup else None, draft_max=draft_max, draft_min=draft_min)
+    options = ServeOptions(n_ctx=ctx_size, parallel=parallel, kv_size=kv_size, max_queue=max_queue, api_key=api_key,
+                           drafter=drafter if draft or lookup else None, draft_max=draft_max, draft_min=draft_min)
+    stopped_by = run_server(lambda: _load(str(path), replace(load, n_ctx=ctx_size)), card, sampling, sock, options,
+                            lambda line: click.echo(f"{time.strftime('%H:%M:%S')} {line}", err=True))
     if stopped_by == signal.SIGINT:
         raise KeyboardInterrupt
     if stopped_by == signal.SIGTERM:

@@ -24,6 +24,7 @@ import numpy as np
 
 from .generate import GenerationStats, checked, prefill
 from .kv_cache import ContextFullError
+from .kv_pool import common_prefix
 from .sampler import Choice, Sampler
 
 
@@ -101,12 +102,7 @@ class DraftModel:
         self.tokens: list[int] = []  # what its cache holds
 
     def propose(self, sequence: list[int], n: int, n_min: int) -> list[int]:
-        common = 0
-        for a, b in zip(self.tokens, sequence):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(sequence) - 1)  # (the last token runs again: its logits start the draft)
+        common = min(common_prefix(self.tokens, sequence), len(sequence) - 1)  # (the last token runs again: its logits start the draft)
         self.cache.truncate(common)
         self.tokens = self.tokens[:common]
         draft = []

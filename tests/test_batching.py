@@ -83,7 +83,7 @@ def test_a_cancelled_sequence_leaves_within_a_step(lm):
     a.cancelled = True  # (set from another thread, read between steps)
     n = len(a.tokens)
     batcher.step()
-    assert a.finish_reason == "cancelled" and len(a.tokens) == n and a.slot is None
+    assert a.finish_reason == "cancelled" and len(a.tokens) == n and a.cache is None
     drain(batcher)
     assert b.tokens == alone(lm, ids[1], 64)[:len(b.tokens)] and len(b.tokens) == 64
     assert c.tokens == alone(lm, ids[2], 8)  # (it took the slot a left)
@@ -176,3 +176,51 @@ def test_a_lone_sequence_speculates_and_keeps_its_tokens(lm, monkeypatch):
     assert all(n == 1 or n == len(ids) or n == len(other) for n in passes)
     drain(batcher)
     assert (a.tokens, b.tokens) == (want, want_other)
+
+
+def test_the_pool_holds_the_tokens_in_use(lm):
+    """8 sequences of 500 tokens take the KV memory of 4000 tokens, within a block each (not 8
+    contexts' worth); the blocks come back as they end."""
+    rng = np.random.default_rng(3)
+    batcher = Batcher(lm, slots=8, n_ctx=2048)
+    seqs = [batcher.add(rng.integers(100, 5000, 480).tolist(), Sampler(GREEDY), 20, stop_ids=()) for _ in range(8)]
+    peak = 0
+    while batcher.step():
+        peak = max(peak, batcher.pool.blocks_used)
+    assert all(len(s.tokens) == 20 for s in seqs)
+    assert peak * batcher.pool.block <= 1.1 * 4000 < batcher.pool.n_slots
+    assert batcher.pool.blocks_used == 0 and batcher.pool.promised == 0
+
+
+def test_a_long_shared_prefix_is_prefilled_once(lm):
+    """A 2000-token system prompt: the first request prefills it; two that share it, at once, and
+    one after them prefill only their own tokens (their first tokens as a fresh prefill's)."""
+    from pathlib import Path
+    text = (Path(__file__).parent / "data" / "declaration_of_independence.txt").read_text()
+    system = lm.tokenizer.encode(text * 2)[:2000]
+    questions = [lm.tokenizer.encode(q) for q in (" Who wrote it?", " When was it signed?", " Why?", " Where?")]
+    batcher = Batcher(lm, slots=2, n_ctx=2304)
+    first = batcher.add(system + questions[0], Sampler(GREEDY), 2)
+    drain(batcher)
+    both = [batcher.add(system + q, Sampler(GREEDY), 2) for q in questions[1:3]]
+    drain(batcher)
+    last = batcher.add(system + questions[3], Sampler(GREEDY), 2)
+    drain(batcher)
+    assert first.cached_tokens == 0
+    assert all(s.cached_tokens >= len(system) for s in both + [last])
+    fresh = Batcher(lm, slots=1, n_ctx=2304)
+    alone = fresh.add(system + questions[3], Sampler(GREEDY), 2, reuse=False)
+    drain(fresh)
+    assert last.tokens[0] == alone.tokens[0]
+
+
+def test_a_request_waits_for_the_pool_and_one_that_never_fits_is_refused(lm):
+    batcher = Batcher(lm, slots=2, n_ctx=1024, kv_tokens=512)  # (two blocks)
+    with pytest.raises(ContextFullError, match="KV pool holds 512 tokens"):
+        batcher.add(list(range(100, 400)), Sampler(GREEDY), 400)
+    a = batcher.add(list(range(100, 400)), Sampler(GREEDY), 100, stop_ids=())  # (two blocks reserved)
+    b = batcher.add(list(range(500, 520)), Sampler(GREEDY), 4, stop_ids=())
+    batcher.step()
+    assert a.cache is not None and b.cache is None  # (a slot is free; the pool is not)
+    drain(batcher)
+    assert len(a.tokens) == 100 and b.tokens == alone(lm, list(range(500, 520)), 4)

@@ -16,6 +16,8 @@ import time
 import httpx
 import pytest
 
+from runner.serve.options import ServeOptions
+
 from .test_chat import _harmony_reply, harmony_model  # noqa: F401 (a fixture)
 
 openai = pytest.importorskip("openai")
@@ -72,6 +74,11 @@ class Server:
         text = httpx.get(self.url + "/metrics", headers=headers).text
         return {line.split()[0].removeprefix("ggrun:"): float(line.split()[1])
                 for line in text.splitlines() if line.startswith("ggrun:")}
+
+    def resident_bytes(self) -> int:
+        """The server process's resident memory."""
+        status = open(f"/proc/{self.proc.pid}/status").read()
+        return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) << 10
 
     def openai(self, **kwargs):
         return openai.OpenAI(base_url=self.url + "/v1", api_key=kwargs.pop("api_key", "none"), max_retries=0,
@@ -387,12 +394,20 @@ def test_concurrent_clients(server, name):
             queue.put_nowait(i)
         await asyncio.gather(*(worker(queue) for _ in range(16)))
 
-    asyncio.run(storm())
-    assert not failures and len(answers) == 64, failures
-    for i, answer in answers.items():
-        expected = {7: 400, 5: "left", 6: "reused"}.get(i % 8) or single[prompts[i % 4]]
-        assert answer == expected, (i, answer, expected)
-    _wait_for(lambda: (m := server.metrics())["requests_processing"] == 0 and m["requests_deferred"] == 0)
+    resident = []
+    for _ in range(2):  # (a second round: memory stays flat)
+        answers.clear()
+        asyncio.run(storm())
+        assert not failures and len(answers) == 64, failures
+        for i, answer in answers.items():
+            expected = {7: 400, 5: "left", 6: "reused"}.get(i % 8) or single[prompts[i % 4]]
+            assert answer == expected, (i, answer, expected)
+        _wait_for(lambda: (m := server.metrics())["requests_processing"] == 0 and m["requests_deferred"] == 0)
+        m = server.metrics()
+        assert m["kv_blocks_used"] == 0 and m["kv_bytes_used"] == 0  # (no sequence or block leaks)
+        assert 0 < m["kv_blocks_cached"] <= m["kv_blocks_total"]
+        resident.append(server.resident_bytes())
+    assert resident[1] <= resident[0] * 1.05 + (16 << 20), resident
     assert "Traceback" not in server.log()
 
 
@@ -406,7 +421,8 @@ def test_loading_and_load_errors(smollm_path, start):
     from runner.serve.model import ModelCard
     from runner.serve.server import serving_state
     release = threading.Event()
-    state = serving_state(lambda: release.wait() and None, ModelCard.of(None, smollm_path), SamplingOptions(), 64)
+    state = serving_state(lambda: release.wait() and None, ModelCard.of(None, smollm_path), SamplingOptions(),
+                          ServeOptions(n_ctx=64))
     client = TestClient(create_app(state, lambda line: None))
     state.scheduler.start()
     _error(client.get("/health"), 503, "Loading model")
@@ -496,8 +512,8 @@ def test_a_reasoning_models_thinking_comes_apart(harmony_model, monkeypatch):
             token = script.pop(0)
             return Choice(token, np.array([token]), np.zeros(1), logits)
     monkeypatch.setattr(scheduler, "_RecordingSampler", Scripted)
-    state = serving_state(lambda: lm, ModelCard.of(None, lm.file.path), SamplingOptions(temperature=0), 512,
-                          log=lambda line: None)
+    state = serving_state(lambda: lm, ModelCard.of(None, lm.file.path), SamplingOptions(temperature=0),
+                          ServeOptions(n_ctx=512), log=lambda line: None)
     state.scheduler.start()
     client = TestClient(create_app(state, lambda line: None))
     _wait_for(lambda: client.get("/health").status_code == 200)
@@ -530,3 +546,14 @@ def test_a_lone_request_speculates_with_the_same_text(start, smollm_path):
                                       temperature=0)
     assert reply.choices[0].text == reference["text"]
     assert s.stop(signal.SIGTERM) == 143 and "Traceback" not in s.log()
+
+
+def test_ignore_eos_runs_to_max_tokens(server, name):
+    """llama-server's ignore_eos (which benchmarks use): the reply goes on past the end of
+    generation, to max_tokens."""
+    hello = [{"role": "user", "content": "Say OK."}]
+    short = chat(server, name, hello, max_tokens=40)
+    assert short.choices[0].finish_reason == "stop" and short.usage.completion_tokens < 40
+    long = chat(server, name, hello, max_tokens=40, extra_body={"ignore_eos": True})
+    assert long.choices[0].finish_reason == "length" and long.usage.completion_tokens == 40
+    assert long.choices[0].message.content.startswith(short.choices[0].message.content)

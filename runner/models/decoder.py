@@ -17,6 +17,7 @@ from gguf import MODEL_TENSOR as T
 
 from gguf_io import ModelParams
 from runner.kv_cache import Batch, KVCache
+from runner.kv_pool import KVPool, SequenceCache
 from runner.weights import WeightLoader
 
 # Tokens per forward pass: longer prompts are run in slices of this size (llama.cpp's ubatch).
@@ -292,12 +293,25 @@ class Decoder:
                                 router_bias=weights.optional_vector(T.FFN_GATE_INP, e, i, "bias"), **biases,
                                 expert_scales=weights.optional_per_expert(T.FFN_DOWN_EXP, e, i, "scale"))
 
+    def _own_kv(self) -> list[Attention]:
+        """The attention of every layer with K and V of its own."""
+        return [layer.attn for i, layer in enumerate(self.layers) if layer.attn.kv_layer == i]
+
     def new_cache(self, n_ctx: int, ring: bool = False) -> KVCache:
         """A cache of every layer with K and V of its own."""
-        own = [layer.attn for i, layer in enumerate(self.layers) if layer.attn.kv_layer == i]
+        own = self._own_kv()
         shapes = [(a.n_kv_head, a.head_dim, a.value_dim) for a in own]
         return KVCache(self.backend, n_ctx, [a.window for a in own], shapes, MAX_BATCH, ring=ring, kv_type=self.kv_type,
                        model_replays=self.replays)
+
+    def new_kv_pool(self, n_tokens: int) -> KVPool:
+        """A paged cache for at least n_tokens tokens, which sequences share (runner/kv_pool.py)."""
+        shapes = [(a.n_kv_head, a.head_dim, a.value_dim) for a in self._own_kv()]
+        return KVPool(self.backend, n_tokens, shapes, self.kv_type, model_replays=self.replays)
+
+    def sequence_cache(self, pool: KVPool, n_ctx: int) -> SequenceCache:
+        """A sequence's view of the pool, with a context of n_ctx tokens."""
+        return SequenceCache(pool, n_ctx, MAX_BATCH)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False):
         """Run tokens at the cache's next positions; logits of the last token (vocab,) or of all (T, vocab)."""

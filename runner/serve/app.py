@@ -97,9 +97,17 @@ async def metrics(request):
                 ("tokens_predicted_seconds_total", "Total time spent generating tokens", c.decode_s)]
     gauges = [("requests_processing", "Number of requests processing", s.processing),
               ("requests_deferred", "Number of requests waiting in the queue", s.queued),
-              ("slots_total", "Slots (--parallel); sequences run one at a time for now", s.slots),
-              ("kv_cache_tokens", "Tokens held in the KV cache (kept after a request, for prefix reuse)", s.kv_tokens),
+              ("slots_total", "Sequences that run together (--parallel)", s.slots),
               ("n_ctx", "Context of each sequence", s.n_ctx or 0)]
+    pool = s.batcher.pool if s.batcher is not None else None
+    if pool is not None:
+        gauges += [("kv_blocks_total", "Blocks of the KV pool", pool.n_blocks),
+                   ("kv_blocks_used", "Blocks held by running requests", pool.blocks_used),
+                   ("kv_blocks_cached", "Blocks held by none, kept for prefix reuse", len(pool.cached)),
+                   ("kv_block_tokens", "Tokens a block holds", pool.block),
+                   ("kv_bytes_per_token", "Bytes of keys and values a token takes, all layers", pool.bytes_per_token),
+                   ("kv_bytes_used", "Bytes of the blocks held by running requests",
+                    pool.blocks_used * pool.block * pool.bytes_per_token)]
     lines = []
     for kind, items in (("counter", counters), ("gauge", gauges)):
         for name, description, value in items:

@@ -17,7 +17,7 @@ from .scheduler import Text, TokenLogprob, Usage
 # fields that change nothing here (OpenAI's bookkeeping)
 _IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort", "tool_choice")
 _COMMON = ("model", "stream", "stream_options", "max_tokens", "stop", "n", "logit_bias", "cache_prompt",
-           *SAMPLING_FIELDS, *_IGNORED)
+           "ignore_eos", *SAMPLING_FIELDS, *_IGNORED)
 CHAT_FIELDS = (*_COMMON, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "chat_template_kwargs",
                "response_format", "tools")
 COMPLETION_FIELDS = (*_COMMON, "prompt", "logprobs", "echo", "suffix", "best_of")
@@ -41,6 +41,7 @@ class Params:
             raise bad("stream_options is only allowed with stream: true")
         self.include_usage = options.get("include_usage", "boolean", False)
         self.cache_prompt = f.get("cache_prompt", "boolean", True)  # (llama-server's: reuse the cached prefix)
+        self.ignore_eos = f.get("ignore_eos", "boolean", False)  # (llama-server's: run to max_tokens)
         f.count("n", 1, 1)
         f.count("best_of", 1, 1)
         if f.get("logit_bias", "object"):
@@ -74,7 +75,8 @@ async def chat_completions(request):
     max_tokens = f.count("max_tokens", 0) if max_tokens is None else max_tokens
     variables = f.get("chat_template_kwargs", "object", {})
     ticket = await submit(state, lambda model: model.chat_ids(messages, variables), r.sampling, max_tokens, r.stops,
-                          (top or 0) if logprobs else None, reasoning=True, cache_prompt=r.cache_prompt)
+                          (top or 0) if logprobs else None, reasoning=True, cache_prompt=r.cache_prompt,
+                          ignore_eos=r.ignore_eos)
     tok = state.loaded().tokenizer
     if r.stream:
         lines = _stream(request, r, ticket, "chat.completion.chunk", _chat_choice(tok, logprobs),
@@ -137,7 +139,7 @@ async def completions(request):
     top = f.count("logprobs", 0, MAX_TOP_LOGPROBS)
     echo = f.get("echo", "boolean", False)
     ticket = await submit(state, lambda model: model.text_ids(prompt), r.sampling, f.count("max_tokens", 0, None, 16),
-                          r.stops, top, cache_prompt=r.cache_prompt)
+                          r.stops, top, cache_prompt=r.cache_prompt, ignore_eos=r.ignore_eos)
     tok = state.loaded().tokenizer
     echoed = (prompt if isinstance(prompt, str) else tok.decode(prompt)) if echo else ""
     if r.stream:

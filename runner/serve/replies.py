@@ -33,13 +33,14 @@ class Reply(SplitReply):
 
 
 async def submit(state, prompt_ids, sampling, max_tokens: int | None, stops=(), top_logprobs: int | None = None,
-                 reasoning: bool = False, cache_prompt: bool = True) -> Ticket:
+                 reasoning: bool = False, cache_prompt: bool = True, ignore_eos: bool = False) -> Ticket:
     """A request's job into the queue: prompt_ids(model) makes its tokens (off the event loop, as a
     template may take a while), which must leave room in the context for max_tokens (none: the
     rest of the context); a full queue is a 503."""
     model = state.loaded()
     ids = await run_in_threadpool(prompt_ids, model)
-    job = Job(ids, sampling, model.budget(len(ids), max_tokens), tuple(stops), top_logprobs, reasoning, cache_prompt)
+    job = Job(ids, sampling, model.budget(len(ids), max_tokens), tuple(stops), top_logprobs, reasoning, cache_prompt,
+              ignore_eos)
     try:
         return state.scheduler.submit(job)
     except QueueFull as e:

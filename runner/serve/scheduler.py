@@ -9,8 +9,8 @@ cancel alone.
 
 Up to `slots` requests run together, one decode pass over the weights a step for all of them
 (continuous batching: they join and leave at any step, and a long prompt comes in by chunks
-between the passes); the others wait in the queue. Each slot keeps its KV cache after its request
-with the tokens it holds, and a prompt that starts with some of them prefills only the rest, so a
+between the passes); the others wait in the queue. They share one paged KV pool, which keeps
+what finished requests held: a prompt that starts with cached tokens prefills only the rest, so a
 repeated system prompt, or the next turn of a conversation, costs only its new tokens.
 """
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ..batching import Batcher
 from ..generate import ModelOutputError
 from ..reasoning import ReplyDecoder, reasoning_format
 from ..sampler import Sampler, SamplingOptions
+from .options import ServeOptions
 from .text import StopText
 
 
@@ -42,6 +43,7 @@ class Job:
     top_logprobs: int | None = None  # None: no log-probabilities; N: the chosen token's and the N likeliest
     reasoning: bool = False          # tell a reasoning model's thinking apart from its answer (a chat reply)
     cache_prompt: bool = True        # reuse what the cache holds of the prompt (llama-server's option)
+    ignore_eos: bool = False         # go on past the end-of-generation tokens (llama-server's option)
 
 
 @dataclass
@@ -126,14 +128,9 @@ class Scheduler:
     """The worker thread and its queue. load() runs on the worker (the server answers /health
     with 503 meanwhile); on_ready(lm) is called once it has."""
 
-    def __init__(self, load: Callable, n_ctx: int | None, slots: int = 1, max_queue: int = 64,
-                 on_ready: Callable = lambda lm: None, drafter: Callable | None = None, draft_max: int = 16,
-                 draft_min: int = 0):
-        """drafter(lm, n_ctx): a speculative drafter (speculative.make_drafter's), which the
-        batcher uses while one request runs alone."""
-        self._load, self._on_ready = load, on_ready
-        self._drafter, self._draft_max, self._draft_min = drafter, draft_max, draft_min
-        self.n_ctx, self.slots, self.max_queue = n_ctx, slots, max_queue
+    def __init__(self, load: Callable, options: ServeOptions, on_ready: Callable = lambda lm: None):
+        self._load, self._on_ready, self.options = load, on_ready, options
+        self.n_ctx, self.slots, self.max_queue = options.n_ctx, options.parallel, options.max_queue
         self.lm = self.batcher = None
         self.reasoning: str | None = None  # how the model's replies mark their reasoning (reasoning.py)
         self.ready = False
@@ -180,10 +177,6 @@ class Scheduler:
     def processing(self) -> int:
         return len(self.batcher.running) if self.batcher is not None else 0
 
-    @property
-    def kv_tokens(self) -> int:
-        """Tokens the slots' caches hold (kept after a request, for prefix reuse)."""
-        return sum(len(slot.held) for slot in self.batcher.slots) if self.batcher is not None else 0
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel what runs and what waits, and end the worker."""
@@ -197,9 +190,10 @@ class Scheduler:
         try:
             self.lm = self._load()
             self.n_ctx = self.n_ctx or self.lm.default_context()
-            drafter = self._drafter(self.lm, self.n_ctx) if self._drafter else None
-            self.batcher = Batcher(self.lm, self.slots, self.n_ctx, drafter=drafter, draft_max=self._draft_max,
-                                   draft_min=self._draft_min)
+            o = self.options
+            drafter = o.drafter(self.lm, self.n_ctx) if o.drafter else None
+            self.batcher = Batcher(self.lm, self.slots, self.n_ctx, o.kv_size, drafter=drafter, draft_max=o.draft_max,
+                                   draft_min=o.draft_min)
             self.reasoning = reasoning_format(self.lm.tokenizer.vocab)
             self._on_ready(self.lm)
         except BaseException as e:  # (the server reports it and exits)
@@ -243,7 +237,7 @@ class Scheduler:
         active = _Active(ticket, _RecordingSampler(job.sampling, job.top_logprobs),
                          ReplyDecoder(self.lm.tokenizer, self.reasoning if job.reasoning else None), StopText(job.stops))
         ticket.sequence = self.batcher.add(job.ids, active.sampler, job.max_tokens, on_token=active.on_token,
-                                           reuse=job.cache_prompt)
+                                           reuse=job.cache_prompt, stop_ids=() if job.ignore_eos else None)
         self._active.append(active)
         self.counters.requests += 1
 

@@ -16,6 +16,7 @@ import uvicorn
 from ..sampler import SamplingOptions
 from .app import ServeState, create_app
 from .model import ModelCard, ServedModel
+from .options import ServeOptions
 from .scheduler import Scheduler
 
 
@@ -57,35 +58,35 @@ def bind(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=2048)
 
 
-def serving_state(load: Callable, card: ModelCard, sampling: SamplingOptions, n_ctx: int | None, slots: int = 1,
-                  max_queue: int = 64, api_key: str | None = None, log: Callable[[str], None] = print,
-                  **drafting) -> ServeState:
-    """The handlers' state, with a scheduler (not started) whose worker will load() the model;
-    drafting: the scheduler's drafter and draft_max."""
+def serving_state(load: Callable, card: ModelCard, sampling: SamplingOptions, options: ServeOptions,
+                  log: Callable[[str], None] = print) -> ServeState:
+    """The handlers' state, with a scheduler (not started) whose worker will load() the model."""
     def ready(lm):
         state.model = ServedModel(lm, scheduler.n_ctx)
         if state.model.template_warning:
             log(f"warning: {state.model.template_warning}")
+        pool, n = scheduler.batcher.pool, options.parallel
         log(f"ready: {card.name} ({card.architecture} {card.quant}), a context of {scheduler.n_ctx} tokens per "
-            f"sequence, {slots} slot{'s' * (slots > 1)} (running together)")
+            f"sequence, {n} sequence{'s' * (n > 1)} at once, a KV pool of {pool.n_slots} tokens "
+            f"({pool.n_slots * pool.bytes_per_token / 2**20:.0f} MiB at most)")
 
-    scheduler = Scheduler(load, n_ctx, slots, max_queue, on_ready=ready, **drafting)
-    state = ServeState(scheduler, card, sampling, api_key)  # (ready() sets its model)
+    scheduler = Scheduler(load, options, on_ready=ready)
+    state = ServeState(scheduler, card, sampling, options.api_key)  # (ready() sets its model)
     return state
 
 
-def serve(load: Callable, card: ModelCard, sampling: SamplingOptions, sock: socket.socket, n_ctx: int | None,
-          slots: int, max_queue: int, api_key: str | None, log: Callable[[str], None], **drafting) -> int | None:
+def serve(load: Callable, card: ModelCard, sampling: SamplingOptions, sock: socket.socket, options: ServeOptions,
+          log: Callable[[str], None]) -> int | None:
     """Serve until a signal, and return it; load() (on the worker thread) gives the model. A model
     that fails to load ends the server, and its error is raised here."""
-    state = serving_state(load, card, sampling, n_ctx, slots, max_queue, api_key, log, **drafting)
+    state = serving_state(load, card, sampling, options, log)
     scheduler = state.scheduler
     config = uvicorn.Config(create_app(state, log), log_level="warning", access_log=False, lifespan="off",
                             timeout_graceful_shutdown=10)
     server = _Server(config, scheduler)
     host, port = sock.getsockname()[:2]
     log(f"listening on http://{f'[{host}]' if ':' in host else host}:{port} (loading {card.name})")
-    if not api_key and not ipaddress.ip_address(host).is_loopback:
+    if not options.api_key and not ipaddress.ip_address(host).is_loopback:
         log("warning: without --api-key, anyone who reaches this address can use the model")
     scheduler.start()
     try:
