@@ -175,6 +175,14 @@ class GGUFFile:
         n = sum(t.n_elements for t in self.tensors.values())
         return 8.0 * sum(t.nbytes for t in self.tensors.values()) / max(n, 1)
 
+    def file_type_name(self) -> str:
+        """The quantization mix the file declares (general.file_type), as llama.cpp names it."""
+        from gguf import LlamaFileType
+        try:
+            return LlamaFileType(self.get("general.file_type")).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except (ValueError, TypeError):
+            return "?"
+
 
 
 def _split_parts(given: _Part) -> list[_Part]:

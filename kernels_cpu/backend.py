@@ -1,4 +1,4 @@
-"""runner.backend.Backend on the CPU: Numba kernels over numpy arrays."""
+"""runner.engine.backend.Backend on the CPU: Numba kernels over numpy arrays."""
 from __future__ import annotations
 
 import os

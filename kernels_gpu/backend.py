@@ -1,4 +1,4 @@
-"""runner.backend.Backend in torch: CUDA for users with a card; the CPU device for tests.
+"""runner.engine.backend.Backend in torch: CUDA for users with a card; the CPU device for tests.
 
 Weights stay in their GGUF blocks on the device (matmul.py); every op is plain torch, so the same
 code runs on the CPU, where the tests check it against the Numba kernels and gguf.quants. On

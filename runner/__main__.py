@@ -1,3 +1,3 @@
-from .cli import entry
+from .terminal.cli import entry
 
 entry()

@@ -1,5 +1,5 @@
 """Speculative decoding's speed-up, measured in one process, plain and speculative decoding
-alternating (runner.bench.speculative_row: ROUNDS rounds each after a warm-up, means), greedy,
+alternating (runner.measure.bench.speculative_row: ROUNDS rounds each after a warm-up, means), greedy,
 2 threads unless GGRUN_THREADS says:
   1. SmolLM2-135M as F32 (the registry Q4_1 file widened) with the Q4_1 file as its draft;
   2. the same F32 target with self:Q4_0;
@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from convert.convert import requantize  # noqa: E402
 from kernels_cpu.cpu_features import cpu_description, int8_isa  # noqa: E402
-from runner.bench import speculative_row  # noqa: E402
-from runner.engine import load  # noqa: E402
-from runner.load import LoadOptions  # noqa: E402
-from runner.registry import cache_dir, resolve  # noqa: E402
-from runner.speculative import (DRAFT_P_MIN, PromptLookup, check_vocabularies, describe_speculation,  # noqa: E402
-                                make_drafter)
+from runner.engine.load import LoadOptions  # noqa: E402
+from runner.engine.session import load  # noqa: E402
+from runner.engine.speculative import (DRAFT_P_MIN, PromptLookup, check_vocabularies,  # noqa: E402
+                                       describe_speculation, make_drafter)
+from runner.fetch.registry import cache_dir, resolve  # noqa: E402
+from runner.measure.bench import speculative_row  # noqa: E402
 
 
 def case(name, lm, n, rounds, new_drafter, prompt=None):

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from runner.perplexity import PerplexityResult, compare_to_base, load_base
+from runner.measure.perplexity import PerplexityResult, compare_to_base, load_base
 
 ROWS_AT_ONCE = 1024
 

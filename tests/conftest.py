@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from runner.registry import resolve
+from runner.fetch.registry import resolve
 
 # Triton's kernels (kernels_gpu/triton_products.py) run on the CPU in its interpreter, which is
 # chosen when they are defined: before any test imports them. On CUDA they compile as for users.
@@ -25,7 +25,7 @@ def gemma_path():
 
 @pytest.fixture(scope="session")
 def smollm(smollm_path):
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     return load_model(smollm_path, LoadOptions(kv_type="f32"))
 
 
@@ -91,8 +91,8 @@ def hf_logits_function(gguf_path):
 
 @pytest.fixture(scope="session")
 def llama_cpp_source():
-    """llama.cpp b11434's source tree (runner.registry.llama_cpp_source: fetched once into the cache)."""
-    from runner.registry import llama_cpp_source
+    """llama.cpp b11434's source tree (runner.fetch.registry.llama_cpp_source: fetched once into the cache)."""
+    from runner.fetch.registry import llama_cpp_source
     return llama_cpp_source()
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from runner.registry import sha256_of
+from runner.fetch.registry import sha256_of
 
 
 @dataclass

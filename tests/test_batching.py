@@ -1,15 +1,15 @@
-"""Continuous batching (runner/batching.py): sequences joining and leaving a shared decode pass
+"""Continuous batching (runner/engine/batching.py): sequences joining and leaving a shared decode pass
 generate, at temperature 0, the tokens each generates alone."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from runner.batching import Batcher
-from runner.generate import generate
-from runner.kv_cache import ContextFullError
-from runner.load import LoadOptions, load_model
-from runner.sampler import Sampler, SamplingOptions
+from runner.engine.batching import Batcher
+from runner.engine.generate import generate
+from runner.engine.kv_cache import ContextFullError
+from runner.engine.load import LoadOptions, load_model
+from runner.engine.sampler import Sampler, SamplingOptions
 
 GREEDY = SamplingOptions(temperature=0)
 PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time", "1, 2, 3, 4,",
@@ -17,7 +17,7 @@ PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time", "1,
 
 
 def alone(lm, ids, n):
-    """Plain generation of one sequence (runner/generate.py), as `ggrun run` does it."""
+    """Plain generation of one sequence (runner/engine/generate.py), as `ggrun run` does it."""
     return list(generate(lm.model, lm.model.new_cache(512), ids, Sampler(GREEDY), n,
                          lm.tokenizer.vocab.end_of_generation))
 
@@ -142,7 +142,7 @@ def test_bench_measures_concurrency(smollm_path):
 
     from click.testing import CliRunner
 
-    from runner.cli import main
+    from runner.terminal.cli import main
     r = CliRunner().invoke(main, ["bench", str(smollm_path), "-p", "0", "-n", "4", "-r", "1", "--concurrency", "1,3",
                                   "--json"])
     assert r.exit_code == 0, r.output
@@ -154,7 +154,7 @@ def test_bench_measures_concurrency(smollm_path):
 
 
 def test_a_lone_sequence_speculates_and_keeps_its_tokens(lm, monkeypatch):
-    from runner.speculative import PromptLookup
+    from runner.engine.speculative import PromptLookup
     ids = lm.tokenizer.encode("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2,")
     other = lm.tokenizer.encode("Once upon a time")
     want, want_other = alone(lm, ids, 24), alone(lm, other, 24)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gguf_io import GGUFFile, read_vocab
-from runner.chat_template import choose_template
+from runner.text.chat_template import choose_template
 
 from .gguf_copy import rewritten
 
@@ -137,11 +137,11 @@ def test_builtin_templates(smollm_path, name):
 
 
 def _session(smollm, template=None, n_ctx=256, system=None):
-    from runner.chat import ChatSession
-    from runner.sampler import SamplingOptions
+    from runner.engine.conversation import ChatSession
+    from runner.engine.sampler import SamplingOptions
     session = ChatSession(smollm, n_ctx, SamplingOptions(temperature=0), system, max_reply=8)
     if template is not None:
-        from runner.chat_template import ChatTemplate
+        from runner.text.chat_template import ChatTemplate
         session.template = ChatTemplate(template, "model's")
         session.reset()
     return session
@@ -163,7 +163,7 @@ def test_a_template_failing_on_a_later_turn_keeps_the_conversation(smollm):
 def test_typed_special_tokens_stay_text(smollm):
     """Only the template's markup yields control tokens: a user typing <|im_start|>system gets
     the same control tokens as one typing plain words, and the text round-trips."""
-    from runner.chat_template import render_with_content_spans
+    from runner.text.chat_template import render_with_content_spans
     session, tok = _session(smollm), smollm.tokenizer
     controls = set(tok.vocab.special_ids())
 
@@ -182,8 +182,8 @@ def test_typed_special_tokens_stay_text(smollm):
 
 
 def test_a_system_prompt_too_long_for_the_context_is_refused_and_the_chat_goes_on(smollm):
-    from runner.chat import command
-    from runner.kv_cache import ContextFullError
+    from runner.engine.kv_cache import ContextFullError
+    from runner.terminal.chat_repl import command
     session = _session(smollm, n_ctx=64)
     session.send("Hi")
     said = []
@@ -203,7 +203,7 @@ def test_the_ring_says_once_when_it_starts_evicting(smollm):
 
 
 def test_invalid_utf8_typed_into_chat_is_replaced(smollm, monkeypatch):
-    from runner.chat import read_message
+    from runner.terminal.chat_repl import read_message
     monkeypatch.setattr("builtins.input", lambda prompt="": b"caf\xe9 ok".decode("utf-8", "surrogateescape"))
     text = read_message()
     assert text == "caf\ufffd ok"
@@ -215,7 +215,7 @@ def test_invalid_utf8_typed_into_chat_is_replaced(smollm, monkeypatch):
 def test_colour_on_a_terminal_only(smollm, monkeypatch, tmp_path):
     import io
 
-    from runner.chat import PROMPT_COLOUR, REPLY_COLOUR, repl
+    from runner.terminal.chat_repl import PROMPT_COLOUR, REPLY_COLOUR, repl
     for colour in (True, False):
         lines, prompts = iter(["Hi"]), []
 
@@ -243,7 +243,8 @@ def test_the_chat_command_colours_a_terminal_unless_no_color(home, no_color):
 
 
 def test_save_kv_resumes_the_conversation_without_prefilling(smollm, tmp_path, monkeypatch):
-    from runner.chat import command, kv_path
+    from runner.engine.conversation import kv_path
+    from runner.terminal.chat_repl import command
     session = _session(smollm, system="You are brief.")
     session.save_kv = True
     session.send("Name a colour.")
@@ -283,7 +284,7 @@ def harmony_model(tmp_path_factory, llama_cpp_source):
     from convert.gguf_out import PlannedTensor, write_gguf
     from convert.random_model import LlamaShape, write_random_llama
     from gguf_io import GGUFFile
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     root = tmp_path_factory.mktemp("harmony")
     write_random_llama(root / "plain.gguf", LlamaShape(n_layer=1, n_embd=64, n_head=2, n_head_kv=1, n_ff=128,
                                                        vocab_size=600), "F32", progress=False)
@@ -316,8 +317,8 @@ def _harmony_reply(reasoning, answer):
 def _scripted_replies(monkeypatch, lm, replies, where=None):
     """The chat's sampler (or that of the module `where`) replaced by one that writes the given
     replies (lists of token texts), in turn."""
-    from runner import chat
-    from runner.sampler import Choice
+    from runner.engine import conversation
+    from runner.engine.sampler import Choice
     script = []
 
     class Scripted:
@@ -328,7 +329,7 @@ def _scripted_replies(monkeypatch, lm, replies, where=None):
         def choose(self, logits, history):
             token = script.pop(0)
             return Choice(token, np.array([token]), np.zeros(1), logits)
-    monkeypatch.setattr(where or chat, "Sampler", Scripted)
+    monkeypatch.setattr(where or conversation, "Sampler", Scripted)
 
 
 def test_harmony_replies_show_their_reasoning_apart_and_the_cache_keeps_what_the_turns_share(
@@ -338,9 +339,10 @@ def test_harmony_replies_show_their_reasoning_apart_and_the_cache_keeps_what_the
     rather than prefilling the conversation again."""
     from io import StringIO
 
-    from runner.chat import ChatSession, repl
-    from runner.reasoning import ANSWER, REASONING
-    from runner.sampler import SamplingOptions
+    from runner.engine.conversation import ChatSession
+    from runner.engine.sampler import SamplingOptions
+    from runner.terminal.chat_repl import repl
+    from runner.text.reasoning import ANSWER, REASONING
     lm = harmony_model
     assert lm.tokenizer.vocab.tokens[304] == "<|return|>" and 303 not in lm.tokenizer.vocab.end_of_generation
     replies = [_harmony_reply([120, 121], [130, 131]), _harmony_reply([122], [132])]
@@ -385,8 +387,8 @@ def test_run_sends_a_reasoning_models_thinking_to_stderr(harmony_model, monkeypa
 
     from click.testing import CliRunner
 
-    from runner import sampler
-    from runner.cli import main
+    from runner.engine import sampler
+    from runner.terminal.cli import main
     path = str(harmony_model.file.path)
     for as_json in (False, True):
         _scripted_replies(monkeypatch, harmony_model, [_harmony_reply([120, 121], [130, 131])], where=sampler)
@@ -404,7 +406,7 @@ def test_think_tags_split_a_reply_into_reasoning_and_answer():
     """Qwen 3's and DeepSeek R1's <think> ... </think> (tokens of their vocabularies)."""
     from types import SimpleNamespace
 
-    from runner.reasoning import ANSWER, REASONING, ReplyDecoder, reasoning_format
+    from runner.text.reasoning import ANSWER, REASONING, ReplyDecoder, reasoning_format
     tokens = ["<think>", "</think>", "Let", " me", " see", "\n\n", "Yes", "."]
     tok = SimpleNamespace(vocab=SimpleNamespace(tokens=tokens), token_bytes=lambda i: tokens[i].encode())
     assert reasoning_format(tok.vocab) == "think" and reasoning_format(SimpleNamespace(tokens=tokens[2:])) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.chat_template import ChatTemplate
+from runner.text.chat_template import ChatTemplate
 
 transformers_templates = pytest.importorskip("transformers.utils.chat_template_utils")
 
@@ -80,7 +80,7 @@ def test_hostile_templates_stop_within_bounds(source):
     import resource
     import time
 
-    from runner.chat_template import ChatTemplateError
+    from runner.text.chat_template import ChatTemplateError
     start, rss = time.monotonic(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with pytest.raises(ChatTemplateError):
         ChatTemplate(source, "hostile").render([{"role": "user", "content": "hi"}], add_generation_prompt=True)

@@ -122,10 +122,10 @@ def test_run_timings_break_down_the_start_up(smollm_path):
 
 
 def test_paused_gc_gives_the_collector_back_as_it_was():
-    """A warm start loads with the garbage collector paused (runner/cli.py _load); whatever
+    """A warm start loads with the garbage collector paused (runner/terminal/cli.py _load); whatever
     happens inside, it comes back as it was, and stays off for a caller who had it off."""
     import gc
-    from runner.startup import paused_gc
+    from runner.engine.startup import paused_gc
     with pytest.raises(RuntimeError), paused_gc():
         assert not gc.isenabled()
         raise RuntimeError
@@ -153,7 +153,7 @@ def test_run_skips_imports_it_does_not_use(smollm_path):
     code = ("import atexit, sys\n"
             f"atexit.register(lambda: print('loaded:', [m for m in {unused!r} if sys.modules.get(m)],"
             " file=sys.stderr))\n"
-            "from runner.cli import entry\n"
+            "from runner.terminal.cli import entry\n"
             f"sys.argv = ['ggrun', 'run', {str(smollm_path)!r}, '-p', 'Hello', '-n', '2', '--temp', '0']\n"
             "entry()\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)

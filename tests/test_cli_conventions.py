@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from runner.cli import main
+from runner.terminal.cli import main
 
 from .gguf_copy import retyped
 
@@ -48,7 +48,7 @@ def test_an_empty_prompt_runs_from_bos(smollm_path):
 
 
 def test_invalid_utf8_in_prompts_and_tokenize_is_replaced(smollm_path):
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     r = ggrun_process("run", str(smollm_path), "-p", "-", "-n", "2", "--temp", "0", "--json", stdin=b"caf\xe9 \xff!")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["prompt_ids"] == load_model(smollm_path, LoadOptions(kv_type="f32")).tokenizer.encode("caf\ufffd \ufffd!")
@@ -103,7 +103,7 @@ def test_save_logits_to_an_unwritable_path_fails_before_the_work(smollm_path, tm
 
 
 def test_pull_keeps_a_cached_verified_file(smollm_path, tmp_path, monkeypatch):
-    from runner import registry
+    from runner.fetch import registry
     monkeypatch.setenv("GGRUN_CACHE_DIR", str(tmp_path))
     (tmp_path / "models").mkdir()
     cached = tmp_path / "models" / smollm_path.name
@@ -152,7 +152,7 @@ def test_llama_cpp_options(smollm_path, tmp_path):
     r = ggrun("run", smollm_path, "-p", "Hi", "-n", "2", "-ngl", "0", "-ctk", "q8_0", "-ctv", "q8_0", "--json")
     assert r.exit_code == 0, r.output
     assert "CUDA" in _error(ggrun("run", smollm_path, "-p", "Hi", "-ngl", "99")) or __import__(
-        "runner.backend", fromlist=["x"]).resolve_device("auto") == "cuda"
+        "runner.engine.backend", fromlist=["x"]).resolve_device("auto") == "cuda"
     assert "one type" in ggrun("run", smollm_path, "-p", "Hi", "-ctk", "q8_0", "-ctv", "f16").output
     piped = ggrun("run", smollm_path, "-n", "4", "--temp", "0", "--json", stdin="The capital of France is")
     assert json.loads(piped.output)["prompt_ids"] == plain["prompt_ids"]
@@ -164,7 +164,7 @@ def test_llama_cpp_options(smollm_path, tmp_path):
 def test_chat_takes_n_and_the_system_prompt_options(smollm_path):
     import inspect
 
-    from runner.cli import chat
+    from runner.terminal.cli import chat
     names = {o for p in chat.params for o in p.opts}
     assert {"-n", "-sys", "--system-prompt", "--system-prompt-file", "-m", "-ngl", "-ctk", "-s"} <= names
     assert "n_predict" in inspect.signature(chat.callback).parameters

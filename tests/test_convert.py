@@ -42,7 +42,7 @@ def test_f32_conversion_reproduces_the_source(smollm_path, smollm_f32):
 def test_f32_conversion_gives_the_same_logits(smollm_path, smollm_f32):
     """(the quantized model on exact arithmetic, --precise: its default 8-bit activations are
     not what the F32 file's products compute)"""
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     smollm, converted = load_model(smollm_path, LoadOptions(kv_type="f32", precise=True)), load_model(smollm_f32, LoadOptions(kv_type="f32"))
     ids = smollm.tokenizer.encode("The history of the printing press begins in the fifteenth century")
     a = smollm.model.forward(ids, smollm.model.new_cache(64), all_logits=True)
@@ -62,7 +62,7 @@ def test_chooser_reproduces_a_llama_cpp_quantized_file(gemma_path):
 @pytest.mark.parametrize("arch", RANDOM_ARCHS)
 def test_random_models_match_transformers(random_models, tmp_path, arch, device):
     """At every position of an input longer than the sliding windows (16) of the models that have them."""
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     if device == "torch-cpu":
         pytest.importorskip("torch")
     folder = random_models[arch]
@@ -84,7 +84,7 @@ def test_random_models_at_q8_0_compute_their_own_weights(random_models, tmp_path
     model amplifies rounding: GLM-4's, with four norms a layer, reaches 0.989 against its widened
     weights on the default path's 8-bit activations, and 0.975 against transformers with the
     weights' rounding added; the precise path computes the widened weights' function exactly."""
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     folder = random_models[arch]
     ids = np.random.default_rng(1).integers(0, 1024, 40).tolist()
     want = transformers_logits(folder, ids)
@@ -105,7 +105,7 @@ def test_lookup_tables_are_read_in_place(random_models, tmp_path):
     """An untied token embedding and Gemma 4's per-layer embeddings are only looked up by rows: the
     CPU backend reads them from the mapped file (E2B's per-layer table alone is ~1.9 GB at Q6_K),
     where the matrices it multiplies are copied into interleaved groups."""
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     for arch in ("glm4", "gemma4"):  # (vocabularies of whole interleaved groups: 50304, 1024)
         out = tmp_path / f"{arch}.gguf"
         convert_hf(random_models[arch], out, "Q8_0", progress=False)
@@ -117,7 +117,7 @@ def test_lookup_tables_are_read_in_place(random_models, tmp_path):
 def test_long_rope_takes_its_long_factors_past_the_original_context(random_models, tmp_path):
     """Phi-3's LongRoPE: a context longer than the trained one (64 here) rotates by the long
     factors, as llama.cpp chooses them (by context size) and transformers (by sequence length)."""
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     out = tmp_path / "phi3.gguf"
     convert_hf(random_models["phi3"], out, "F32", progress=False)
     lm = load_model(out, LoadOptions(kv_type="f32"))
@@ -337,8 +337,8 @@ def test_llama_cpp_computes_ggruns_files_alike(random_models, llama_cpp_tools, t
     """llama.cpp loads ggrun's F32 file of each architecture and its perplexity over 128-token
     windows (past every sliding window, YaRN's original context and the query temperature's
     period of the test models) is ggrun's: both exact (F32 cache, no flash attention's float16)."""
-    from runner.load import LoadOptions, load_model
-    from runner.perplexity import perplexity
+    from runner.engine.load import LoadOptions, load_model
+    from runner.measure.perplexity import perplexity
     out = tmp_path / f"{arch}.gguf"
     convert_hf(random_models[arch], out, "F32", progress=False)
     (tmp_path / "text.txt").write_text(PERPLEXITY_TEXT)
@@ -351,7 +351,7 @@ def test_llama_3_rope_scaling_converts_as_llama_cpp_does(random_models, llama_cp
     """Llama 3.1's rope_type "llama3" becomes llama.cpp's rope_freqs tensor, its bytes equal to
     what convert_hf_to_gguf.py writes (and the rest of the file too); the logits are transformers'
     with the same scaling, on a context that takes the scaled band (original context 128)."""
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
 
     from .test_mixes import tensor_digests
     folder = tmp_path / "llama3"
@@ -379,7 +379,7 @@ def test_a_file_with_tensors_the_graph_does_not_take_is_refused(random_models, t
     import json
 
     from gguf_io import GGUFError
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     folder = tmp_path / "biased"
     shutil.copytree(random_models["ernie4_5"], folder)
     config = json.loads((folder / "config.json").read_text())
@@ -398,7 +398,7 @@ def test_gemma_4_reads_its_files_as_llama_cpp_does(random_models, tmp_path):
     layers would read other layers' caches than llama.cpp's fixed choice (the second-last layer
     with its own cache for sliding layers, the last for global ones) is refused."""
     from gguf_io import GGUFError
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     out = tmp_path / "gemma4.gguf"
     convert_hf(random_models["gemma4"], out, "F32", progress=False)
     assert read_params(GGUFFile(out)).logit_softcap == 10.0
@@ -412,7 +412,7 @@ def test_gemma_4_reads_its_files_as_llama_cpp_does(random_models, tmp_path):
     assert [p.kv_source(i) for i in range(p.n_layer)] == [0, 1, 2, 3, 2, 3]
     from click.testing import CliRunner
 
-    from runner.cli import main
+    from runner.terminal.cli import main
     info = CliRunner().invoke(main, ["info", str(out)]).output
     assert "head_dim:      64/128 (by layer)" in info and "n_ff:          512/1024 (by layer)" in info, info
     moved = rewritten(out, tmp_path / "moved.gguf",
@@ -524,7 +524,7 @@ def test_random_llama_command_asks_for_its_output(tmp_path, monkeypatch):
 
 def test_random_llama_for_benchmarks_loads_and_runs(tmp_path):
     from convert.random_model import ROWS, LlamaShape, write_random_llama
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     shape = LlamaShape(n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, vocab_size=1000)
     path = tmp_path / "random.gguf"
     write_random_llama(path, shape, progress=False)

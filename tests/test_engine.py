@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runner.engine import PromptError, Session, ring_pin
-from runner.generate import GenerationStats, generate
-from runner.sampler import Sampler, SamplingOptions
+from runner.engine.generate import GenerationStats, generate
+from runner.engine.sampler import Sampler, SamplingOptions
+from runner.engine.session import PromptError, Session, ring_pin
 
 
 def test_a_session_completes_as_the_generate_loop_does(smollm):

@@ -4,7 +4,7 @@ arithmetic): 64 greedy tokens of the precise path, teacher-forced through fast d
 import numpy as np
 import pytest
 
-from runner.load import LoadOptions, load_model
+from runner.engine.load import LoadOptions, load_model
 
 from .test_model import PROMPT
 

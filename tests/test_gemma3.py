@@ -14,7 +14,7 @@ from .hard_strings import BASE
 def gemma(gemma_path):
     """On the precise path: these tests compare decode steps with transformers' fp32 argmax, which
     8-bit activations may flip at near-ties (they are judged in test_fast_decode.py)."""
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     return load_model(gemma_path, LoadOptions(kv_type="f32", precise=True))
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.hub import HubError, HubModel, choose_files, file_tag, parse_hub_name
-from runner.registry import sha256_of
+from runner.fetch.hub import HubError, HubModel, choose_files, file_tag, parse_hub_name
+from runner.fetch.registry import sha256_of
 
 from .hub_standin import StandInHub
 
@@ -187,7 +187,7 @@ def test_list_and_rm_registry_hub_and_split_models(hub, env, smollm_path):
 
 
 def test_every_command_that_takes_a_model_takes_hf():
-    from runner.cli import main
+    from runner.terminal.cli import main
     takes_model = [name for name, cmd in main.commands.items() if any(p.name == "model" for p in cmd.params)]
     assert {"run", "chat", "bench", "perplexity", "info", "tokenize"} <= set(takes_model)
     for name in takes_model:

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runner.kv_state import KVState, KVStateError
-from runner.load import LoadOptions, load_model
+from runner.engine.kv_state import KVState, KVStateError
+from runner.engine.load import LoadOptions, load_model
 
 TEXT = (Path(__file__).parent / "data" / "ppl_text.txt").read_text()
 

@@ -1,4 +1,4 @@
-"""The paged KV cache (runner/kv_pool.py): block tables, shared prefixes, reference counts, LRU
+"""The paged KV cache (runner/engine/kv_pool.py): block tables, shared prefixes, reference counts, LRU
 eviction, reservations and copy-on-write, on a backend of plain arrays whose slots hold the
 token written there (blocks of 4 slots), and on real models, whose logits through the pool
 equal those through a KVCache."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runner.kv_cache import ContextFullError
-from runner.kv_pool import KVPool, PoolExhausted, SequenceCache
+from runner.engine.kv_cache import ContextFullError
+from runner.engine.kv_pool import KVPool, PoolExhausted, SequenceCache
 
 
 class TokenRows:
@@ -155,7 +155,7 @@ def test_a_pool_computes_what_a_cache_computes(model, kv_type, smollm_path, gemm
     cache keeps its tokens in one run of slots. Gemma 3's sliding-window layers attend over the
     pool with the window as a mask, past the window's length (a KVCache keeps those in a ring of
     slots, whose chunks add up otherwise)."""
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     lm = load_model(smollm_path if model == "smollm" else gemma_path, LoadOptions(kv_type=kv_type))
     m = lm.model
     pool = m.new_kv_pool(4 * 1024)

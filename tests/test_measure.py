@@ -11,9 +11,14 @@ import pytest
 
 from convert.convert import requantize
 from gguf_io import GGUFFile, read_params
-from runner.load import LoadOptions, load_model, memory_fit
-from runner.memory_fit import MemoryFit, parse_size
-from runner.perplexity import compare_to_base, load_base, perplexity, save_logits
+from runner.engine.load import LoadOptions, load_model, memory_fit
+from runner.engine.memory_fit import MemoryFit, parse_size
+from runner.measure.perplexity import (
+    compare_to_base,
+    load_base,
+    perplexity,
+    save_logits,
+)
 
 TEXT_PATH = Path(__file__).parent / "data" / "ppl_text.txt"
 TEXT = TEXT_PATH.read_text()
@@ -58,7 +63,7 @@ def test_perplexity_matches_a_direct_computation(smollm):
 def test_perplexity_reads_special_token_texts_as_plain_text(smollm):
     """As llama-perplexity tokenizes a document: "<|im_start|>" written in it is text, not a
     control token."""
-    from runner.perplexity import _text_tokens
+    from runner.measure.perplexity import _text_tokens
     text = "A prompt is plain text: `<|im_start|>` typed in it is those characters."
     im_start = smollm.tokenizer.encode("<|im_start|>", add_special=False)
     assert len(im_start) == 1 and im_start[0] not in _text_tokens(smollm, text)
@@ -174,8 +179,8 @@ def test_prefill_on_amx_tiles_keeps_greedy_text_and_perplexity(request, model, m
     """Prefill's products on AMX's integer tiles are the vector path's bits, so greedy text
     after a long prompt and perplexity come out the same on both real models."""
     from kernels_cpu import amx_int8
-    from runner.generate import generate
-    from runner.sampler import Sampler, SamplingOptions
+    from runner.engine.generate import generate
+    from runner.engine.sampler import Sampler, SamplingOptions
     if not amx_int8.usable():
         pytest.skip("this CPU has no AMX integer tiles")
     lm = load_model(request.getfixturevalue(model), LoadOptions(kv_type="f32"))

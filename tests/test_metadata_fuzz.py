@@ -42,7 +42,7 @@ class _Watched(dict):
 
 def keys_read(path: Path, monkeypatch) -> list[str]:
     """The metadata keys that loading `path` looks up."""
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     seen: set[str] = set()
     init = GGUFFile.__init__
 
@@ -81,7 +81,7 @@ def _as_json(value: MetadataValue | None):
 def forward_each(cases_file: str, model: str, folder: str) -> None:
     """For each (key, value) of cases_file: the model with it, loaded, through a forward pass of
     a few tokens and a decode step."""
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     for key, raw in json.loads(Path(cases_file).read_text()):
         value = None if raw is None else MetadataValue(V(raw[0]), raw[1], None if raw[2] is None else V(raw[2]))
         path = rewritten(model, Path(folder) / "case.gguf", {key: value})
@@ -94,7 +94,7 @@ def forward_each(cases_file: str, model: str, folder: str) -> None:
 
 
 def test_hostile_metadata_loads_or_is_refused(smollm_path, tmp_path, monkeypatch):
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     keys = keys_read(smollm_path, monkeypatch)
     assert {"llama.rope.dimension_count", "llama.block_count", "tokenizer.ggml.tokens",
             "llama.rope.scaling.type"} <= set(keys)  # (read, and one the file lacks)

@@ -6,8 +6,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from runner import load as load_module
-from runner.backend import BackendError
+from runner.engine import load as load_module
+from runner.engine.backend import BackendError
 
 from .conftest import hf_logits_function
 
@@ -24,7 +24,7 @@ def hf_logits(smollm_path, smollm):
 
 
 def test_logits_match_transformers(smollm_path, hf_logits):
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     ids, want = hf_logits
     assert len(ids) >= 64
     model = load_model(smollm_path, LoadOptions(kv_type="f32", precise=True)).model
@@ -36,7 +36,7 @@ def test_logits_match_transformers(smollm_path, hf_logits):
 
 def test_decode_steps_match_prefill(smollm_path, hf_logits):
     """Token-by-token decoding through the KV cache gives the same logits as one prefill."""
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     ids, want = hf_logits
     model = load_model(smollm_path, LoadOptions(kv_type="f32", precise=True)).model
     cache = model.new_cache(128)
@@ -53,7 +53,7 @@ def test_reduced_precision_caches_stay_close(smollm_path, hf_logits, kv_type, dt
     """The f16 KV cache (the CLI's default, as llama.cpp's) and the q8_0 one against the same
     fp32 reference: the exact tests above use the f32 cache; rounding keys and values may flip
     near-ties. (A model of its own: the session's is shared, and stays as it is.)"""
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     ids, want = hf_logits
     model = load_model(smollm_path, LoadOptions(kv_type=kv_type, precise=True)).model
     cache = model.new_cache(256)

@@ -12,7 +12,7 @@ from gguf_io import GGUFFile
 from kernels_cpu.backend import CpuBackend
 from kernels_cpu.experts import GATING, route
 from kernels_cpu.step_program import REPLAY_KEY, Op
-from runner.load import LoadOptions, load_model
+from runner.engine.load import LoadOptions, load_model
 
 from .hf_folders import GPT2_VOCAB, MOE_CONFIGS, transformers_logits
 from .llama_cpp import PERPLEXITY_TEXT, convert_with_llama_cpp, llama_cpp_perplexity
@@ -209,7 +209,7 @@ def test_info_and_bench_count_the_active_experts(tmp_path):
     from click.testing import CliRunner
 
     from convert.random_model import LlamaShape, write_random_llama
-    from runner.cli import main
+    from runner.terminal.cli import main
     shape = LlamaShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, vocab_size=1000, n_expert=8,
                        n_expert_used=2, n_ff_exp=256, head_dim=64)
     path = tmp_path / "moe.gguf"
@@ -234,7 +234,7 @@ def test_info_and_bench_count_the_active_experts(tmp_path):
 def test_llama_cpp_computes_ggruns_moe_files_alike(moe_files, llama_cpp_tools, tmp_path, arch):
     """llama.cpp loads ggrun's converted file and its perplexity on a text is ggrun's (both
     exact: F32 weights and cache, llama.cpp without flash attention's float16 products)."""
-    from runner.perplexity import perplexity
+    from runner.measure.perplexity import perplexity
     (tmp_path / "text.txt").write_text(PERPLEXITY_TEXT)
     theirs = llama_cpp_perplexity(llama_cpp_tools, moe_files[arch][0], tmp_path / "text.txt")
     ours = perplexity(load_model(moe_files[arch][0], LoadOptions(kv_type="f32")), PERPLEXITY_TEXT, 128, progress=False).ppl
@@ -245,7 +245,7 @@ def test_mxfp4_checkpoint_converts_and_runs_as_llama_cpps(moe_folders, llama_cpp
     """gpt-oss as published, its experts in MXFP4: the blocks carried through unchanged, the file
     byte for byte what convert_hf_to_gguf.py writes; ggrun's MXFP4 products give its exact
     values' logits (precise path) and llama.cpp's perplexity on the file."""
-    from runner.perplexity import perplexity
+    from runner.measure.perplexity import perplexity
 
     from .hf_folders import mxfp4_folder
     from .test_mixes import tensor_digests
@@ -273,7 +273,7 @@ def test_random_gpt_oss_shapes_run_as_in_llama_cpp(llama_cpp_tools, tmp_path):
     """convert.random_model's gpt-oss (the benchmarks' gpt-oss-20b shape, small here): MXFP4
     experts, Q8_0 elsewhere, biases and sinks; llama.cpp's perplexity on the file is ggrun's."""
     from convert.random_model import LlamaShape, write_random_llama
-    from runner.perplexity import perplexity
+    from runner.measure.perplexity import perplexity
     shape = LlamaShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=256, vocab_size=1000, n_expert=4,
                        n_expert_used=2, n_ff_exp=256, head_dim=64, gpt_oss=True)
     path = tmp_path / "gpt-oss.gguf"

@@ -236,7 +236,7 @@ def test_cache_product_against_numpy(dtype, rows, cols, tiled, queries):
 @pytest.mark.parametrize("n_tok", [1, 4, 20])  # the decode kernel (one and several queries) and the BLAS path
 def test_attention_is_the_same_wherever_the_cache_keeps_its_keys(window, n_tok):
     """A sequence's keys in blocks scattered through a pool, out of order, among other blocks
-    (runner/kv_pool.py): the same bits as the same keys in one run of slots."""
+    (runner/engine/kv_pool.py): the same bits as the same keys in one run of slots."""
     from kernels_cpu.attention import SLOT_CHUNK
     n_kv, d, n = 2, 64, 2 * SLOT_CHUNK + 90
     keys, values = (rng.standard_normal((n, n_kv, d)).astype(np.float32) for _ in range(2))

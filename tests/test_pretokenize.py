@@ -1,7 +1,7 @@
 """Pre-tokenizer splits against the `tokenizers` library running the models' published regexes."""
 import pytest
 
-from runner.pretokenize import PreTokenizer, canonical_name
+from runner.text.pretokenize import PreTokenizer, canonical_name
 
 from .hard_strings import hard_strings
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.chat import ChatSession
-from runner.perplexity import ring_perplexity
-from runner.sampler import SamplingOptions
+from runner.engine.conversation import ChatSession
+from runner.engine.sampler import SamplingOptions
+from runner.measure.perplexity import ring_perplexity
 
 TEXT = (Path(__file__).parent / "data" / "ppl_text.txt").read_text()
 

@@ -1,7 +1,7 @@
 """Sampling filters on hand-made distributions."""
 import numpy as np
 
-from runner.sampler import Sampler, SamplingOptions
+from runner.engine.sampler import Sampler, SamplingOptions
 
 LOGITS = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
 

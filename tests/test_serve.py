@@ -416,7 +416,7 @@ def test_loading_and_load_errors(smollm_path, start):
     waits), and a model that fails to load ends the server with one error line."""
     from starlette.testclient import TestClient
 
-    from runner.sampler import SamplingOptions
+    from runner.engine.sampler import SamplingOptions
     from runner.serve.app import create_app
     from runner.serve.model import ModelCard
     from runner.serve.server import serving_state
@@ -431,7 +431,7 @@ def test_loading_and_load_errors(smollm_path, start):
     assert client.get("/v1/models").json()["data"][0]["id"] == smollm_path.name
     release.set()
 
-    from runner.backend import resolve_device
+    from runner.engine.backend import resolve_device
     if resolve_device("auto") == "cuda":
         pytest.skip("CUDA is here: -ngl 99 would load")
     s = start(smollm_path, "-ngl", "99")
@@ -495,7 +495,7 @@ def test_a_reasoning_models_thinking_comes_apart(harmony_model, monkeypatch):
     import numpy as np
     from starlette.testclient import TestClient
 
-    from runner.sampler import Choice, SamplingOptions
+    from runner.engine.sampler import Choice, SamplingOptions
     from runner.serve import scheduler
     from runner.serve.app import create_app
     from runner.serve.model import ModelCard

@@ -1,4 +1,4 @@
-"""Speculative decoding (runner/speculative.py) on tiny random models: token for token plain
+"""Speculative decoding (runner/engine/speculative.py) on tiny random models: token for token plain
 decoding at temperature 0 with every kind of draft, the KV cache left as plain decoding leaves it,
 the target's own distribution when sampling (chi-square), refused vocabularies."""
 from __future__ import annotations
@@ -8,17 +8,17 @@ import math
 import numpy as np
 import pytest
 
-from runner.generate import generate
-from runner.sampler import Sampler, SamplingOptions
-from runner.speculative import (DraftError, DraftModel, PromptLookup, SpeculationStats, check_vocabularies,
-                                generate_speculative, make_drafter, verify)
+from runner.engine.generate import generate
+from runner.engine.sampler import Sampler, SamplingOptions
+from runner.engine.speculative import (DraftError, DraftModel, PromptLookup, SpeculationStats, check_vocabularies,
+                                       generate_speculative, make_drafter, verify)
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """An F32 target, another model of the same vocabulary, and one of another vocabulary."""
     from convert.random_model import LlamaShape, write_random_llama
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     root = tmp_path_factory.mktemp("spec")
     shapes = {"target": (LlamaShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, vocab_size=1000), "F32"),
               "other": (LlamaShape(n_layer=1, n_embd=128, n_head=2, n_head_kv=1, n_ff=256, vocab_size=1000), "Q8_0"),
@@ -31,7 +31,7 @@ def models(tmp_path_factory):
 
 
 def _drafter(models, kind, n_ctx, monkeypatch, tmp_path):
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     monkeypatch.setenv("GGRUN_CACHE_DIR", str(tmp_path))
     draft = {"same model": str(models["target"].file.path), "other model": str(models["other"].file.path),
              "self:Q4_0": "self:Q4_0"}.get(kind)
@@ -124,7 +124,7 @@ def test_expected_tokens_per_pass():
 def test_real_models_speculate_token_for_token(request, name, kind, monkeypatch, tmp_path):
     """SmolLM2 and Gemma 3 at temperature 0: plain decoding's tokens with each kind of draft (a
     model: the file itself)."""
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     monkeypatch.setenv("GGRUN_CACHE_DIR", str(tmp_path))
     path = request.getfixturevalue(name)
     target = load_model(path, LoadOptions(kv_type="f32"))
@@ -144,7 +144,7 @@ def test_real_models_speculate_token_for_token(request, name, kind, monkeypatch,
 
 def test_torch_backend_speculates_through_the_same_path(models):
     pytest.importorskip("torch")
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     target = load_model(models["target"].file.path, LoadOptions(kv_type="f32", device="torch-cpu"))
     greedy = SamplingOptions(temperature=0)
     prompt = [1, 5, 6, 7]
@@ -180,7 +180,7 @@ def test_a_pass_of_a_few_tokens_computes_them_as_single_steps(request, name):
     the logits, past the 8-bit activations), and so did SwiGLU's gate over strided columns (1e-8,
     which F32 weights keep and an 8-bit rounding now and then turns into 0.8). Eager and replayed
     alike."""
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     lm = load_model(request.getfixturevalue(name), LoadOptions(kv_type="f32"))
     m = lm.model
     for n_prompt in (20, 40):
@@ -209,8 +209,9 @@ def test_bench_measures_speculation_beside_plain_decoding(smollm_path):
 def test_chat_drafts_and_replies_as_without(smollm_path):
     """Two greedy turns with a lookup draft (over the conversation's tokens): the replies of plain
     chat, and /stats counts the drafts."""
-    from runner.chat import ChatSession, format_stats
-    from runner.load import LoadOptions, load_model
+    from runner.engine.conversation import ChatSession
+    from runner.engine.load import LoadOptions, load_model
+    from runner.terminal.chat_repl import format_stats
     lm = load_model(smollm_path, LoadOptions(kv_type="f32"))
     greedy = SamplingOptions(temperature=0)
     plain = ChatSession(lm, 512, greedy, max_reply=24)
@@ -230,7 +231,7 @@ def test_rejected_drafts_inside_a_wrapped_ring_give_back_what_they_overwrote(mod
     slots stay empty (the context holds fewer tokens until it fills again)."""
     if device == "torch-cpu":
         pytest.importorskip("torch")
-    from runner.load import LoadOptions, load_model
+    from runner.engine.load import LoadOptions, load_model
     target = load_model(models["target"].file.path, LoadOptions(device=device, kv_type="q8_0"))
     m, ids = target.model, list(range(300, 370))
     cache = m.new_cache(24, ring=True)

@@ -9,7 +9,7 @@ import pytest
 
 from convert.convert import convert_hf
 from kernels_cpu.step_program import REPLAY_KEY
-from runner.load import LoadOptions, load_model
+from runner.engine.load import LoadOptions, load_model
 
 from .hf_folders import RANDOM_ARCHS
 

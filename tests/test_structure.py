@@ -1,6 +1,7 @@
 """The project's structure holds: one declaration per architecture, read by runner and converter
 alike, and the package arrows (kernels never import models, backends never import each other,
-the format layer never imports the runner or the converter, the converter never the runner)."""
+the format layer never imports the runner or the converter, the converter never the runner; within
+the runner, the server and the terminal sit on the engine, never under it)."""
 from __future__ import annotations
 
 import ast
@@ -48,8 +49,8 @@ def test_a_model_loads_only_tensors_its_declaration_has(smollm_path, monkeypatch
     """Every tensor name the model files ask for comes from the declaration (gguf's constants):
     SmolLM2's file has no tensor the Llama model leaves unread."""
     from gguf_io import GGUFFile
-    from runner.load import LoadOptions, load_model
-    from runner.weights import WeightLoader
+    from runner.engine.load import LoadOptions, load_model
+    from runner.engine.weights import WeightLoader
     asked = []
     real = WeightLoader._info
 
@@ -88,9 +89,9 @@ def test_partial_rope_is_declared_where_llama_cpp_rotates_part_of_a_head(llama_c
 def test_every_sampling_option_is_a_flag_and_settable_in_chat():
     from dataclasses import fields
 
-    from runner.chat import SETTABLE
-    from runner.cli import _SAMPLING_FLAGS
-    from runner.sampler import SamplingOptions
+    from runner.engine.sampler import SamplingOptions
+    from runner.terminal.chat_repl import SETTABLE
+    from runner.terminal.cli import _SAMPLING_FLAGS
     names = {f.name for f in fields(SamplingOptions)}
     assert set(_SAMPLING_FLAGS.values()) == names
     assert {field for field, _ in SETTABLE.values()} == names
@@ -113,11 +114,42 @@ def _absolute_imports(path: Path) -> set[str]:
 def test_the_server_sits_on_the_engine():
     """runner/serve reaches the model through the engine (Session, sampler, tokenizer, chat
     templates), never into kernels or model code; nothing but the CLI imports it."""
-    below = ("kernels_cpu", "kernels_gpu", "runner.models", "runner.weights")
+    below = ("kernels_cpu", "kernels_gpu", "runner.models", "runner.engine.weights")
     serve = ROOT / "runner" / "serve"
     offenders = {f"{path.relative_to(ROOT)} imports {name}" for path in serve.rglob("*.py")
                  for name in _absolute_imports(path) if name.startswith(below)}
     assert not offenders
     users = {str(path.relative_to(ROOT)) for path in (ROOT / "runner").rglob("*.py")
              if serve not in path.parents and any(n.startswith("runner.serve") for n in _absolute_imports(path))}
-    assert users == {"runner/cli.py"}
+    assert users == {"runner/terminal/cli.py"}
+
+
+# runner's subpackages -> those they never import: the server and the terminal sit on the engine,
+# never under it, and measuring is done to the engine from above; text and fetch stand on their own
+# (the terminal may import any of them: its `serve` command starts the server)
+RUNNER_NEVER_IMPORTS = {
+    "engine": {"measure", "serve", "terminal"},
+    "models": {"measure", "serve", "terminal"},
+    "text": {"engine", "models", "measure", "serve", "terminal"},
+    "fetch": {"engine", "text", "models", "measure", "serve", "terminal"},
+    "measure": {"serve", "terminal"},
+    "serve": {"terminal"},
+    "terminal": set(),
+}
+
+
+@pytest.mark.parametrize("package", [p for p, never in RUNNER_NEVER_IMPORTS.items() if never])
+def test_runner_subpackage_arrows_hold(package):
+    forbidden = {f"runner.{name}" for name in RUNNER_NEVER_IMPORTS[package]}
+    offenders = {f"{path.relative_to(ROOT)} imports {name}" for path in (ROOT / "runner" / package).rglob("*.py")
+                 for name in _absolute_imports(path) if name.split(".")[0] == "runner"
+                 and ".".join(name.split(".")[:2]) in forbidden}
+    assert not offenders
+
+
+def test_the_runner_is_grouped_by_concern():
+    """Every module of runner/ lives in a subpackage that the arrows above cover; only the package's
+    __init__ and __main__ stay at its top."""
+    runner = ROOT / "runner"
+    assert {path.name for path in runner.glob("*.py")} == {"__init__.py", "__main__.py"}
+    assert {path.parent.name for path in runner.glob("*/__init__.py")} == set(RUNNER_NEVER_IMPORTS)

@@ -2,7 +2,7 @@
 import pytest
 
 from gguf_io import GGUFFile, read_vocab
-from runner.tokenizer import StreamDecoder, Tokenizer
+from runner.text.tokenizer import StreamDecoder, Tokenizer
 
 from .hard_strings import hard_strings
 
@@ -74,7 +74,7 @@ def test_special_tokens_split_as_the_longest_match_leftmost(gemma_path):
     import random
 
     import regex
-    from runner.tokenizer import SpecialTokens
+    from runner.text.tokenizer import SpecialTokens
     vocab = read_vocab(GGUFFile(gemma_path))
     texts = sorted({vocab.tokens[i] for i in vocab.special_ids()} - {""}, key=len, reverse=True)
     alternation = regex.compile("|".join(regex.escape(t) for t in texts))

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from runner import backend as backend_module
-from runner.backend import BackendError, make_backend, resolve_device
-from runner.cli import main
-from runner.load import LoadOptions, load_model
-from runner.memory_fit import MemoryFitError
-from runner.perplexity import perplexity
+from runner.engine import backend as backend_module
+from runner.engine.backend import BackendError, make_backend, resolve_device
+from runner.engine.load import LoadOptions, load_model
+from runner.engine.memory_fit import MemoryFitError
+from runner.measure.perplexity import perplexity
+from runner.terminal.cli import main
 
 torch = pytest.importorskip("torch")
 from kernels_gpu.backend import TorchBackend  # noqa: E402

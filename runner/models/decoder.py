@@ -16,9 +16,9 @@ import numpy as np
 from gguf import MODEL_TENSOR as T
 
 from gguf_io import ModelParams
-from runner.kv_cache import Batch, KVCache
-from runner.kv_pool import KVPool, SequenceCache
-from runner.weights import WeightLoader
+from runner.engine.kv_cache import Batch, KVCache
+from runner.engine.kv_pool import KVPool, SequenceCache
+from runner.engine.weights import WeightLoader
 
 # Tokens per forward pass: longer prompts are run in slices of this size (llama.cpp's ubatch).
 MAX_BATCH = 512
@@ -305,7 +305,7 @@ class Decoder:
                        model_replays=self.replays)
 
     def new_kv_pool(self, n_tokens: int) -> KVPool:
-        """A paged cache for at least n_tokens tokens, which sequences share (runner/kv_pool.py)."""
+        """A paged cache for at least n_tokens tokens, which sequences share (runner/engine/kv_pool.py)."""
         shapes = [(a.n_kv_head, a.head_dim, a.value_dim) for a in self._own_kv()]
         return KVPool(self.backend, n_tokens, shapes, self.kv_type, model_replays=self.replays)
 

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
-from ..sampler import SamplingOptions
+from ..engine.sampler import SamplingOptions
 from . import ollama_api, openai_api
 from .fields import ApiError, Fields, read_json
 from .model import ModelCard, ServedModel

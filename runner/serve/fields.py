@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from ..sampler import OptionError, SamplingOptions
+from ..engine.sampler import OptionError, SamplingOptions
 
 # the error types of OpenAI's API (and llama-server's) by HTTP status
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from gguf_io import GGUFFile, read_params
 
-from ..bench import file_type_name, parameter_counts
-from ..chat_template import BUILTIN_TEMPLATES, ChatTemplateError, choose_template, render_with_content_spans
-from ..reasoning import reasoning_format
+from ..measure.bench import parameter_counts
+from ..text.chat_template import BUILTIN_TEMPLATES, ChatTemplateError, choose_template, render_with_content_spans
+from ..text.reasoning import reasoning_format
 from .fields import ApiError, bad
 
 # what a template is given besides chat_template_kwargs (a request may not set them)
@@ -39,7 +39,7 @@ class ModelCard:
         metadata = {k: m.value for k, m in f.metadata.items()
                     if isinstance(m.value, (str, int, float, bool)) and not k.startswith("tokenizer.")}
         return cls(name, frozenset(aliases | {a + ":latest" for a in aliases}), path, int(path.stat().st_mtime),
-                   f.architecture, file_type_name(f), f.size, parameter_counts(f, read_params(f))[0], metadata)
+                   f.architecture, f.file_type_name(), f.size, parameter_counts(f, read_params(f))[0], metadata)
 
     def check(self, requested: str | None) -> None:
         """A request's `model`: this one's name (or one of its aliases), or none given."""
@@ -60,7 +60,7 @@ class ServedModel:
     def __init__(self, lm, n_ctx: int):
         self.tokenizer, self.n_ctx = lm.tokenizer, n_ctx
         self.template, self.template_warning = choose_template(lm.tokenizer.vocab)
-        self.reasoning = reasoning_format(lm.tokenizer.vocab)  # how replies mark their reasoning (reasoning.py)
+        self.reasoning = reasoning_format(lm.tokenizer.vocab)  # how replies mark their reasoning (text/reasoning.py)
         self.template_source = (BUILTIN_TEMPLATES[self.template.name] if self.template.builtin
                                 else lm.tokenizer.vocab.chat_template)
 

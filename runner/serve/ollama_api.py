@@ -10,7 +10,7 @@ from importlib.metadata import version
 
 from starlette.responses import JSONResponse, Response
 
-from ..reasoning import REASONING
+from ..text.reasoning import REASONING
 from .fields import SAMPLING_FIELDS, ApiError, Fields, bad, chat_messages, read_json, sampling
 from .replies import ClientLeft, Reply, Streamed, events, gather, submit
 from .scheduler import Text

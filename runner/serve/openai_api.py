@@ -9,7 +9,7 @@ import time
 
 from starlette.responses import JSONResponse, Response
 
-from ..reasoning import REASONING
+from ..text.reasoning import REASONING
 from .fields import SAMPLING_FIELDS, ApiError, Fields, bad, chat_messages, read_json, sampling
 from .replies import ClientLeft, Streamed, events, gather, submit
 from .scheduler import Text, TokenLogprob, Usage

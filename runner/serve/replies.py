@@ -10,7 +10,7 @@ import anyio
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 
-from ..reasoning import SplitReply
+from ..text.reasoning import SplitReply
 from .fields import ApiError
 from .scheduler import Done, Failed, Job, QueueFull, Scheduler, Text, Ticket, TokenLogprob, Usage
 

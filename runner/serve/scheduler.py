@@ -1,5 +1,5 @@
 """The engine side of the server: one worker thread owns the model and steps a Batcher
-(runner/batching.py) over every running request; HTTP handlers talk to it through submit and
+(runner/engine/batching.py) over every running request; HTTP handlers talk to it through submit and
 cancel alone.
 
     ticket = scheduler.submit(job)       # on the event loop; QueueFull when the queue is full
@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..batching import Batcher
-from ..generate import ModelOutputError
-from ..reasoning import ReplyDecoder, reasoning_format
-from ..sampler import Sampler, SamplingOptions
+from ..engine.batching import Batcher
+from ..engine.generate import ModelOutputError
+from ..engine.sampler import Sampler, SamplingOptions
+from ..text.reasoning import ReplyDecoder, reasoning_format
 from .options import ServeOptions
 from .text import StopText
 
@@ -132,7 +132,7 @@ class Scheduler:
         self._load, self._on_ready, self.options = load, on_ready, options
         self.n_ctx, self.slots, self.max_queue = options.n_ctx, options.parallel, options.max_queue
         self.lm = self.batcher = None
-        self.reasoning: str | None = None  # how the model's replies mark their reasoning (reasoning.py)
+        self.reasoning: str | None = None  # how the model's replies mark their reasoning (text/reasoning.py)
         self.ready = False
         self.load_error: BaseException | None = None
         self.stopping = False          # (set from a signal handler: a plain assignment, no lock)

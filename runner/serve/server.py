@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import uvicorn
 
-from ..sampler import SamplingOptions
+from ..engine.sampler import SamplingOptions
 from .app import ServeState, create_app
 from .model import ModelCard, ServedModel
 from .options import ServeOptions

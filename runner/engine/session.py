@@ -7,13 +7,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator
 
+from ..text.tokenizer import StreamDecoder
 from .generate import GenerationStats, PromptError, generate, truncate_prompt
 from .kv_cache import SINK_TOKENS, ContextFullError, KVCache
 from .load import LoadedModel, LoadOptions, load_model
 from .sampler import Sampler
 from .speculative import SpeculationStats, generate_speculative
 from .startup import StartupTimes, paused_gc
-from .tokenizer import StreamDecoder
 
 
 def load(path, options: LoadOptions = LoadOptions(), times: StartupTimes | None = None, prefill=True,
@@ -119,7 +119,7 @@ class Session:
         yields control tokens. An empty prompt starts from BOS, as llama.cpp does."""
         tok = self.lm.tokenizer
         if system is not None:
-            from .chat_template import choose_template, render_with_content_spans
+            from ..text.chat_template import choose_template, render_with_content_spans
             template, warning = choose_template(tok.vocab)
             if warning:
                 self.notices.append(warning)

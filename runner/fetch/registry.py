@@ -75,7 +75,7 @@ def resolve(model: str | None, quiet: bool = False) -> Path:
 
 def fetch_named(name: str, quiet: bool = False) -> Path:
     """A registry name (pulled, its sha256 checked) or a Hugging Face name, hf.co/USER/REPO[:TAG] or
-    USER/REPO[:TAG] (see runner/hub.py): the path of its file in the cache (a split model's first part)."""
+    USER/REPO[:TAG] (see runner/fetch/hub.py): the path of its file in the cache (a split model's first part)."""
     if name in MODELS:
         return pull(name, quiet=quiet)
     from .hub import parse_hub_name, resolve_hub  # (it builds on this module)

@@ -7,11 +7,11 @@ join and leave at any step. A prompt is prefilled in chunks of at most `prefill_
 one chunk a step between decode passes, so the running streams keep flowing while it comes in.
 
 Up to `slots` sequences run at once, each with a context of `n_ctx` tokens, over one paged KV
-cache of `kv_tokens` tokens (runner/kv_pool.py): a sequence holds blocks for the tokens it has,
+cache of `kv_tokens` tokens (runner/engine/kv_pool.py): a sequence holds blocks for the tokens it has,
 and a new prompt starts from the cached blocks that hold its longest start and prefills only the
 rest (a repeated system prompt, the next turn of a conversation). A sequence joins once the pool
 can reserve blocks for its prompt and its most tokens; until then it waits. Given a drafter, a sequence that runs alone decodes speculatively
-(runner/speculative.py's drafts and verification); several batch instead, which spends the same
+(runner/engine/speculative.py's drafts and verification); several batch instead, which spends the same
 spare compute.
 
     batcher = Batcher(lm, slots=4, n_ctx=2048)                 # (a pool of 4 x 2048 tokens)
@@ -137,7 +137,7 @@ class Batcher:
             self._sample(seq, logits)
 
     def _speculate(self, seq: Sequence) -> None:
-        """A lone sequence's step through a drafted chunk (runner/speculative.py): the drafted
+        """A lone sequence's step through a drafted chunk (runner/engine/speculative.py): the drafted
         tokens the target's pass accepts, and one more, each handed out as a step's would be."""
         cache, history = seq.cache, seq.ids + seq.tokens
         room = min(seq.max_tokens - len(seq.tokens), self.n_ctx - cache.used - 2, self.lanes - 1, self.draft_max)

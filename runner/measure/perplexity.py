@@ -18,8 +18,8 @@ import numpy as np
 from gguf_io.progress import progress_bar
 from gguf_io.safe_files import atomic_output
 
-from .kv_cache import SINK_TOKENS
-from .npz_files import NpzError, expect, read_npz
+from ..engine.kv_cache import SINK_TOKENS
+from ..engine.npz_files import NpzError, expect, read_npz
 
 TOP_K = 32
 

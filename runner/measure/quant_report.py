@@ -7,8 +7,8 @@ from pathlib import Path
 
 from gguf_io.safe_files import atomic_output
 
+from ..engine.load import LoadOptions, load_model
 from .bench import time_decode
-from .load import LoadOptions, load_model
 from .perplexity import compare_to_base, load_base, perplexity, save_logits
 
 DEFAULT_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")

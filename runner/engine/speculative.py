@@ -264,7 +264,7 @@ def self_draft_path(target: Path, type_name: str) -> Path:
     from convert.convert import requantize
     from convert.mixes import FILE_TYPES
 
-    from .registry import cache_dir
+    from ..fetch.registry import cache_dir
     type_name = type_name.upper()
     if type_name not in FILE_TYPES:
         raise DraftError(f"self:{type_name}: unknown type; choose one of {', '.join(FILE_TYPES)}")

@@ -23,11 +23,9 @@ class CachedModel:
     def describe(self) -> tuple[str, str]:
         """(architecture, quant type) from the file's header; '?' where it cannot be read."""
         from gguf_io import GGUFError, GGUFFile
-
-        from .bench import file_type_name
         try:
             f = GGUFFile(self.paths[0])
-            return f.architecture, file_type_name(f)
+            return f.architecture, f.file_type_name()
         except GGUFError:
             return "?", "?"
 

@@ -8,11 +8,11 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from gguf_io import GGUFFile, ModelParams, architecture, read_params, read_vocab
 
+from ..models import MODELS
+from ..text.tokenizer import Tokenizer
 from .backend import BackendError, make_backend
 from .kv_cache import DEFAULT_CONTEXT, MIN_CONTEXT
 from .memory_fit import MemoryFit, MemoryFitError, available_host_memory
-from .models import MODELS
-from .tokenizer import Tokenizer
 from .weights import WeightLoader
 
 

@@ -18,17 +18,17 @@ from gguf_io.safe_files import OutputError, check_output
 from convert.errors import ConversionError
 from convert.mixes import COPY, FILE_TYPES
 
-from .backend import DEVICES, BackendError
-from .chat_template import ChatTemplateError
-from .generate import ModelOutputError, PromptError
-from .kv_cache import DEFAULT_CONTEXT, MIN_CONTEXT, ContextFullError
-from .load import LoadOptions
-from .serve.options import ServeOptions
-from .memory_fit import MemoryFitError
-from .registry import DEFAULT_MODEL, RegistryError
-from .sampler import OptionError, SamplingOptions
-from .speculative import DRAFT_P_MIN, DraftError, describe_speculation
-from .user_files import InputError, read_text, user_message
+from ..engine.backend import DEVICES, BackendError
+from ..engine.generate import ModelOutputError, PromptError
+from ..engine.kv_cache import DEFAULT_CONTEXT, MIN_CONTEXT, ContextFullError
+from ..engine.load import LoadOptions
+from ..engine.memory_fit import MemoryFitError
+from ..engine.sampler import OptionError, SamplingOptions
+from ..engine.speculative import DRAFT_P_MIN, DraftError, describe_speculation
+from ..fetch.registry import DEFAULT_MODEL, RegistryError
+from ..serve.options import ServeOptions
+from ..text.chat_template import ChatTemplateError
+from ..text.user_files import InputError, read_text, user_message
 
 USER_ERRORS = (GGUFError, ContextFullError, RegistryError, ConversionError, ChatTemplateError, BackendError,
                ModelOutputError, PromptError, InputError, DraftError, OutputError, MemoryFitError, OSError)
@@ -88,7 +88,7 @@ def _merging(merge, *decorators):
 def _merge_model(kw):
     model, option, hf = kw.pop("model"), kw.pop("model_opt"), kw.pop("hf_repo")
     if hf is not None:
-        from .hub import parse_hub_name
+        from ..fetch.hub import parse_hub_name
         hub = parse_hub_name(hf)
         if hub is None:
             raise click.BadParameter(f"{hf!r} is not USER/REPO[:TAG]", param_hint="-hf")
@@ -172,7 +172,7 @@ kv_type_option = _merging(_merge_kv_type, *_KV_TYPE_OPTIONS)
 def _merge_load(kw):
     """threads, the KV type and the device options as one LoadOptions (its context set by each
     command)."""
-    from .backend import resolve_device
+    from ..engine.backend import resolve_device
     kw = _merge_ngl(_merge_kv_type(kw))
     load = LoadOptions(device=resolve_device(kw.pop("device")), threads=kw.pop("threads"), kv_type=kw.pop("kv_type"),
                        precise=kw.pop("precise"))
@@ -193,7 +193,7 @@ load_options = _merging(
 
 def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
     """-p TEXT ('-': stdin), -f FILE, or the text piped in."""
-    from .tokenizer import valid_utf8
+    from ..text.tokenizer import valid_utf8
     if prompt is not None and prompt_file is not None:
         raise click.UsageError("give the prompt once: -p or -f")
     if prompt_file is not None:
@@ -225,7 +225,7 @@ draft_options = _options(
     click.option("--draft-p-min", type=click.FloatRange(0, 1), default=DRAFT_P_MIN, show_default=True,
                  help="A draft model stops drafting where its top probability falls below this (llama.cpp's "
                       "default is 0.75; ggrun's passes of up to 8 tokens cost little more than one, so longer "
-                      "drafts pay: see runner/speculative.py)."))
+                      "drafts pay: see runner/engine/speculative.py)."))
 
 system_options = _options(
     click.option("-sys", "--system-prompt", "--system", "system", help="System prompt."),
@@ -254,8 +254,8 @@ def main():
 def _load(model, options: LoadOptions, times=None, prefill=True):
     """engine.load of a model path or name, saying on stderr when kernels compile and when the
     context is longer than the model was trained on."""
-    from .engine import load
-    from .registry import resolve
+    from ..engine.session import load
+    from ..fetch.registry import resolve
     lm = load(resolve(model), options, times, prefill, notify=_say_once)
     warning = lm.context_warning(options.n_ctx or lm.default_context())
     if warning:
@@ -301,12 +301,12 @@ def _say_once(message: str):
 def run(model, prompt, prompt_file, system, system_file, n_predict, sampling, stops, ignore_eos, special, ctx_size,
         ring, load, draft, lookup, draft_max, draft_min, draft_p_min, as_json, timings):
     """Complete a prompt with MODEL (a GGUF path or a registry name)."""
-    from .startup import StartupTimes
+    from ..engine.startup import StartupTimes
     times = StartupTimes()
     times.start("interpreter and CLI")
-    from .engine import Session, warm_prefill
-    from .reasoning import REASONING, ReplyDecoder, SplitReply, reasoning_format
-    from .sampler import Sampler
+    from ..engine.sampler import Sampler
+    from ..engine.session import Session, warm_prefill
+    from ..text.reasoning import REASONING, ReplyDecoder, SplitReply, reasoning_format
 
     prompt = _prompt_text(prompt, prompt_file)
     system = _system_text(system, system_file)
@@ -314,7 +314,7 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, sampling, st
     lm = _load(model, load, times, prefill=False)
     session = Session.new(lm, ctx_size, ring=ring)
     if draft or lookup:
-        from .speculative import make_drafter
+        from ..engine.speculative import make_drafter
         session.drafter = make_drafter(lm, draft, lookup, session.cache.n_ctx, ring, draft_p_min, _draft_loader(load))
         session.draft_max, session.draft_min = draft_max, draft_min
         times.mark("draft")
@@ -370,8 +370,8 @@ def tokenize(model, text, text_file, as_json, no_special, no_parse_special):
     """Print the token ids (and pieces) of TEXT (or of -f FILE, or of what is piped in)."""
     from gguf_io import GGUFFile, read_vocab
 
-    from .registry import resolve
-    from .tokenizer import Tokenizer
+    from ..fetch.registry import resolve
+    from ..text.tokenizer import Tokenizer
     text = _prompt_text(text, text_file)
     tok = Tokenizer(read_vocab(GGUFFile(resolve(model))))
     ids = tok.encode(text, add_special=not no_special, parse_special=not no_parse_special)
@@ -394,18 +394,18 @@ def info(model, fit, ctx, mem, users, kv_type):
     """Architecture, hyperparameters, tensor types, size and bits per weight of MODEL."""
     from gguf_io import GGUFFile, read_params
 
-    from .registry import resolve
+    from ..fetch.registry import resolve
     f = GGUFFile(resolve(model))
     p = read_params(f)
     if fit:
-        from .load import default_context
+        from ..engine.load import default_context
         _print_fit(f, p, ctx or default_context(p), mem, users, kv_type)
         return
     click.echo(f"file:          {f.path}")
     if len(f.parts) > 1:
         click.echo(f"parts:         {len(f.parts)}: " + ", ".join(p.name for p in f.parts))
     click.echo(f"architecture:  {p.arch}   name: {f.get('general.name', '?')}")
-    from .bench import parameter_counts, weight_bytes_per_token
+    from ..measure.bench import parameter_counts, weight_bytes_per_token
     total, active = parameter_counts(f, p)
     click.echo(f"size:          {f.size / 2**20:.1f} MiB, {total / 1e6:.1f} M parameters"
                + (f" ({active / 1e6:.1f} M active per token)" if active != total else "")
@@ -431,8 +431,8 @@ def info(model, fit, ctx, mem, users, kv_type):
 def _print_fit(f, p, n_ctx, mem, users, kv_type):
     from gguf_io import architecture
 
-    from .load import memory_fit
-    from .memory_fit import parse_size
+    from ..engine.load import memory_fit
+    from ..engine.memory_fit import parse_size
     architecture(p.arch)
     try:
         budget = parse_size(mem) if mem else None
@@ -441,7 +441,7 @@ def _print_fit(f, p, n_ctx, mem, users, kv_type):
     fit = memory_fit(f, p, kv_type)
     mib = 2**20
     if p.n_expert:
-        from .bench import parameter_counts, weight_bytes_per_token
+        from ..measure.bench import parameter_counts, weight_bytes_per_token
         total, active = parameter_counts(f, p)
         click.echo(f"parameters: {total / 1e6:.1f} M, {active / 1e6:.1f} M active per token ({p.n_expert_used} of "
                    f"{p.n_expert} experts); a decode step reads {weight_bytes_per_token(f, p) / mib:.1f} MiB of weights")
@@ -469,7 +469,7 @@ def _print_fit(f, p, n_ctx, mem, users, kv_type):
 def pull(name):
     """Download a model into the cache: a registry name (smollm2-135m-instruct, gemma3-270m) or a
     Hugging Face model, hf.co/USER/REPO[:TAG]. Prints its path."""
-    from .registry import fetch_named
+    from ..fetch.registry import fetch_named
     click.echo(fetch_named(name))
 
 
@@ -477,7 +477,7 @@ def pull(name):
 @click.option("--json", "as_json", is_flag=True)
 def list_models(as_json):
     """The cached models: name, size, architecture, quant type and where each came from."""
-    from .model_cache import cached_models
+    from ..fetch.model_cache import cached_models
     rows = []
     for m in cached_models():
         arch, quant = m.describe()
@@ -498,7 +498,7 @@ def list_models(as_json):
 @click.argument("name")
 def rm(name):
     """Remove a cached model: NAME as `ggrun list` shows it (hf.co/USER/REPO alone: all of its)."""
-    from .model_cache import remove
+    from ..fetch.model_cache import remove
     for removed, size in remove(name):
         click.echo(f"removed {removed} ({size / 2**20:.0f} MiB)")
 
@@ -520,7 +520,7 @@ def bench(model, n_prompt, n_gen, repetitions, depths, concurrency, load, draft,
           draft_p_min, as_json):
     """Prefill and decode speed, like llama-bench: mean ± std over repetitions after a warm-up.
     Decode rows add the bytes a step reads and the share of the measured memory bandwidth."""
-    from .bench import run_bench
+    from ..measure.bench import run_bench
     if not n_prompt and not n_gen:
         raise click.BadParameter("-p 0 and -n 0 leave nothing to measure", param_hint="-p/-n")
     try:
@@ -539,15 +539,15 @@ def bench(model, n_prompt, n_gen, repetitions, depths, concurrency, load, draft,
     rows = run_bench(lm, n_prompt, n_gen, repetitions, depths)
     speculation = None
     if (draft or lookup) and n_gen:
-        from .bench import speculative_row
-        from .speculative import make_drafter
+        from ..engine.speculative import make_drafter
+        from ..measure.bench import speculative_row
         load_draft = _draft_loader(load)
 
         def new_drafter():  # (a fresh drafter, with a fresh cache, per run; the model loaded once)
             return make_drafter(lm, draft, lookup, n_gen + 512, False, draft_p_min, load_draft)
         speculation = speculative_row(lm, new_drafter, n_gen, repetitions, draft_max, draft_min)
     if levels and n_gen:
-        from .bench import concurrency_rows
+        from ..measure.bench import concurrency_rows
         batched = concurrency_rows(lm, levels, n_gen, repetitions)
     else:
         batched = []
@@ -643,8 +643,8 @@ def quantize(src, dst, type_name, split_max_size):
 @click.option("--json", "as_json", is_flag=True)
 def perplexity(model, text_file, ctx_size, ring, ubatch, save_logits, kl_base, load, as_json):
     """Perplexity of MODEL on a text, computed as llama.cpp's perplexity tool does."""
-    from . import perplexity as ppl
-    from .registry import resolve
+    from ..fetch.registry import resolve
+    from ..measure import perplexity as ppl
     text = read_text(text_file)
     if save_logits:  # (before the work, not after it)
         check_output(save_logits, [resolve(model), text_file, kl_base])
@@ -687,7 +687,7 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
     (a Hugging Face folder, or an F32/F16/BF16 GGUF)."""
     from pathlib import Path
 
-    from .quant_report import format_table, plot, quant_report as report
+    from ..measure.quant_report import format_table, plot, quant_report as report
     names = [t.strip().upper() for t in types.split(",") if t.strip()]
     unknown = [t for t in names if t not in FILE_TYPES]
     if unknown:
@@ -727,15 +727,16 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
 def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv, reasoning, sampling, load, draft,
          lookup, draft_max, draft_min, draft_p_min):
     """Talk with MODEL in the terminal; the context never runs out (ring window)."""
-    from .chat import ChatSession, repl
-    from .registry import cache_dir
+    from ..engine.conversation import ChatSession
+    from ..fetch.registry import cache_dir
+    from .chat_repl import repl
     system = _system_text(system, system_file)
     load = replace(load, n_ctx=ctx_size)
     lm = _load(model, load)
     n_ctx = ctx_size or lm.default_context()
     drafter = None
     if draft or lookup:
-        from .speculative import make_drafter
+        from ..engine.speculative import make_drafter
         drafter = make_drafter(lm, draft, lookup, n_ctx, True, draft_p_min, _draft_loader(load))
     session = ChatSession(lm, n_ctx, sampling, system, chat_template,
                           max_reply=sys.maxsize if n_predict < 0 else n_predict, save_kv=save_kv, drafter=drafter,
@@ -780,15 +781,15 @@ def serve(model, host, port, parallel, ctx_size, kv_size, max_queue, api_key, al
     import time
     from pathlib import Path
 
-    from .registry import resolve
-    from .serve.model import ModelCard
-    from .serve.server import bind, serve as run_server
+    from ..fetch.registry import resolve
+    from ..serve.model import ModelCard
+    from ..serve.server import bind, serve as run_server
     path = Path(resolve(model))
     card = ModelCard.of(model or DEFAULT_MODEL, path, alias)
     sock = bind(host, port)
 
     def drafter(lm, n_ctx):
-        from .speculative import make_drafter
+        from ..engine.speculative import make_drafter
         return make_drafter(lm, draft, lookup, n_ctx, False, draft_p_min, _draft_loader(load))
     options = ServeOptions(n_ctx=ctx_size, parallel=parallel, kv_size=kv_size, max_queue=max_queue, api_key=api_key,
                            drafter=drafter if draft or lookup else None, draft_max=draft_max, draft_min=draft_min)

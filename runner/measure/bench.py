@@ -50,15 +50,6 @@ def depth_steps(lm, n_gen: int, depths) -> list[float]:
     return [float(np.median(s)) for s in seconds]
 
 
-def file_type_name(f) -> str:
-    """The quantization mix the file declares (general.file_type), as llama.cpp names it."""
-    from gguf import LlamaFileType
-    try:
-        return LlamaFileType(f.get("general.file_type")).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-    except (ValueError, TypeError):
-        return "?"
-
-
 def read_share(t, p) -> float:
     """The share of a tensor a decode step reads: of a mixture's expert tensors (3-D, one slice
     per expert), the experts a token uses; all of any other."""
@@ -88,10 +79,10 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
     depth's (depth_steps) beside the most that reading the deeper cache at that bandwidth allows."""
     from kernels_cpu.cpu_features import cpu_description
 
-    from .load import memory_fit
+    from ..engine.load import memory_fit
     f, p = lm.file, lm.params
     n_params, n_active = parameter_counts(f, p)
-    base = {"model": f.path.name, "arch": p.arch, "quant": file_type_name(f), "size_mib": f.size / 2**20,
+    base = {"model": f.path.name, "arch": p.arch, "quant": f.file_type_name(), "size_mib": f.size / 2**20,
             "params_m": n_params / 1e6, "active_params_m": n_active / 1e6,
             "bits_per_weight": f.bits_per_weight(), "backend": lm.backend.label, "threads": lm.backend.threads,
             "kv_type": lm.model.kv_type, "cpu": cpu_description(),
@@ -138,10 +129,10 @@ def speculative_row(lm, new_drafter, n_gen: int, repetitions: int, draft_max: in
     """Greedy decode of n_gen tokens after prompt (default: SPECULATION_PROMPT's), plainly and with
     speculation, alternating in this process (repetitions each, after a warm-up of both): their
     speeds, the speed-up, whether the texts were the same, and the drafts' statistics
-    (runner/speculative.py)."""
-    from .generate import GenerationStats, generate
-    from .sampler import Sampler, SamplingOptions
-    from .speculative import SpeculationStats, generate_speculative
+    (runner/engine/speculative.py)."""
+    from ..engine.generate import GenerationStats, generate
+    from ..engine.sampler import Sampler, SamplingOptions
+    from ..engine.speculative import SpeculationStats, generate_speculative
     prompt = prompt or lm.tokenizer.encode(SPECULATION_PROMPT)
 
     def decode(drafter):
@@ -167,12 +158,12 @@ def speculative_row(lm, new_drafter, n_gen: int, repetitions: int, draft_max: in
 
 
 def concurrency_rows(lm, levels: list[int], n_gen: int, repetitions: int) -> list[dict]:
-    """Decode through continuous batching (runner/batching.py) with N sequences at once, for each
+    """Decode through continuous batching (runner/engine/batching.py) with N sequences at once, for each
     N of levels taken in turn each repetition (after a warm-up of each): aggregate and
     per-sequence tok/s over the steps after every prompt is in, and the aggregate against the
     first level's."""
-    from .batching import Batcher
-    from .sampler import Sampler, SamplingOptions
+    from ..engine.batching import Batcher
+    from ..engine.sampler import Sampler, SamplingOptions
     rng = np.random.default_rng(2)
 
     def aggregate(n: int, steps: int) -> float:

@@ -1,0 +1,1 @@
+"""Where model files come from: the registry, Hugging Face Hub downloads, and the cache of fetched models."""

@@ -1,0 +1,1 @@
+"""Measuring a model: throughput (bench), perplexity and KL divergence, and the quantization report."""

@@ -1,0 +1,1 @@
+"""The terminal front end: the `ggrun` command line and the chat REPL."""
