@@ -18,7 +18,7 @@ from .experts import (GATING, ExpertStack, check_expert_ids, combine, expert_pro
                       grouped_products, route, sigmoid_gate)
 from .kv_layout import ELEMENTS, as_kernel_array, cached_rows, export_rows, import_rows, new_cache, store_kv
 from .matmul import FEW_TOKENS, decode_stack, load_matrix, matmuls, stacked
-from .step_program import Op, run_step
+from .step_program import Recorder, run_step
 from .type_sets import WeightTypes
 
 
@@ -27,7 +27,6 @@ class CpuBackend:
     few_tokens = FEW_TOKENS
     supported_types = SUPPORTED_TYPES
     kv_types = tuple(ELEMENTS)
-    binds_replays = True  # (a step program takes its cache's buffers as it replays: step_program.py)
     kv_block = SLOT_CHUNK  # (attention's jobs: one that sees none of its slots skips them)
 
     def __init__(self, threads: int | None = None, precise: bool = False):
@@ -43,6 +42,10 @@ class CpuBackend:
         self.constants = weakref.WeakValueDictionary()  # id -> weight vector (a step program reads them)
         self.recorder = None  # a step_program.Recorder while a decode step is being recorded
         self.replay_checked = set()  # pass shapes whose replay agreed with an eager pass (step_program.run_step)
+        # owner -> {(kv type, tokens, all_logits): StepProgram, or None where that shape does not
+        # replay}: weak keys, so that a model's programs go with it
+        self._programs = weakref.WeakKeyDictionary()
+        self.record_steps = True  # False: every pass runs eagerly (what tests compare replays against)
         self.quant_types = WeightTypes()  # of the model's matrices: the kernels compile for these alone
 
     @property
@@ -58,16 +61,27 @@ class CpuBackend:
     def free_memory(self):
         return None
 
-    def run(self, compute, batch, replays=None):
-        return compute(batch) if replays is None else run_step(self, compute, batch, replays)
+    def run(self, compute, batch, memory=None, owner=None, all_logits=False):
+        if memory is None or not self.record_steps:
+            return compute(batch)
+        shape = (memory.kv_type, len(batch.ids), all_logits)
+        return run_step(self, compute, batch, self._programs.setdefault(owner, {}), shape, memory)
 
-    def _recorded(self, out, record, *args):
-        """out, traced and recorded as made by record(*args, out) while a step is recorded."""
+    def recorded_program(self, owner, kv_type, n_tokens, all_logits):
+        """The step program of owner's passes of this shape (Backend.run); None where the shape
+        does not replay; KeyError before the first such pass."""
+        return self._programs[owner][kv_type, n_tokens, all_logits]
+
+    def _record(self, record, *args, out=None):
+        """What the model gets of an operation's output `out` (an array, a tuple of them, or None
+        for an operation in place): while a pass is recorded, traced, with record (a Recorder
+        method) called on (*args, *traced outputs); else out itself."""
         if self.recorder is None:
             return out
-        out = self.recorder.traced(out)
-        getattr(self.recorder, record)(*args, out)
-        return out
+        outs = out if isinstance(out, tuple) else () if out is None else (out,)
+        traced = tuple(map(self.recorder.traced, outs))
+        record(self.recorder, *args, *traced)
+        return traced if isinstance(out, tuple) else traced[0] if traced else None
 
     def upload(self, batch):
         return batch
@@ -82,7 +96,7 @@ class CpuBackend:
         x = np.ascontiguousarray(x)
         out = np.empty_like(x)
         ops.softcap(x.reshape(-1), np.float32(cap), out.reshape(-1))
-        return self._recorded(out, "softcap", x, cap)
+        return self._record(Recorder.softcap, x, cap, out=out)
 
     def load_matrix(self, qtype, raw, k):
         # decode's 8-bit products take interleaved groups (copies of the rows), its precise
@@ -109,10 +123,9 @@ class CpuBackend:
     def matmuls(self, ws, x):
         stack = decode_stack(ws, x)
         if stack is None:
-            if self.recorder is not None:
-                self.recorder.fail("products that do not run the decode kernel")
+            self._record(Recorder.fail, "products that do not run the decode kernel")
             return matmuls(ws, x, self.precise)
-        out = self._recorded(stack.products(x, self.precise), "products", stack, x)
+        out = self._record(Recorder.products, stack, x, out=stack.products(x, self.precise))
         return self.split(out, [b - a for a, b in stack.spans])
 
     def split(self, x, widths):
@@ -121,31 +134,27 @@ class CpuBackend:
             return [x[:, a:a + w] for a, w in zip(starts, widths)]
         # several tokens' pieces copied out contiguous, which a recorded pass can name (and the
         # kernels after them take as they take one token's)
-        return [self._recorded(x.view(np.ndarray)[:, a:a + w].copy(), "columns", x, a) for a, w in zip(starts, widths)]
+        return [self._record(Recorder.columns, x, a, out=x.view(np.ndarray)[:, a:a + w].copy())
+                for a, w in zip(starts, widths)]
 
     def route(self, logits, k, gating, norm, scale):
         logits = np.ascontiguousarray(logits)
         ids = np.empty((logits.shape[0], k), dtype=np.int32)
         weights = np.empty((logits.shape[0], k), dtype=np.float32)
         route(logits, GATING[gating], norm, np.float32(scale), ids, weights)
-        if self.recorder is None:
-            return ids, weights
-        ids, weights = self.recorder.traced(ids), self.recorder.traced(weights)
-        self.recorder.route(logits, ids, weights, GATING[gating], norm, scale)
-        return ids, weights
+        return self._record(Recorder.route, logits, GATING[gating], norm, scale, out=(ids, weights))
 
     def expert_matmuls(self, ws, x, ids):
         x = np.ascontiguousarray(x)
         if ids.shape[0] > 1:  # many tokens: expert by expert (not recorded: steps are one token)
-            if self.recorder is not None:
-                self.recorder.fail("expert products of several tokens")
+            self._record(Recorder.fail, "expert products of several tokens")
             return grouped_products(ws, x, np.asarray(ids), self.precise)
         stack = stacked([w.as_rows for w in ws] if self.precise else ws, ExpertStack)
         slots = ids.view(np.ndarray).reshape(-1)  # (the backend's own check, not a read of the model's)
         check_expert_ids(slots, stack.n_expert)
         out = np.empty((len(ws), slots.size, stack.n_rows), dtype=np.float32)
         expert_products(stack.mats, slots, x, out, stack.formats, rounding_kind(self.precise), memory_streams())
-        out = self._recorded(out, "expert_products", stack, x, ids)
+        out = self._record(Recorder.expert_products, stack, x, ids, out=out)
         return [out[m] for m in range(len(ws))]
 
     def expert_rows(self, table, ids):
@@ -153,22 +162,21 @@ class CpuBackend:
         check_expert_ids(slots, table.shape[0])
         out = np.empty((slots.size, table.shape[1]), dtype=np.float32)
         expert_rows(table, slots, out)
-        return self._recorded(out, "expert_rows", table, ids)
+        return self._record(Recorder.expert_rows, table, ids, out=out)
 
     def expert_combine(self, y, weights):
         y = np.ascontiguousarray(y)
         out = np.empty((weights.shape[0], y.shape[1]), dtype=np.float32)
         combine(y, weights, out)
-        return self._recorded(out, "combine", y, weights)
+        return self._record(Recorder.combine, y, weights, out=out)
 
     def sigmoid_gate(self, x, g):
         sigmoid_gate(x, g)
-        if self.recorder is not None:
-            self.recorder.sigmoid_gate(x, g)
+        self._record(Recorder.sigmoid_gate, x, g)
         return x
 
     def embed(self, w, ids):
-        return self._recorded(w.rows(ids), "embed", w, ids)
+        return self._record(Recorder.embed, w, ids, out=w.rows(ids))
 
     def rms_norm(self, x, weight, eps):
         # (rows of a strided view, as Q and K of a stacked product are for several tokens, would
@@ -177,15 +185,12 @@ class CpuBackend:
         x = np.ascontiguousarray(x)
         out = np.empty_like(x)
         ops.rms_norm(x, weight, np.float32(eps), out)
-        return self._recorded(out, "rms_norm", x, weight, eps)
+        return self._record(Recorder.rms_norm, x, weight, eps, out=out)
 
     def rope(self, x, positions, n_rot, base, pos_scale, neox, freq_factors, magnitude=1.0):
-        if self.recorder is not None:
-            cos, sin = self.recorder.rope_table(positions, n_rot, base, pos_scale, freq_factors, magnitude)
-            self.recorder.rope(x, cos, sin, neox)
-        else:
-            cos, sin = self._rope_table(positions, n_rot, base, pos_scale, freq_factors, magnitude)
+        cos, sin = self._rope_table(positions, n_rot, base, pos_scale, freq_factors, magnitude)
         ops.rope(x, cos, sin, neox)
+        self._record(Recorder.rope, x, positions, n_rot, base, pos_scale, neox, freq_factors, magnitude)
 
     def _rope_table(self, positions, n_rot, base, pos_scale, freq_factors, magnitude):
         """cos/sin tables, kept for the few most recent position sets: every layer of a forward
@@ -218,8 +223,7 @@ class CpuBackend:
     def store_kv(self, keys, values, slots, k, v):
         store_kv(as_kernel_array(keys), as_kernel_array(values), slots, np.ascontiguousarray(k),
                  np.ascontiguousarray(v))
-        if self.recorder is not None:
-            self.recorder.store_kv(keys, values, slots, k, v)
+        self._record(Recorder.store_kv, keys, values, slots, k, v)
 
     def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap, sinks=None):
         q = np.ascontiguousarray(q)
@@ -228,7 +232,7 @@ class CpuBackend:
             if sinks is None:
                 sinks = self._no_sinks[q.shape[1]] = self.load_vector(np.full(q.shape[1], MASKED))
         out = attention(q, keys, values, q_pos, k_pos, scale, window, softcap, sinks)
-        return self._recorded(out, "attention", q, keys, values, q_pos, k_pos, scale, window, softcap, sinks)
+        return self._record(Recorder.attention, q, keys, values, q_pos, k_pos, scale, window, softcap, sinks, out=out)
 
     @staticmethod
     def _gate_operands(gate, up):
@@ -241,20 +245,17 @@ class CpuBackend:
     def silu_mul(self, gate, up):
         gate, up = self._gate_operands(gate, up)
         ops.silu_mul(gate, up)
-        if self.recorder is not None:
-            self.recorder.gated(Op.SILU_MUL, gate, up)
+        self._record(Recorder.silu_mul, gate, up)
         return gate
 
     def gelu_mul(self, gate, up):
         gate, up = self._gate_operands(gate, up)
         ops.gelu_mul(gate, up)
-        if self.recorder is not None:
-            self.recorder.gated(Op.GELU_MUL, gate, up)
+        self._record(Recorder.gelu_mul, gate, up)
         return gate
 
     def clamped_swiglu(self, gate, up, alpha, limit):
         gate, up = self._gate_operands(gate, up)
         ops.clamped_swiglu(gate, up, np.float32(alpha), np.float32(limit))
-        if self.recorder is not None:
-            self.recorder.gated(Op.CLAMPED_SWIGLU, gate, up, alpha=alpha, limit=limit)
+        self._record(Recorder.clamped_swiglu, gate, up, alpha, limit)
         return gate

@@ -11,12 +11,12 @@ program per number of tokens.
 A program is a table of integer rows, one per operation (`Op`), whose operands are named and
 typed by OPERANDS; they name memory by address: the activations the recording step allocated
 (kept alive by the program and rewritten by every replay), the model's weights, and rows of a
-cache table, which each replay binds to the buffers of the cache it runs over, so one recording
-serves every cache of the model (a recording costs a few eager passes). Model code also computes
-with numpy operators (residual sums, biases, scales); during the recording its arrays are
-`_Traced`, which records those too. Whatever the recorder cannot express (an untraced temporary,
-a float weight matrix, an unknown numpy function, a read of an activation's values into Python)
-marks the step not replayable, and it runs eagerly as before.
+cache table, which each replay binds to the buffers of the cache it runs over, so one recording,
+which the backend keeps per model, serves every cache of the model (a recording costs a few eager
+passes). Model code also computes with numpy operators (residual sums, biases, scales); during the
+recording its arrays are `_Traced`, which records those too. Whatever the recorder cannot express
+(an untraced temporary, a float weight matrix, an unknown numpy function, a read of an
+activation's values into Python) marks the step not replayable, and it runs eagerly as before.
 """
 from __future__ import annotations
 
@@ -491,7 +491,10 @@ class Recorder:
             self.rope_tables[key] = cos, sin
         return self.rope_tables[key]
 
-    def rope(self, x, cos, sin, neox):
+    def rope(self, x, positions, n_rot, base, pos_scale, neox, freq_factors, magnitude):
+        """x rotated in place by the step's own cos/sin tables, which every replay rewrites (the
+        recording pass rotates it by the backend's tables of the same values)."""
+        cos, sin = self.rope_table(positions, n_rot, base, pos_scale, freq_factors, magnitude)
         tokens, heads, dim = x.shape
         self.add(Op.ROPE, x=self.address(x, x.size), tokens=tokens, heads=heads, dim=dim,
                  cos=self.address(cos, cos.size), sin=self.address(sin, sin.size), n=cos.shape[1], neox=neox)
@@ -516,16 +519,25 @@ class Recorder:
                  group=min(self.groups.index(group), 1), scale=scale,
                  softcap=softcap)
 
-    def gated(self, op: Op, gate, up, **params):
+    def _gated(self, op: Op, gate, up, **params):
         """gate = act(gate) * up, with the activation's parameters (the clamped SwiGLU's)."""
         rows, width = gate.shape
         self.add(op, gate=self.address(gate, gate.size), up=self.address(up, gate.size), rows=rows, width=width,
                  **params)
 
+    def silu_mul(self, gate, up):
+        self._gated(Op.SILU_MUL, gate, up)
+
+    def gelu_mul(self, gate, up):
+        self._gated(Op.GELU_MUL, gate, up)
+
+    def clamped_swiglu(self, gate, up, alpha, limit):
+        self._gated(Op.CLAMPED_SWIGLU, gate, up, alpha=alpha, limit=limit)
+
     def softcap(self, x, cap, out):
         self.add(Op.SOFTCAP, x=self.address(x, x.size), out=self.address(out, out.size), n=out.size, cap=cap)
 
-    def route(self, logits, ids, weights, gating, norm, scale):
+    def route(self, logits, gating, norm, scale, ids, weights):
         tokens, k = ids.shape
         self.add(Op.ROUTE, logits=self.address(logits, logits.size), ids=self.address(ids, ids.size, np.int32),
                  weights=self.address(weights, weights.size), tokens=tokens, experts=logits.shape[1], k=k,
@@ -617,7 +629,7 @@ class StepProgram:
             return
         for row, (keys, values) in zip(self.caches, buffers):
             keys, values = as_kernel_array(keys), as_kernel_array(values)
-            if keys.dtype != self.kv_like.dtype:  # (KVCache keeps a store per element type)
+            if keys.dtype != self.kv_like.dtype:  # (the backend keeps a program per element type)
                 raise ValueError(f"a cache of {keys.dtype} elements for a pass recorded over {self.kv_like.dtype}")
             row[:] = [keys.ctypes.data, *keys.shape, values.ctypes.data, *values.shape[1:]]
         self._bound = [weakref.ref(keys) for keys, _ in buffers]
@@ -638,36 +650,34 @@ class StepProgram:
         return self.output.copy()
 
 
-REPLAY_KEY = "cpu step program"
-
-
-def run_step(backend, compute, batch, replays):
-    """A pass of a few tokens (a decode step, a verified draft): replayed from the program for
-    passes of its shape (replays.store: the model's, KVCache.replays_for), bound to the buffers of
-    the pass's cache, or run eagerly and recorded. A backend's first replay of each
-    shape also runs eagerly (a pass over the same slots writes the same keys and values, so the
-    two agree bit for bit) and drops the program if they differ: a value the model read past the
-    tracing would otherwise be replayed as the recording pass saw it, silently. (Its model's code
-    is the same over every cache, so one check per backend and shape tells.)"""
-    program = replays.store.get(REPLAY_KEY, False)
+def run_step(backend, compute, batch, programs: dict, shape, memory):
+    """A pass of a few tokens (a decode step, a verified draft): replayed from programs[shape]
+    (the backend's for the pass's model: one program per kv type, number of tokens and all_logits;
+    None where the shape does not replay), bound to memory's buffers, or run eagerly and recorded.
+    A backend's first replay of each shape also runs eagerly (a pass over the same slots writes the
+    same keys and values, so the two agree bit for bit) and drops the program if they differ: a
+    value the model read past the tracing would otherwise be replayed as the recording pass saw
+    it, silently. (Its model's code is the same over every cache, so one check per backend and
+    shape tells.)"""
+    program = programs.get(shape, False)
     if program is None:  # recorded once and found not replayable
         return compute(batch)
     if program is not False:
-        replayed = program.replay(batch, replays.keys, replays.values)
-        shape = (len(batch.ids), *replayed.shape)
-        if shape in backend.replay_checked:
+        replayed = program.replay(batch, memory.keys, memory.values)
+        checked = (len(batch.ids), *replayed.shape)
+        if checked in backend.replay_checked:
             return replayed
         eager = np.array(compute(batch))
         if np.array_equal(replayed, eager):
-            backend.replay_checked.add(shape)
+            backend.replay_checked.add(checked)
         else:
-            replays.store[REPLAY_KEY] = None
+            programs[shape] = None
         return eager
-    recorder = Recorder(batch, backend.constants, backend.precise, replays.keys)
+    recorder = Recorder(batch, backend.constants, backend.precise, memory.keys)
     backend.recorder = recorder
     try:
         output = compute(batch)
     finally:
         backend.recorder = None
-    replays.store[REPLAY_KEY] = recorder.program(output)
+    programs[shape] = recorder.program(output)
     return np.array(output)

@@ -8,6 +8,7 @@ CUDA the products of quantized weights run Triton kernels that decode the blocks
 from __future__ import annotations
 
 import time
+import weakref
 
 import numpy as np
 import torch
@@ -23,7 +24,6 @@ class TorchBackend:
     few_tokens = 1  # (one-token steps run the row dots; more tokens dequantize tiles)
     supported_types = frozenset(QUANT_TYPES)  # (tests/test_structure.py: DEQUANTIZE covers them)
     kv_types = tuple(kv_layout.ELEMENTS)
-    binds_replays = False  # (a CUDA graph replays over the cache it was recorded on)
     kv_block = MIN_SLOTS  # (its attention reads every slot up to the last: any block size serves)
 
     def __init__(self, device: str = "cuda", threads: int | None = None, compiled: bool | None = None,
@@ -39,6 +39,9 @@ class TorchBackend:
         self.products = Products(compiled=cuda if compiled is None else compiled, triton=cuda if triton is None else triton,
                                  tf32=cuda and not precise)
         self.graphs = cuda if graphs is None else graphs
+        # memory -> {(tokens, all_logits): {slot buckets: StepGraph}}: a graph replays over the buffers
+        # it was recorded on, so it is kept by their holder, weakly, and goes with it
+        self.step_graphs = weakref.WeakKeyDictionary()
 
     def _tensor(self, a, dtype=None):
         """Host arrays (positions, slots) onto the device; device tensors pass through."""
@@ -71,12 +74,13 @@ class TorchBackend:
         return batch.replace(**{name: tuple(map(self._tensor, a)) if isinstance(a, tuple) else self._tensor(a)
                                 for name, a in batch.named_arrays()})
 
-    def run(self, compute, batch, replays=None):
-        """compute(batch on the device); a one-token step with `replays` (its cache's graph
-        store for one-token steps) goes through a recorded graph when graphs are on."""
-        if replays is None or not self.graphs:
+    def run(self, compute, batch, memory=None, owner=None, all_logits=False):
+        """compute(batch on the device); a one-token step over `memory` goes through a graph
+        recorded over it when graphs are on (owner: memory is one model's already)."""
+        if memory is None or not self.graphs:
             return compute(self.upload(batch))
-        return replay_step(compute, batch, replays, self.upload)
+        graphs = self.step_graphs.setdefault(memory, {}).setdefault((len(batch.ids), all_logits), {})
+        return replay_step(compute, batch, graphs, self.upload)
 
     def matmul(self, w, x):
         return self.products.matmul(w, x)

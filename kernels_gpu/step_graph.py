@@ -39,7 +39,8 @@ def pad_key_positions(batch):
 
 class StepGraph:
     """One recorded step: static inputs, the graph, its output. Without CUDA (tests on the CPU)
-    the same bookkeeping runs and `replay` calls the step eagerly on the static inputs."""
+    the same bookkeeping runs and `replay` calls the step eagerly on the static inputs. It keeps
+    no reference to compute, which holds the cache that the backend keeps the graph for weakly."""
 
     def __init__(self, compute, static_batch, pool):
         self.static = static_batch
@@ -53,22 +54,20 @@ class StepGraph:
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph, pool=pool):
                 self.output = compute(static_batch)
-        else:
-            self.compute = compute
 
-    def replay(self, host_batch):
+    def replay(self, host_batch, compute):
         for static, host in zip(self.static.arrays(), host_batch.arrays()):
             static.copy_(torch.from_numpy(host), non_blocking=True)
         if self.graph is None:
-            return self.compute(self.static)
+            return compute(self.static)
         self.graph.replay()
         return self.output
 
 
-def replay_step(compute, batch, replays, upload):
+def replay_step(compute, batch, graphs: dict, upload):
     """Run a one-token step through its recorded graph, recording it first when its shapes are new.
-    replays.store lives with the KV cache the graph writes to (a graph replays over the buffers it
-    was recorded on: TorchBackend.binds_replays is False), so a graph never outlives its cache.
+    graphs: the pass's by slot bucket, which TorchBackend keeps per cache memory (a graph replays
+    over the buffers it was recorded on), so a graph never outlives its cache.
 
     A cache's graphs share one memory pool, the first graph's, and so the pool dies with them.
     (One pool handle for the whole backend broke on an H200: once every graph recorded into it
@@ -76,8 +75,8 @@ def replay_step(compute, batch, replays, upload):
     failed an assertion in CUDA's caching allocator.)"""
     batch = pad_key_positions(batch)
     key = tuple(len(k) for k in batch.key_positions)
-    graph = replays.store.get(key)
+    graph = graphs.get(key)
     if graph is None:
-        pool = next((g.graph.pool() for g in replays.store.values() if g.graph is not None), None)
-        graph = replays.store[key] = StepGraph(compute, upload(batch), pool)
-    return graph.replay(batch)
+        pool = next((g.graph.pool() for g in graphs.values() if g.graph is not None), None)
+        graph = graphs[key] = StepGraph(compute, upload(batch), pool)
+    return graph.replay(batch, compute)

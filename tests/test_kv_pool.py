@@ -14,7 +14,6 @@ from runner.engine.kv_pool import KVPool, PoolExhausted, SequenceCache
 class TokenRows:
     """A backend whose cache layer is one number a slot: what store_kv writes, the token."""
     kv_block = 4
-    binds_replays = True
 
     def new_kv(self, n_kv, key_dim, value_dim, slots, kv_type):
         return np.full(slots, -1, dtype=np.int64), np.full(slots, -1, dtype=np.int64)

@@ -11,7 +11,7 @@ from convert.convert import convert_hf, requantize
 from gguf_io import GGUFFile
 from kernels_cpu.backend import CpuBackend
 from kernels_cpu.experts import GATING, route
-from kernels_cpu.step_program import REPLAY_KEY, Op
+from kernels_cpu.step_program import Op
 from runner.engine.load import LoadOptions, load_model
 
 from .hf_folders import GPT2_VOCAB, MOE_CONFIGS, transformers_logits
@@ -164,7 +164,7 @@ def _prefill_and_steps(lm, ids):
     prefill = lm.model.forward(ids, lm.model.new_cache(128), all_logits=True)
     cache = lm.model.new_cache(128)
     steps = np.array([lm.model.forward([t], cache) for t in ids])
-    return prefill, steps, cache
+    return prefill, steps
 
 
 @pytest.mark.parametrize("device", ["cpu", "torch-cpu"])
@@ -175,12 +175,12 @@ def test_moe_models_match_transformers(moe_folders, moe_files, arch, device):
     lm = load_model(moe_files[arch][0], LoadOptions(kv_type="f32", device=device))
     ids = np.random.default_rng(1).integers(0, lm.params.vocab_size, 64).tolist()
     want = transformers_logits(moe_folders[arch], ids)
-    prefill, steps, cache = _prefill_and_steps(lm, ids)
+    prefill, steps = _prefill_and_steps(lm, ids)
     for got in (prefill, steps):
         assert np.array_equal(got.argmax(1), want.argmax(1))
         assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
     if device == "cpu":  # the steps replayed a recorded program that routes inside it
-        program = cache.replays_for(1, False).store[REPLAY_KEY]
+        program = lm.backend.recorded_program(lm.model, lm.model.kv_type, 1, False)
         assert {Op.ROUTE, Op.EXPERT_PRODUCTS, Op.COMBINE} <= set(program.code[:, 0].tolist())
         assert program.mixture.dtype.names == ("mixture",)
         assert lm.backend.replay_checked
@@ -193,10 +193,10 @@ def test_quantized_moe_models_compute_their_exact_values(moe_files, arch):
     _, q4, widened = moe_files[arch]
     ids = np.random.default_rng(3).integers(0, load_model(q4, LoadOptions(kv_type="f32")).params.vocab_size, 24).tolist()
     exact = load_model(widened, LoadOptions(kv_type="f32")).model.forward(ids, load_model(widened, LoadOptions(kv_type="f32")).model.new_cache(128), all_logits=True)
-    prefill, steps, _ = _prefill_and_steps(load_model(q4, LoadOptions(kv_type="f32", precise=True)), ids)
+    prefill, steps = _prefill_and_steps(load_model(q4, LoadOptions(kv_type="f32", precise=True)), ids)
     for got in (prefill, steps):
         assert np.abs(got - exact).max() < 5e-3 * np.abs(exact).max()
-    prefill, steps, _ = _prefill_and_steps(load_model(q4, LoadOptions(kv_type="f32")), ids)
+    prefill, steps = _prefill_and_steps(load_model(q4, LoadOptions(kv_type="f32")), ids)
     assert np.corrcoef(prefill.ravel(), exact.ravel())[0, 1] > 0.9
     assert np.corrcoef(steps.ravel(), prefill.ravel())[0, 1] > 0.999
 

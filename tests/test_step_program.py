@@ -3,12 +3,14 @@ what the same steps compute eagerly, operation by operation."""
 from __future__ import annotations
 
 import gc
+import inspect
+import re
+import weakref
 
 import numpy as np
 import pytest
 
 from convert.convert import convert_hf
-from kernels_cpu.step_program import REPLAY_KEY
 from runner.engine.load import LoadOptions, load_model
 
 from .hf_folders import RANDOM_ARCHS
@@ -19,22 +21,31 @@ def _decode(lm, prompt, n, replay, chunk=1, **cache_args):
     (the greedy one and those after it in the vocabulary: a verified draft's shape) with the
     logits of all of them where chunk > 1; and the cache."""
     cache = lm.model.new_cache(**cache_args)
-    if not replay:
-        cache.replays = None  # every pass eager
-    logits = [lm.model.forward(prompt, cache)[None]]
-    for _ in range(n):
-        token = int(np.argmax(logits[-1][-1]))
-        tokens = [(token + j) % lm.params.vocab_size for j in range(chunk)]
-        logits.append(lm.model.forward(tokens, cache, all_logits=True) if chunk > 1 else lm.model.forward(tokens, cache)[None])
-        if cache_args.get("ring") and cache.pinned == 0 and cache.used > 8:
-            cache.pin()  # (so that the pinned keys move at every step once the ring wraps)
+    lm.backend.record_steps = replay
+    try:
+        logits = [lm.model.forward(prompt, cache)[None]]
+        for _ in range(n):
+            token = int(np.argmax(logits[-1][-1]))
+            tokens = [(token + j) % lm.params.vocab_size for j in range(chunk)]
+            logits.append(lm.model.forward(tokens, cache, all_logits=True) if chunk > 1
+                          else lm.model.forward(tokens, cache)[None])
+            if cache_args.get("ring") and cache.pinned == 0 and cache.used > 8:
+                cache.pin()  # (so that the pinned keys move at every step once the ring wraps)
+    finally:
+        lm.backend.record_steps = True
     return logits, cache
+
+
+def _program(lm, chunk=1):
+    """The model's recorded program of passes of `chunk` tokens (with all their logits where more
+    than one), None where they do not replay."""
+    return lm.backend.recorded_program(lm.model, lm.model.kv_type, chunk, chunk > 1)
 
 
 def _assert_replay_is_exact(lm, prompt, n, replayable=True, chunk=1, **cache_args):
     eager, _ = _decode(lm, prompt, n, replay=False, chunk=chunk, **cache_args)
-    replayed, cache = _decode(lm, prompt, n, replay=True, chunk=chunk, **cache_args)
-    program = cache.replays_for(chunk, chunk > 1).store[REPLAY_KEY]
+    replayed, _ = _decode(lm, prompt, n, replay=True, chunk=chunk, **cache_args)
+    program = _program(lm, chunk)
     assert (program is not None) == replayable
     assert all(np.array_equal(a, b) for a, b in zip(replayed, eager))
     if replayable and lm.model.params.n_expert == 0:  # (a dense model's replay compiles no expert kernels)
@@ -60,9 +71,9 @@ def test_ring_steps_replay_after_the_ring_wraps(smollm, monkeypatch):
     import kernels_cpu.backend as cpu_backend
     replayed, run_step = [], cpu_backend.run_step
 
-    def counted(backend, compute, batch, replays):
+    def counted(backend, compute, batch, *args):
         replayed.append(int(batch.positions[0]))
-        return run_step(backend, compute, batch, replays)
+        return run_step(backend, compute, batch, *args)
     monkeypatch.setattr(cpu_backend, "run_step", counted)
     _assert_replay_is_exact(smollm, [1, 504, 3458, 314], 60, n_ctx=32, ring=True)
     assert sorted(p for p in replayed if p >= 32) == list(range(32, 64))
@@ -92,14 +103,25 @@ def test_one_recording_replays_over_every_cache_of_the_model(smollm_path, chunk)
     prompt = [1, 504, 3458, 314]
     n = 6 if chunk == 1 else 4
     _, first = _decode(lm, prompt, 3, replay=True, chunk=chunk, n_ctx=32)
-    program = first.replays_for(chunk, chunk > 1).store[REPLAY_KEY]
+    program = _program(lm, chunk)
     del first
     gc.collect()
     for n_ctx in (64, 32):
         eager, _ = _decode(lm, prompt, n, replay=False, chunk=chunk, n_ctx=n_ctx)
-        replayed, cache = _decode(lm, prompt, n, replay=True, chunk=chunk, n_ctx=n_ctx)
-        assert cache.replays_for(chunk, chunk > 1).store[REPLAY_KEY] is program  # (not recorded again)
+        replayed, _ = _decode(lm, prompt, n, replay=True, chunk=chunk, n_ctx=n_ctx)
+        assert _program(lm, chunk) is program  # (not recorded again)
         assert all(np.array_equal(a, b) for a, b in zip(replayed, eager))
+
+
+def test_a_model_s_programs_go_with_it(smollm_path):
+    """The backend keeps programs by their model, weakly: a model let go is freed, programs and all."""
+    lm = load_model(smollm_path, LoadOptions(kv_type="f32"))
+    _decode(lm, [1, 504], 3, replay=True, n_ctx=16)
+    assert _program(lm) is not None
+    backend, model = lm.backend, weakref.ref(lm.model)
+    del lm
+    gc.collect()
+    assert model() is None and not backend._programs
 
 
 def test_replay_rejects_token_ids_outside_the_vocabulary(smollm):
@@ -136,7 +158,7 @@ def test_a_step_that_reads_activation_values_is_not_replayed(smollm_path, monkey
     cache = lm.model.new_cache(32)
     lm.model.forward([1, 504], cache)
     lm.model.forward([3458], cache)
-    assert cache.replays_for(1, False).store[REPLAY_KEY] is None  # refused by the recorder itself, before any replay
+    assert _program(lm) is None  # refused by the recorder itself, before any replay
     _assert_replay_is_exact(lm, [1, 504, 3458, 314], 6, replayable=False, n_ctx=32)
 
 
@@ -154,10 +176,10 @@ def test_a_read_the_tracing_cannot_see_is_caught_by_the_first_replay(smollm_path
     cache = lm.model.new_cache(32)
     lm.model.forward([1, 504], cache)
     lm.model.forward([3458], cache)
-    assert cache.replays_for(1, False).store[REPLAY_KEY] is not None  # recorded: the read was not seen
+    assert _program(lm) is not None  # recorded: the read was not seen
     eager, _ = _decode(lm, [1, 504, 3458, 314], 6, replay=False, n_ctx=32)
-    replayed, cache = _decode(lm, [1, 504, 3458, 314], 6, replay=True, n_ctx=32)
-    assert cache.replays_for(1, False).store[REPLAY_KEY] is None and np.array_equal(replayed, eager)
+    replayed, _ = _decode(lm, [1, 504, 3458, 314], 6, replay=True, n_ctx=32)
+    assert _program(lm) is None and np.array_equal(replayed, eager)
 
 
 def test_program_rows_take_named_operands_of_their_kind(smollm):
@@ -175,3 +197,17 @@ def test_program_rows_take_named_operands_of_their_kind(smollm):
         recorder.add(Op.EMBED, matrix=recorder.matrix(smollm.model.tok_embd), ids=7, out=recorder.address(out, 4),
                      width=4)
     assert recorder.failed is None and len(recorder.rows) == 1
+
+
+def test_every_operation_is_declared_replayed_and_recorded():
+    """Each Op has its operands (OPERANDS), a branch in the replay (run_program's, or the mixture's
+    operations it calls, which are MIXTURE_OPS) and a Recorder method that writes it."""
+    from kernels_cpu import step_program as sp
+    mixture = inspect.getsource(sp._mixture_op_impl)
+    replay = inspect.getsource(sp.run_program.py_func) + mixture
+    recorder = [inspect.getsource(f) for _, f in inspect.getmembers(sp.Recorder, inspect.isfunction)]
+    for op in sp.Op:
+        assert op in sp.OPERANDS, f"{op.name} has no operands"
+        assert re.search(rf"op == Op\.{op.name}\b", replay), f"{op.name} is not replayed"
+        assert any(re.search(rf"\bOp\.{op.name}\b", source) for source in recorder), f"no Recorder method writes {op.name}"
+    assert {op for op in sp.Op if re.search(rf"op == Op\.{op.name}\b", mixture)} == set(sp.MIXTURE_OPS)

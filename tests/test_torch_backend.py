@@ -4,6 +4,7 @@ Runs on torch's CPU device ("torch-cpu") unless GGRUN_TEST_DEVICE=cuda (scripts/
 """
 from __future__ import annotations
 
+import gc
 import os
 import re
 from pathlib import Path
@@ -91,7 +92,10 @@ def test_replayed_steps_match_eager_steps_across_slot_buckets(both_backends):
             for t in range(12):
                 logits.append(lm.model.forward([int(np.argmax(logits[-1]))], cache))
             results.append(np.array(logits))
-            assert (len(cache.replays_for(1, False).store) == 2) == graphs  # buckets of 256 and 300 slots
+            assert (len(be.step_graphs.get(cache, {}).get((1, False), {})) == 2) == graphs  # buckets of 256 and 300 slots
+            del cache
+            gc.collect()
+            assert not be.step_graphs  # (a cache's graphs go with it)
         finally:
             lm.model.backend = saved
     assert np.allclose(results[0], results[1], atol=1e-4)

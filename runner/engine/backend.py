@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from .kv_cache import PassReplays
+from typing import Any, Protocol
 
 
 class BackendError(Exception):
@@ -25,18 +22,22 @@ class Backend(Protocol):
     few_tokens: int             # the most tokens a forward pass runs through decode's kernels (more: prefill's)
     supported_types: frozenset  # GGML tensor types load_matrix takes
     kv_types: tuple             # KV cache element types new_kv makes ("f32", "f16", "q8_0")
-    binds_replays: bool         # whether a recorded pass replays over any cache of its model (see run)
     kv_block: int               # slots of a paged cache's block: attention skips as many at once (kv_pool.py)
 
     def free_memory(self) -> int | None:
         """Bytes the device can still allocate; None for the host's memory (not checked)."""
 
-    def run(self, compute, batch, replays: PassReplays | None) -> Any:
-        """compute(batch with its arrays on the device). `replays` (KVCache.replays_for: where
-        passes of this shape are kept, and the cache's buffers) marks a pass of at most few_tokens
-        tokens that the backend may record once and replay (CUDA graphs on the GPU, over the
-        cache they were recorded on; a compiled step program on the CPU, bound to the cache's
-        buffers as it replays, which binds_replays says)."""
+    def run(self, compute, batch, memory=None, owner=None, all_logits: bool = False) -> Any:
+        """compute(batch with its arrays on the device). `memory` marks a pass of at most few_tokens
+        tokens that computes the same every time up to the batch's values, which the backend may
+        record once per shape and replay: memory is what holds the buffers of the pass's cache (per
+        layer `keys` and `values` lists, and its `kv_type`: a KVCache, or a SequenceCache's pool),
+        owner the model that computes it (two models on one backend never share a recording), and
+        all_logits whether it returns the logits of every token or of the last. The backend keeps
+        its recordings itself, each for as long as what it is kept by lives: the CPU a step program
+        per owner, kv type, number of tokens and all_logits, which binds the buffers of whichever
+        memory it replays over; CUDA graphs per memory, which replay over the buffers they were
+        recorded on. Without memory the pass runs eagerly."""
 
     def upload(self, batch) -> Any:
         """The batch with its arrays on the device (run does it for the pass's own batch)."""

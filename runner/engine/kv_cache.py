@@ -67,21 +67,11 @@ class Batch:
         return replace(self, **changes)
 
 
-@dataclass(frozen=True)
-class PassReplays:
-    """Where a backend keeps its recording of a pass of one shape over a cache (Backend.run), with
-    the cache's buffers, which a recording made over another cache of the model is bound to."""
-    store: dict     # the backend's recording(s) of the pass
-    keys: list      # the cache's buffers, per layer
-    values: list
-
-
 class KVCache:
     def __init__(self, backend, n_ctx: int, layer_windows: list[int], head_shapes: list[tuple[int, int, int]],
-                 max_batch: int, kv_type: str, ring: bool = False, model_replays: dict | None = None):
+                 max_batch: int, kv_type: str, ring: bool = False):
         """One cache layer per entry of layer_windows, with its (KV heads, key size, value size)
-        from head_shapes; model_replays: the model's store of recorded passes, which its caches
-        share where the backend binds a recording to each cache's buffers as it replays."""
+        from head_shapes."""
         self.backend = backend
         self.n_ctx, self.max_batch, self.ring = n_ctx, max_batch, ring
         self.kv_type, self.head_shapes = kv_type, [tuple(map(int, s)) for s in head_shapes]
@@ -100,12 +90,6 @@ class KVCache:
         self.evicted = 0    # tokens the ring has overwritten in the global layers
         self._pinned: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # layer -> pinned keys, values as written
         self._rotated_to: dict[int, int] = {}  # layer -> the shift its pinned keys are rotated to now
-        # a backend's recorded passes (CPU programs, CUDA graphs), by their shape (see replays_for):
-        # the model's, for a backend that binds them to a cache's buffers at each replay (a
-        # recording costs several eager passes: no cache pays for it again), else this cache's
-        # own; None: every pass runs eagerly
-        shared = model_replays is not None and backend.binds_replays
-        self.replays: dict | None = model_replays.setdefault(kv_type, {}) if shared else {}
         # Keep what each pass overwrites in a wrapped ring, for truncate to put back (speculative
         # decoding sets it). Of the last pass: per global kind, the slots it took from older tokens
         # and their positions; per layer, those slots' rows as they were.
@@ -113,12 +97,10 @@ class KVCache:
         self._overwritten_slots: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._overwritten_rows: dict[int, tuple] = {}
 
-    def replays_for(self, n_tokens: int, all_logits: bool) -> PassReplays | None:
-        """Where a backend keeps its recorded passes of n_tokens tokens (returning the logits of
-        all of them, or of the last) over this cache; None when passes here run eagerly."""
-        if self.replays is None:
-            return None
-        return PassReplays(self.replays.setdefault((n_tokens, all_logits), {}), self.keys, self.values)
+    @property
+    def memory(self) -> KVCache:
+        """What holds the buffers that passes over this cache read and write (Backend.run)."""
+        return self
 
     def _slots(self, kind, positions: np.ndarray) -> np.ndarray:
         if kind[0] == "window":

@@ -28,7 +28,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .kv_cache import Batch, ContextFullError, PassReplays
+from .kv_cache import Batch, ContextFullError
 
 
 class PoolExhausted(RuntimeError):
@@ -36,10 +36,9 @@ class PoolExhausted(RuntimeError):
 
 
 class KVPool:
-    def __init__(self, backend, n_tokens: int, head_shapes: list[tuple[int, int, int]], kv_type: str,
-                 model_replays: dict | None = None):
+    def __init__(self, backend, n_tokens: int, head_shapes: list[tuple[int, int, int]], kv_type: str):
         """Blocks of backend.kv_block slots for at least n_tokens tokens, per layer of head_shapes
-        ((KV heads, key size, value size)); model_replays as KVCache takes them."""
+        ((KV heads, key size, value size))."""
         self.backend, self.kv_type = backend, kv_type
         self.block = backend.kv_block
         self.n_blocks = max(1, -(-n_tokens // self.block))
@@ -47,8 +46,6 @@ class KVPool:
         self.keys, self.values = map(list, zip(*[backend.new_kv(*shape, self.n_slots, kv_type)
                                                  for shape in head_shapes]))
         self.bytes_per_token = sum(a.nbytes + b.nbytes for a, b in zip(self.keys, self.values)) // self.n_slots
-        shared = model_replays is not None and backend.binds_replays
-        self.replays: dict = model_replays.setdefault(kv_type, {}) if shared else {}
         self.refs = [0] * self.n_blocks
         self.free = list(range(self.n_blocks))  # a heap: the lowest block first keeps memory touched low
         self.cached: OrderedDict[int, None] = OrderedDict()  # held by none, kept for their key; oldest first
@@ -68,9 +65,6 @@ class KVPool:
     @property
     def blocks_used(self) -> int:
         return self.n_blocks - len(self.free) - len(self.cached)
-
-    def replays_for(self, n_tokens: int, all_logits: bool) -> PassReplays:
-        return PassReplays(self.replays.setdefault((n_tokens, all_logits), {}), self.keys, self.values)
 
     def take(self) -> int:
         """A block for one holder: a free one, else the least recently used cached one."""
@@ -248,8 +242,11 @@ class SequenceCache:
     def truncation_keeps(self, n: int) -> bool:
         return True
 
-    def replays_for(self, n_tokens: int, all_logits: bool) -> PassReplays:
-        return self.pool.replays_for(n_tokens, all_logits)
+    @property
+    def memory(self) -> KVPool:
+        """What holds the buffers of the sequence's passes (KVCache.memory): the pool, whose
+        sequences share what a backend records over it."""
+        return self.pool
 
     def reserve(self, tokens) -> Batch:
         """Claim slots for the next tokens (blocks as they are reached): the batch that a forward

@@ -154,7 +154,6 @@ class Decoder:
 
     def __init__(self, params: ModelParams, weights: WeightLoader, backend):
         self.params, self.backend = params, backend
-        self.replays: dict = {}  # the backend's recorded passes, where its caches share them (KVCache)
         p = params
         # (an embedding that is not also the output is only looked up: a table, read in place)
         untied = weights.has(T.OUTPUT)
@@ -301,13 +300,12 @@ class Decoder:
         """A cache of every layer with K and V of its own."""
         own = self._own_kv()
         shapes = [(a.n_kv_head, a.head_dim, a.value_dim) for a in own]
-        return KVCache(self.backend, n_ctx, [a.window for a in own], shapes, MAX_BATCH, ring=ring, kv_type=self.kv_type,
-                       model_replays=self.replays)
+        return KVCache(self.backend, n_ctx, [a.window for a in own], shapes, MAX_BATCH, ring=ring, kv_type=self.kv_type)
 
     def new_kv_pool(self, n_tokens: int) -> KVPool:
         """A paged cache for at least n_tokens tokens, which sequences share (runner/engine/kv_pool.py)."""
         shapes = [(a.n_kv_head, a.head_dim, a.value_dim) for a in self._own_kv()]
-        return KVPool(self.backend, n_tokens, shapes, self.kv_type, model_replays=self.replays)
+        return KVPool(self.backend, n_tokens, shapes, self.kv_type)
 
     def sequence_cache(self, pool: KVPool, n_ctx: int) -> SequenceCache:
         """A sequence's view of the pool, with a context of n_ctx tokens."""
@@ -335,8 +333,8 @@ class Decoder:
         replayable = ((len(tokens) == 1 or all_logits and len(tokens) <= self.backend.few_tokens)
                       and self.query_temperature(batch.positions) is None)
         compute = partial(self._compute, cache=cache, all_logits=all_logits)
-        replays = cache.replays_for(len(tokens), all_logits) if replayable else None
-        return self.backend.to_numpy(self.backend.run(compute, batch, replays))
+        memory = cache.memory if replayable else None
+        return self.backend.to_numpy(self.backend.run(compute, batch, memory, self, all_logits))
 
     def forward_lanes(self, tokens: list[list[int]], caches: list[KVCache]):
         """Each sequence's tokens (a few, or one: a decode step) at its own cache's next positions,
