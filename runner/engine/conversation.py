@@ -12,6 +12,7 @@ from gguf_io.safe_files import atomic_output, check_output
 from ..text.chat_template import ChatTemplateError, builtin_template, choose_template, render_with_content_spans
 from ..text.reasoning import ReplyDecoder, SplitReply, reasoning_format
 from ..text.user_files import read_text
+from .constraint import Grammar
 from .generate import GenerationStats
 from .kv_cache import ContextFullError
 from .kv_state import KVState, KVStateError
@@ -23,8 +24,9 @@ from .speculative import SpeculationStats
 class ChatSession:
     def __init__(self, lm, n_ctx: int, options: SamplingOptions, system: str | None = None,
                  template_name: str | None = None, max_reply: int = 4096, save_kv: bool = False,
-                 drafter=None, draft_max: int = 16, draft_min: int = 0):
+                 drafter=None, draft_max: int = 16, draft_min: int = 0, grammar: Grammar | None = None):
         self.lm, self.n_ctx, self.options, self.max_reply = lm, n_ctx, options, max_reply
+        self.grammar = grammar  # what every reply follows (constraint.py), or None
         # speculative decoding (speculative.py), its statistics over the conversation
         self.drafter, self.draft_max, self.draft_min = drafter, draft_max, draft_min
         self.speculation = SpeculationStats()
@@ -135,8 +137,8 @@ class ChatSession:
         session.speculation = self.speculation
         self.interrupted = False
         decoder, reply = ReplyDecoder(self.lm.tokenizer, self.reasoning), SplitReply()
-        for piece in session.complete(prompt, Sampler(self.options), self.max_reply,
-                                      should_stop=lambda: self.interrupted, history=self.tokens, decoder=decoder):
+        for piece in session.complete(prompt, Sampler(self.options), self.max_reply, should_stop=lambda: self.interrupted,
+                                      history=self.tokens, decoder=decoder, grammar=self.grammar):
             reply.add(decoder.part, piece)
             if on_text and piece:
                 on_text(piece, decoder.part)

@@ -65,6 +65,11 @@ class GenerationStats:
         return self.generated_tokens / self.decode_s if self.generated_tokens and self.decode_s else 0.0
 
 
+def choose(sampler: Sampler, logits, history: list[int], matcher=None):
+    """The sampler's choice, under a grammar's mask where there is a matcher (constraint.Matcher)."""
+    return sampler.choose(logits, history) if matcher is None else sampler.choose(logits, history, matcher.allowed())
+
+
 def prefill(model, cache, prompt: list[int], stats: GenerationStats, pin: int = 0):
     """The prompt into the cache (its first `pin` tokens pinned), timed into stats: the logits
     after it. Without a ring, ContextFullError up front when it does not fit."""
@@ -83,24 +88,31 @@ def prefill(model, cache, prompt: list[int], stats: GenerationStats, pin: int = 
 
 def generate(model, cache, prompt: list[int], sampler: Sampler, max_tokens: int, stop_ids,
              stats: GenerationStats | None = None, history: list[int] | None = None, pin: int = 0,
-             should_stop=None, logprobs: bool = False):
+             should_stop=None, logprobs: bool = False, matcher=None):
     """Yield generated token ids; fills `stats` as it goes (each token's log-probability under
     the model too, with logprobs). Without a ring, raises ContextFullError up front when the prompt
     does not fit, and stops at the context end; always stops at a stop id or at max_tokens.
     `history` (tokens already in the cache) feeds the repetition penalty; the first `pin` prompt
     tokens are pinned in the cache, never overwritten by its ring. `should_stop` is polled between
-    tokens (Ctrl-C sets it), so a forward pass is never cut in half."""
+    tokens (Ctrl-C sets it), so a forward pass is never cut in half. `matcher`: a grammar's
+    (constraint.Matcher), which allows each token and ends the generation where it is complete,
+    as an end-of-generation token would."""
     stats = stats if stats is not None else GenerationStats()
     start = time.perf_counter()
     logits = prefill(model, cache, prompt, stats, pin)
     history = list(history or []) + list(prompt)
     decode_start = None
     stats.stop_reason = "length"
-    while stats.generated_tokens < max_tokens:
+    while True:
+        if matcher is not None and matcher.finished:
+            stats.stop_reason = "eos"
+            break
+        if stats.generated_tokens >= max_tokens:
+            break
         if should_stop is not None and should_stop():
             stats.stop_reason = "interrupted"
             break
-        choice = sampler.choose(logits, history)
+        choice = choose(sampler, logits, history, matcher)
         token = choice.token
         if stats.generated_tokens == 0:
             stats.time_to_first_token_s = time.perf_counter() - start
@@ -111,6 +123,8 @@ def generate(model, cache, prompt: list[int], sampler: Sampler, max_tokens: int,
         if not cache.ring and cache.used >= cache.n_ctx:
             stats.stop_reason = "context"
             break
+        if matcher is not None:
+            matcher.accept(token)
         stats.hand_out(token, choice, logprobs)
         history.append(token)
         yield token

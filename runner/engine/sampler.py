@@ -75,10 +75,21 @@ class Sampler:
     def sample(self, logits: np.ndarray, history: list[int]) -> int:
         return self.choose(logits, history).token
 
-    def choose(self, logits: np.ndarray, history: list[int]) -> Choice:
+    def choose(self, logits: np.ndarray, history: list[int], allowed: np.ndarray | None = None) -> Choice:
+        """The next token. `allowed`: where a grammar constrains it, the tokens it may be (a boolean
+        mask over logits); the others are out before any filter, greedy included, and a single
+        allowed token is taken as it is, without sampling."""
         o = self.options
         logits = np.asarray(logits, dtype=np.float32)
         model_logits = logits
+        n = logits.size
+        if allowed is not None:
+            n = int(np.count_nonzero(allowed))
+            if n == 0:
+                raise ValueError("the grammar allows no token here")
+            if n == 1:
+                token = int(np.argmax(allowed))
+                return Choice(token, np.array([token]), np.zeros(1), model_logits)
         penalized = o.repeat_penalty != 1.0 or o.presence_penalty != 0.0 or o.frequency_penalty != 0.0
         if penalized and history and o.repeat_last_n != 0:  # llama.cpp's penalties sampler
             window = np.asarray(history[-o.repeat_last_n:] if o.repeat_last_n > 0 else history)
@@ -87,12 +98,14 @@ class Sampler:
             vals = logits[recent]
             vals = np.where(vals > 0, vals / o.repeat_penalty, vals * o.repeat_penalty)
             logits[recent] = np.clip(vals - counts * o.frequency_penalty - o.presence_penalty, -_LIMIT, _LIMIT)
+        if allowed is not None:
+            logits = np.where(allowed, logits, -np.inf)
         if o.temperature <= 0:
             token = int(np.argmax(logits))
             return Choice(token, np.array([token]), np.zeros(1), model_logits)
 
-        # Candidates sorted by logit, best first; each filter keeps a prefix of them.
-        k = min(o.top_k, logits.size) if o.top_k > 0 else logits.size
+        # Candidates sorted by logit, best first; each filter keeps a prefix of them (all allowed ones).
+        k = min(o.top_k, n) if o.top_k > 0 else n
         ids = np.argpartition(-logits, k - 1)[:k] if k < logits.size else np.arange(logits.size)
         ids = ids[np.argsort(-logits[ids], kind="stable")]
         probs = _softmax(logits[ids])

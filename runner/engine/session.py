@@ -8,6 +8,7 @@ import importlib
 from collections.abc import Callable, Iterator
 
 from ..text.tokenizer import StreamDecoder
+from .constraint import Grammar, Matcher
 from .generate import GenerationStats, PromptError, generate, truncate_prompt
 from .kv_cache import SINK_TOKENS, ContextFullError, KVCache
 from .load import LoadedModel, LoadOptions, load_model
@@ -151,19 +152,22 @@ class Session:
 
     def complete(self, ids: list[int], sampler: Sampler, max_tokens: int, stop_ids=None, stops=(),
                  should_stop=None, logprobs: bool = False, history: list[int] | None = None,
-                 decoder: StreamDecoder | None = None) -> Iterator[str]:
+                 decoder: StreamDecoder | None = None, grammar: Grammar | None = None) -> Iterator[str]:
         """Text pieces of the completion of ids, streamed; self.stats fills as it goes (tokens,
         their log-probabilities with logprobs, timings, why it stopped). Stops at the model's end of
         generation (stop_ids: those ids instead; () never), at max_tokens, at any of the `stops`
         strings, when should_stop(), or at Ctrl-C (what was generated stays, in the cache too).
         decoder: the ids' text (a StreamDecoder, or a reasoning.ReplyDecoder that tells the parts
-        of a reply apart)."""
+        of a reply apart). grammar: what the text must follow (constraint.py); it also ends where
+        the grammar is complete."""
         self.stats = stats = GenerationStats()
         stop_ids = self.lm.tokenizer.vocab.end_of_generation if stop_ids is None else stop_ids
         stream = decoder or StreamDecoder(self.lm.tokenizer)
         tail = ""  # the end of the text, as long as the longest stop string needs
+        matcher = None if grammar is None else Matcher(grammar, self.lm.tokenizer, self.lm.params.vocab_size, stop_ids)
         # (history: the tokens already in the cache, for the penalties and a draft)
-        common = dict(pin=ring_pin(len(ids), self.cache), should_stop=should_stop, logprobs=logprobs, history=history)
+        common = dict(pin=ring_pin(len(ids), self.cache), should_stop=should_stop, logprobs=logprobs, history=history,
+                      matcher=matcher)
         if self.drafter is None:
             tokens = generate(self.lm.model, self.cache, ids, sampler, max_tokens, stop_ids, stats, **common)
         else:

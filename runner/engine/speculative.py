@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .generate import GenerationStats, checked, prefill
+from .generate import GenerationStats, checked, choose, prefill
 from .kv_cache import ContextFullError
 from .kv_pool import common_prefix
 from .sampler import Choice, Sampler
@@ -143,23 +143,30 @@ class PromptLookup:
         return follow if len(follow) >= n_min else []
 
 
-def verify(sampler: Sampler, rows: np.ndarray, draft: list[int], history: list[int]) -> list[tuple[int, Choice]]:
+def verify(sampler: Sampler, rows: np.ndarray, draft: list[int], history: list[int],
+           matcher=None) -> list[tuple[int, Choice]]:
     """The tokens a target pass yields: rows[i] are the logits after the chunk's i-th token, the
     chunk being the last decided token and then the draft. Accepted drafted tokens, then one more
     (the correction at the first rejection, or the next token after a wholly accepted draft);
-    each with the Choice (the sampling distribution) it came from. (history is lengthened by the
-    accepted tokens while they are checked, and given back as it came.)"""
+    each with the Choice (the sampling distribution) it came from; with a grammar's matcher, each
+    row sampled under its mask, and none after the grammar is complete. (history and the matcher
+    are moved on by the accepted tokens while they are checked, and given back as they came.)"""
     out: list[tuple[int, Choice]] = []
     n_history = len(history)
     try:
         for i, row in enumerate(rows):
-            choice = sampler.choose(checked(row), history)
+            complete = matcher is not None and matcher.finished
+            choice = choose(sampler, checked(row), history, matcher)
             token = _verify_one(sampler, choice, draft[i] if i < len(draft) else None)
             out.append((token, dataclasses.replace(choice, token=token)))
-            if i == len(draft) or token != draft[i]:
+            if complete or i == len(draft) or token != draft[i]:
                 return out
+            if matcher is not None:
+                matcher.accept(token)
             history.append(token)
     finally:
+        if matcher is not None:
+            matcher.rollback(len(history) - n_history)
         del history[n_history:]
     return out
 
@@ -182,10 +189,11 @@ def _verify_one(sampler: Sampler, choice: Choice, d: int | None) -> int:
 def generate_speculative(model, cache, prompt: list[int], sampler: Sampler, max_tokens: int, stop_ids, drafter,
                          draft_max: int = 16, draft_min: int = 0, stats: GenerationStats | None = None,
                          spec: SpeculationStats | None = None, history: list[int] | None = None, pin: int = 0,
-                         should_stop=None, logprobs: bool = False):
+                         should_stop=None, logprobs: bool = False, matcher=None):
     """generate()'s contract, with drafted chunks: yields the same tokens (at temperature 0) or
     tokens of the same distribution; every token handed out is in the cache when it stops, and
-    rejected drafts are not (truncated, not recomputed)."""
+    rejected drafts are not (truncated, not recomputed). With a grammar's matcher, a draft is cut
+    where the grammar rejects it, and every token is chosen under the grammar's mask (verify)."""
     stats = stats if stats is not None else GenerationStats()
     spec = spec if spec is not None else SpeculationStats()
     # On the CPU a chunk of at most few_tokens runs through decode's own kernels (8-bit
@@ -202,7 +210,7 @@ def generate_speculative(model, cache, prompt: list[int], sampler: Sampler, max_
     logits = prefill(model, cache, prompt, stats, pin)
     sequence = list(history or []) + list(prompt)
     decode_start = time.perf_counter()
-    first = sampler.choose(logits, sequence)
+    first = choose(sampler, logits, sequence, matcher)
     ready = [(first.token, first)]  # decided tokens; all but the last are in the cache already
     # the draft length adapts: after a rejection, one more than was accepted; after a wholly
     # accepted draft, two more (so that drafts that keep failing cost one drafted token a pass)
@@ -214,7 +222,7 @@ def generate_speculative(model, cache, prompt: list[int], sampler: Sampler, max_
             stop = None
             if should_stop is not None and should_stop():
                 stop = "interrupted"
-            elif token in stop_ids:
+            elif token in stop_ids or (matcher is not None and matcher.finished):
                 stop = "eos"
             elif stats.generated_tokens >= max_tokens:
                 stop = "length"
@@ -227,6 +235,8 @@ def generate_speculative(model, cache, prompt: list[int], sampler: Sampler, max_
             if stats.generated_tokens == 0:
                 stats.time_to_first_token_s = time.perf_counter() - start
                 decode_start = time.perf_counter()
+            if matcher is not None:
+                matcher.accept(token)
             stats.hand_out(token, choice, logprobs)
             sequence.append(token)
             yield token
@@ -236,15 +246,19 @@ def generate_speculative(model, cache, prompt: list[int], sampler: Sampler, max_
                 else:
                     model.forward([token], cache)
                 stats.decode_s = time.perf_counter() - decode_start
+                if matcher is not None and matcher.finished:
+                    stats.stop_reason = "eos"  # (as generate() says where the grammar completes at max_tokens)
                 return
         last = ready[-1][0]
         room = max_tokens - stats.generated_tokens
         if not cache.ring:
             room = min(room, cache.n_ctx - cache.used - 1)
         draft = drafter.propose(sequence, min(length, room), min(draft_min, room)) if room > 0 else []
+        if matcher is not None:  # (cut where the grammar rejects it; the grammar has had `last`)
+            draft = [] if matcher.finished else draft[:matcher.valid_prefix(draft)]
         # (without a draft, a plain step: one token's logits, which a backend may replay)
         rows = model.forward([last] + draft, cache, all_logits=True) if draft else model.forward([last], cache)[None]
-        ready = verify(sampler, rows, draft, sequence)
+        ready = verify(sampler, rows, draft, sequence, matcher)
         rejected = len(draft) - (len(ready) - 1)
         if rejected:
             cache.truncate(cache.used - rejected)

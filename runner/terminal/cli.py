@@ -19,6 +19,7 @@ from convert.errors import ConversionError
 from convert.mixes import COPY, FILE_TYPES
 
 from ..engine.backend import DEVICES, BackendError
+from ..engine.constraint import Grammar, GrammarError
 from ..engine.generate import ModelOutputError, PromptError
 from ..engine.kv_cache import DEFAULT_CONTEXT, MIN_CONTEXT, ContextFullError
 from ..engine.load import LoadOptions
@@ -31,7 +32,8 @@ from ..text.chat_template import ChatTemplateError
 from ..text.user_files import InputError, read_text, user_message
 
 USER_ERRORS = (GGUFError, ContextFullError, RegistryError, ConversionError, ChatTemplateError, BackendError,
-               ModelOutputError, PromptError, InputError, DraftError, OutputError, MemoryFitError, OSError)
+               ModelOutputError, PromptError, InputError, DraftError, OutputError, MemoryFitError, GrammarError,
+               OSError)
 INTERRUPTED = 130  # the shell's status for a process ended by Ctrl-C (128 + SIGINT)
 
 
@@ -227,6 +229,41 @@ draft_options = _options(
                       "default is 0.75; ggrun's passes of up to 8 tokens cost little more than one, so longer "
                       "drafts pay: see runner/engine/speculative.py)."))
 
+# the grammar flags (llama.cpp's spellings) -> how each makes a Grammar from its value
+_GRAMMAR_FLAGS = {"grammar": ("--grammar", False, Grammar.gbnf), "grammar_file": ("--grammar-file", True, Grammar.gbnf),
+                  "json_schema": ("--json-schema", False, Grammar.json_schema),
+                  "json_schema_file": ("--json-schema-file", True, Grammar.json_schema)}
+
+
+def _merge_grammar(kw):
+    """The grammar flags as one Grammar (None without one), checked before the model loads."""
+    given = [(name, kw.pop(name)) for name in _GRAMMAR_FLAGS]
+    given = [(name, value) for name, value in given if value is not None]
+    if len(given) > 1:
+        raise click.UsageError(f"give one grammar: {_GRAMMAR_FLAGS[given[0][0]][0]} and "
+                               f"{_GRAMMAR_FLAGS[given[1][0]][0]} are both given")
+    grammar = None
+    if given:
+        (name, value), = given
+        flag, is_file, make = _GRAMMAR_FLAGS[name]
+        try:
+            grammar = make(read_text(value) if is_file else value)
+        except GrammarError as e:
+            raise GrammarError(f"{flag}: {e}") from None
+    return {**kw, "grammar": grammar}
+
+
+grammar_options = _merging(
+    _merge_grammar,
+    click.option("--grammar", metavar="GRAMMAR", help="A GBNF grammar (llama.cpp's) the output must follow, "
+                                                      "e.g. 'root ::= \"yes\" | \"no\"'."),
+    click.option("--grammar-file", metavar="FNAME", help="Read the grammar from a file (llama.cpp's grammars/ "
+                                                         "folder has examples)."),
+    click.option("-j", "--json-schema", metavar="SCHEMA",
+                 help="A JSON schema (https://json-schema.org/) the output must follow, e.g. '{\"type\": \"object\"}' "
+                      "for any JSON object; a keyword that cannot be enforced is refused."),
+    click.option("-jf", "--json-schema-file", metavar="FILE", help="Read the JSON schema from a file."))
+
 system_options = _options(
     click.option("-sys", "--system-prompt", "--system", "system", help="System prompt."),
     click.option("--system-prompt-file", "system_file", type=click.Path(dir_okay=False),
@@ -285,6 +322,7 @@ def _say_once(message: str):
 @system_options
 @click.option("-n", "--n-predict", default=128, show_default=True, type=click.IntRange(0), help="Tokens to generate.")
 @sampling_options
+@grammar_options
 @click.option("-r", "--reverse-prompt", "stops", multiple=True, callback=_check_stops,
               help="Stop once the text contains this (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Go on past end-of-generation tokens.")
@@ -298,8 +336,8 @@ def _say_once(message: str):
 @draft_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
 @click.option("--timings", is_flag=True, help="Print where the time before the first token went.")
-def run(model, prompt, prompt_file, system, system_file, n_predict, sampling, stops, ignore_eos, special, ctx_size,
-        ring, load, draft, lookup, draft_max, draft_min, draft_p_min, as_json, timings):
+def run(model, prompt, prompt_file, system, system_file, n_predict, sampling, grammar, stops, ignore_eos, special,
+        ctx_size, ring, load, draft, lookup, draft_max, draft_min, draft_p_min, as_json, timings):
     """Complete a prompt with MODEL (a GGUF path or a registry name)."""
     from ..engine.startup import StartupTimes
     times = StartupTimes()
@@ -329,7 +367,7 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, sampling, st
     decoder = ReplyDecoder(lm.tokenizer, reasoning_format(lm.tokenizer.vocab) if system is not None else None)
     reply, started = SplitReply(), False
     for piece in session.complete(ids, sampler, n_predict, stop_ids=() if ignore_eos else None, stops=stops,
-                                  logprobs=as_json, decoder=decoder):
+                                  logprobs=as_json, decoder=decoder, grammar=grammar):
         if timings and not started:
             times.mark(f"prompt of {len(ids)} tokens to first token")
             click.echo(times.line(), err=True)
@@ -722,10 +760,11 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
               help="A reasoning model's thinking (gpt-oss's analysis channel, <think> text): shown apart "
                    "from the answer, or hidden.")
 @sampling_options
+@grammar_options
 @load_options
 @draft_options
-def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv, reasoning, sampling, load, draft,
-         lookup, draft_max, draft_min, draft_p_min):
+def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv, reasoning, sampling, grammar, load,
+         draft, lookup, draft_max, draft_min, draft_p_min):
     """Talk with MODEL in the terminal; the context never runs out (ring window)."""
     from ..engine.conversation import ChatSession
     from ..fetch.registry import cache_dir
@@ -740,7 +779,7 @@ def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv
         drafter = make_drafter(lm, draft, lookup, n_ctx, True, draft_p_min, _draft_loader(load))
     session = ChatSession(lm, n_ctx, sampling, system, chat_template,
                           max_reply=sys.maxsize if n_predict < 0 else n_predict, save_kv=save_kv, drafter=drafter,
-                          draft_max=draft_max, draft_min=draft_min)
+                          draft_max=draft_max, draft_min=draft_min, grammar=grammar)
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     repl(session, sys.stdout, cache_dir() / "chat_history", colour=colour, hide_reasoning=reasoning == "hide")
 

@@ -240,7 +240,7 @@ class Tokenizer:
         v = self.vocab
         if not 0 <= token_id < len(v.tokens):
             return b""
-        text, ttype = v.tokens[token_id], v.token_types[token_id]
+        text, ttype = v.tokens[token_id], int(v.token_types[token_id])  # (an int: a NumPy scalar compares slowly)
         if ttype == TokenType.CONTROL:
             return text.encode("utf-8") if render_special else b""
         if v.model == "gpt2" or ttype == TokenType.USER_DEFINED:
