@@ -224,3 +224,41 @@ def test_a_request_waits_for_the_pool_and_one_that_never_fits_is_refused(lm):
     assert a.cache is not None and b.cache is None  # (a slot is free; the pool is not)
     drain(batcher)
     assert len(a.tokens) == 100 and b.tokens == alone(lm, list(range(500, 520)), 4)
+
+
+def test_each_sequence_follows_its_own_grammar_batched_or_speculating(lm, monkeypatch):
+    """Sequences with grammars (runner/engine/constraint.py), each its own matcher: batched
+    together, and a lone one speculating (drafts cut where its grammar rejects them), the greedy
+    tokens of a constrained generate() alone; each ends ("eos") where its grammar is complete, or
+    says "length" inside it."""
+    from runner.engine.constraint import Grammar, Matcher
+    from runner.engine.speculative import PromptLookup
+    ends = lm.tokenizer.vocab.end_of_generation
+    grammars = [Grammar.json_schema({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+                                     "maxItems": 8}),
+                Grammar.json_schema({"enum": ["red", "green", "blue"]}),
+                Grammar.gbnf('root ::= ("yes" | "no") "!"')]
+    prompts = [lm.tokenizer.encode(p) for p in ("Repeat it: [1, 2, 3, 1, 2, 3, 1, 2, 3]\nAnswer: ", "A colour:",
+                                                "Is water wet?")]
+
+    def constrained_alone(ids, grammar, n=40):
+        matcher = Matcher(grammar, lm.tokenizer, lm.params.vocab_size, ends)
+        return list(generate(lm.model, lm.model.new_cache(512), ids, Sampler(GREEDY), n, ends, matcher=matcher))
+    want = [constrained_alone(ids, g) for ids, g in zip(prompts, grammars)]
+    batcher = Batcher(lm, slots=3, n_ctx=256)
+    seqs = [batcher.add(ids, Sampler(GREEDY), 40, grammar=g) for ids, g in zip(prompts, grammars)]
+    drain(batcher)
+    assert [s.tokens for s in seqs] == want and all(s.finish_reason == "eos" for s in seqs)
+    assert lm.tokenizer.decode(seqs[2].tokens) in ("yes!", "no!")
+    cut = batcher.add(prompts[0], Sampler(GREEDY), 3, grammar=grammars[0])
+    drain(batcher)
+    assert cut.tokens == want[0][:3] and cut.finish_reason == "length"
+    speculating = Batcher(lm, slots=1, n_ctx=256, drafter=PromptLookup(2), draft_max=6)
+    passes = []
+    forward = lm.model.forward
+    monkeypatch.setattr(lm.model, "forward", lambda t, c, all_logits=False: passes.append(len(t)) or
+                        forward(t, c, all_logits))
+    seq = speculating.add(prompts[0], Sampler(GREEDY), 40, grammar=grammars[0])
+    drain(speculating)
+    assert seq.tokens == want[0] and seq.finish_reason == "eos"
+    assert any(n > 1 for n in passes[1:])  # (drafted chunks, after the prompt's pass)

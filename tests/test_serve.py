@@ -205,8 +205,8 @@ def test_ollama_client(server, name):
         client.chat(model="no-such-model", messages=messages)
     assert e.value.status_code == 404 and "no-such-model" in e.value.error
     with pytest.raises(ollama.ResponseError) as e:
-        client.chat(model=name, messages=messages, format="json")
-    assert e.value.status_code == 400 and "structured output" in e.value.error
+        client.chat(model=name, messages=messages, format={"type": "hiccup"})
+    assert e.value.status_code == 400 and "format: invalid JSON schema" in e.value.error
     with pytest.raises(ollama.ResponseError) as e:
         client.generate(model=name, prompt="Hi", options={"temperature": "hot"})
     assert e.value.status_code == 400 and "temperature" in e.value.error
@@ -259,7 +259,7 @@ def test_client_mistakes_are_4xx_in_openai_shape(server, name):
     _error(post({"messages": [{"role": "robot", "content": "Hi"}]}), 400, "role")
     _error(post({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}), 400,
            "only text")
-    _error(post({"messages": hello, "response_format": {"type": "json_object"}}), 400, "not supported")
+    _error(post({"messages": hello, "response_format": {"type": "sound"}}), 400, "response_format.type")
     _error(post({"messages": hello, "chat_template_kwargs": {"messages": []}}), 400, "messages")
     too_long = post({"messages": [{"role": "user", "content": "word " * 1100}]})
     n_prompt = too_long.json()["error"]["n_prompt_tokens"]

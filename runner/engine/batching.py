@@ -12,7 +12,9 @@ and a new prompt starts from the cached blocks that hold its longest start and p
 rest (a repeated system prompt, the next turn of a conversation). A sequence joins once the pool
 can reserve blocks for its prompt and its most tokens; until then it waits. Given a drafter, a sequence that runs alone decodes speculatively
 (runner/engine/speculative.py's drafts and verification); several batch instead, which spends the same
-spare compute.
+spare compute. A sequence given a grammar (runner/engine/constraint.py) has a Matcher of its own:
+each of its tokens is chosen under the grammar's mask (drafts cut where the grammar rejects them),
+and it ends ("eos") where the grammar is complete.
 
     batcher = Batcher(lm, slots=4, n_ctx=2048)                 # (a pool of 4 x 2048 tokens)
     seq = batcher.add(ids, Sampler(options), max_tokens=128)   # then, from the same thread:
@@ -24,7 +26,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .generate import checked
+from .constraint import Grammar, GrammarError, Matcher
+from .generate import checked, choose
 from .kv_cache import ContextFullError
 from .kv_pool import SequenceCache
 from .load import LoadedModel
@@ -50,6 +53,8 @@ class Sequence:
     cache: SequenceCache | None = None  # while it runs
     pending: list[int] = field(default_factory=list)  # prompt tokens still to prefill
     next_token: int | None = None   # sampled, not yet run through the model
+    matcher: Matcher | None = None  # its grammar's, where it has one
+    error: str | None = None        # why it "failed", where its grammar did (the others go on)
 
     @property
     def finished(self) -> bool:
@@ -71,10 +76,13 @@ class Batcher:
         self.lanes = lm.backend.few_tokens  # sequences a decode pass takes
 
     def add(self, ids: list[int], sampler: Sampler, max_tokens: int, stop_ids=None,
-            on_token: Callable[[Choice], None] | None = None, reuse: bool = True) -> Sequence:
+            on_token: Callable[[Choice], None] | None = None, reuse: bool = True,
+            grammar: Grammar | None = None) -> Sequence:
         """Queue a prompt; it joins at a step where a slot is free and the pool has room for it
         (reuse: prefilling only what follows the longest start of it that the cache holds). A
-        prompt that could never fit a sequence's context, or the pool, raises ContextFullError."""
+        prompt that could never fit a sequence's context, or the pool, raises ContextFullError.
+        grammar: what its text must follow (a Matcher of its own, ended by its stop ids; a
+        GrammarError here where llguidance refuses it with this tokenizer)."""
         if not ids:
             raise ValueError("a sequence needs at least one prompt token")
         if len(ids) >= self.n_ctx:
@@ -83,7 +91,8 @@ class Batcher:
             raise ContextFullError(f"the prompt has {len(ids)} tokens and may grow by {max_tokens}; the KV pool "
                                    f"holds {self.pool.n_slots} tokens in blocks of {self.pool.block}")
         stop = self.lm.tokenizer.vocab.end_of_generation if stop_ids is None else stop_ids
-        seq = Sequence(list(ids), sampler, max_tokens, frozenset(stop), on_token, reuse=reuse)
+        matcher = None if grammar is None else Matcher(grammar, self.lm.tokenizer, self.lm.params.vocab_size, stop)
+        seq = Sequence(list(ids), sampler, max_tokens, frozenset(stop), on_token, reuse=reuse, matcher=matcher)
         self.waiting.append(seq)
         return seq
 
@@ -142,11 +151,17 @@ class Batcher:
         cache, history = seq.cache, seq.ids + seq.tokens
         room = min(seq.max_tokens - len(seq.tokens), self.n_ctx - cache.used - 2, self.lanes - 1, self.draft_max)
         draft = self.drafter.propose(history, room, min(self.draft_min, room)) if room > 0 else []
+        if seq.matcher is not None:  # (cut where the grammar rejects it; the grammar has had the last token)
+            draft = draft[:seq.matcher.valid_prefix(draft)]
         if not draft:
             return self._decode([seq])
         last = seq.next_token
         rows = checked(self.lm.model.forward([last] + draft, cache, all_logits=True))
-        ready = verify(seq.sampler, rows, draft, history)
+        try:
+            ready = verify(seq.sampler, rows, draft, history, seq.matcher)
+        except (GrammarError, ValueError) as e:  # (the sampler's "the grammar allows no token here")
+            cache.truncate(cache.used - len(draft))
+            return self._fail(seq, e)
         rejected = len(draft) - (len(ready) - 1)
         if rejected:
             cache.truncate(cache.used - rejected)
@@ -173,22 +188,43 @@ class Batcher:
         """The sequence's next token from logits, or its end."""
         if seq.cancelled:
             return self._finish(seq, "cancelled")
+        if seq.matcher is not None and seq.matcher.finished:
+            return self._finish(seq, "eos")
         if len(seq.tokens) >= seq.max_tokens:
             return self._finish(seq, "length")
-        self._take(seq, seq.sampler.choose(logits, seq.ids + seq.tokens))
+        try:
+            choice = choose(seq.sampler, logits, seq.ids + seq.tokens, seq.matcher)
+        except (GrammarError, ValueError) as e:  # (the sampler's "the grammar allows no token here")
+            if seq.matcher is None:
+                raise
+            return self._fail(seq, e)
+        self._take(seq, choice)
 
     def _take(self, seq: Sequence, choice: Choice) -> None:
-        """Hand out a chosen token (it runs through the model next), or end the sequence."""
+        """Hand out a chosen token (it runs through the model next), or end the sequence: at a
+        stop id, or where its grammar is complete (and at max_tokens, "length", inside it)."""
         if choice.token in seq.stop_ids:
             return self._finish(seq, "eos")
         if seq.cache.used >= self.n_ctx:
             return self._finish(seq, "context")
+        if seq.matcher is not None:
+            try:
+                seq.matcher.accept(choice.token)
+            except GrammarError as e:
+                return self._fail(seq, e)
         seq.tokens.append(choice.token)
         if seq.on_token is not None:
             seq.on_token(choice)
+        if seq.matcher is not None and seq.matcher.finished:
+            return self._finish(seq, "eos")
         if len(seq.tokens) >= seq.max_tokens:
             return self._finish(seq, "length")
         seq.next_token = choice.token
+
+    def _fail(self, seq: Sequence, error: Exception) -> None:
+        """A sequence whose grammar failed ends alone ("failed", the error kept); the others go on."""
+        seq.error = str(error)
+        self._finish(seq, "failed")
 
     def fail_running(self) -> None:
         """End every running sequence ("failed"), forgetting the blocks it alone held: a pass that

@@ -56,9 +56,13 @@ def check_type(name: str, value, kind: str):
     """value, when it is of the JSON kind (a boolean is not a number); else a 400 naming the field."""
     if isinstance(value, _KINDS[kind]) and (kind == "boolean" or not isinstance(value, bool)):
         return value
-    shown = json.dumps(value)
-    shown = shown if len(shown) <= 40 else shown[:37] + "..."
-    raise bad(f"{name} must be {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not {shown}")
+    raise bad(f"{name} must be {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not {shown(value)}")
+
+
+def shown(value) -> str:
+    """A value as a message quotes it: its JSON, cut at 40 characters."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class Fields:

@@ -1,5 +1,6 @@
 """Ollama's API: /api/chat and /api/generate (streamed as NDJSON unless stream is false), /api/tags,
-/api/show and /api/version, as the `ollama` client and the tools built on it call them. Errors
+/api/show and /api/version, as the `ollama` client and the tools built on it call them; `format`
+("json" or a JSON schema) constrains the reply (structured.py). Errors
 here take Ollama's shape, {"error": "message"}, which its client reads (app.py)."""
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ..text.reasoning import REASONING
 from .fields import SAMPLING_FIELDS, ApiError, Fields, bad, chat_messages, read_json, sampling
 from .replies import ClientLeft, Reply, Streamed, events, gather, submit
 from .scheduler import Text
+from .structured import ollama_grammar
 
 # Ollama's runtime options, which ggrun's own settings decide (the context is the server's -c per
 # sequence), and the sampling options it does not implement: accepted and left alone
@@ -41,10 +43,9 @@ class Params:
         predict = options.count("num_predict", -2, None, -1)
         self.max_tokens = None if predict < 0 else predict  # (-1: until the end of generation, -2: of the context)
         self.stream = f.get("stream", "boolean", True)
-        if f.data.get("format") not in (None, ""):
-            raise bad("structured output (format) is not supported yet")
         if f.get("tools", "array"):
             raise bad("tool calling is not supported yet")
+        self.grammar = ollama_grammar(f.data.get("format"))
         think = f.data.get("think")
         if think is not None and not isinstance(think, (bool, str)):
             raise bad(f"think must be a boolean or high, medium or low, not {json.dumps(think)}")
@@ -82,7 +83,7 @@ async def chat(request):
     if not messages:  # (Ollama's way to load a model)
         return JSONResponse(r.line(message={"role": "assistant", "content": ""}, done=True, done_reason="load"))
     ticket = await submit(state, lambda model: model.chat_ids(messages, r.variables), r.sampling, r.max_tokens,
-                          r.stops, r.top_logprobs, reasoning=True)
+                          r.stops, r.top_logprobs, reasoning=True, grammar=r.grammar)
 
     def message(answer: str, thinking: str) -> dict:
         return {"message": {"role": "assistant", "content": answer, **({"thinking": thinking} if thinking else {})}}
@@ -109,7 +110,8 @@ async def generate(request):
 
         def prompt_ids(model):
             return model.chat_ids(messages, r.variables)
-    ticket = await submit(state, prompt_ids, r.sampling, r.max_tokens, r.stops, r.top_logprobs, reasoning=not raw)
+    ticket = await submit(state, prompt_ids, r.sampling, r.max_tokens, r.stops, r.top_logprobs, reasoning=not raw,
+                          grammar=r.grammar)
 
     def response(answer: str, thinking: str) -> dict:
         return {"response": answer, **({"thinking": thinking} if thinking else {})}

@@ -1,6 +1,7 @@
 """OpenAI's API: /v1/models, /v1/chat/completions and /v1/completions, whole or streamed as
 server-sent events, with llama-server's extensions (top_k, min_p, repeat_penalty,
-chat_template_kwargs, `timings`)."""
+chat_template_kwargs, `timings`); structured output through response_format (chat), and
+llama-server's grammar and json_schema (both endpoints), as structured.py reads them."""
 from __future__ import annotations
 
 import json
@@ -13,11 +14,12 @@ from ..text.reasoning import REASONING
 from .fields import SAMPLING_FIELDS, ApiError, Fields, bad, chat_messages, read_json, sampling
 from .replies import ClientLeft, Streamed, events, gather, submit
 from .scheduler import Text, TokenLogprob, Usage
+from .structured import openai_grammar
 
 # fields that change nothing here (OpenAI's bookkeeping)
 _IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort", "tool_choice")
 _COMMON = ("model", "stream", "stream_options", "max_tokens", "stop", "n", "logit_bias", "cache_prompt",
-           "ignore_eos", *SAMPLING_FIELDS, *_IGNORED)
+           "ignore_eos", "grammar", "json_schema", *SAMPLING_FIELDS, *_IGNORED)
 CHAT_FIELDS = (*_COMMON, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "chat_template_kwargs",
                "response_format", "tools")
 COMPLETION_FIELDS = (*_COMMON, "prompt", "logprobs", "echo", "suffix", "best_of")
@@ -62,11 +64,9 @@ async def chat_completions(request):
     messages = chat_messages(f.require("messages", "array"), MESSAGE_FIELDS)
     if not messages:
         raise bad("messages must not be empty")
-    if Fields(f.get("response_format", "object", {}), ("type", "json_schema"), "response_format.").get(
-            "type", "string", "text") != "text":
-        raise bad("structured output (response_format) is not supported yet")
     if f.get("tools", "array"):
         raise bad("tool calling is not supported yet")
+    grammar = openai_grammar(f)
     logprobs = f.get("logprobs", "boolean", False)
     top = f.count("top_logprobs", 0, MAX_TOP_LOGPROBS)
     if top is not None and not logprobs:
@@ -76,7 +76,7 @@ async def chat_completions(request):
     variables = f.get("chat_template_kwargs", "object", {})
     ticket = await submit(state, lambda model: model.chat_ids(messages, variables), r.sampling, max_tokens, r.stops,
                           (top or 0) if logprobs else None, reasoning=True, cache_prompt=r.cache_prompt,
-                          ignore_eos=r.ignore_eos)
+                          ignore_eos=r.ignore_eos, grammar=grammar)
     tok = state.loaded().tokenizer
     if r.stream:
         lines = _stream(request, r, ticket, "chat.completion.chunk", _chat_choice(tok, logprobs),
@@ -138,8 +138,9 @@ async def completions(request):
         raise bad("suffix (fill-in-the-middle) is not supported yet")
     top = f.count("logprobs", 0, MAX_TOP_LOGPROBS)
     echo = f.get("echo", "boolean", False)
+    grammar = openai_grammar(f, response_format=False)  # (llama-server reads no response_format here)
     ticket = await submit(state, lambda model: model.text_ids(prompt), r.sampling, f.count("max_tokens", 0, None, 16),
-                          r.stops, top, cache_prompt=r.cache_prompt, ignore_eos=r.ignore_eos)
+                          r.stops, top, cache_prompt=r.cache_prompt, ignore_eos=r.ignore_eos, grammar=grammar)
     tok = state.loaded().tokenizer
     echoed = (prompt if isinstance(prompt, str) else tok.decode(prompt)) if echo else ""
     if r.stream:

@@ -33,14 +33,15 @@ class Reply(SplitReply):
 
 
 async def submit(state, prompt_ids, sampling, max_tokens: int | None, stops=(), top_logprobs: int | None = None,
-                 reasoning: bool = False, cache_prompt: bool = True, ignore_eos: bool = False) -> Ticket:
+                 reasoning: bool = False, cache_prompt: bool = True, ignore_eos: bool = False,
+                 grammar=None) -> Ticket:
     """A request's job into the queue: prompt_ids(model) makes its tokens (off the event loop, as a
     template may take a while), which must leave room in the context for max_tokens (none: the
-    rest of the context); a full queue is a 503."""
+    rest of the context); a full queue is a 503. grammar: what the reply must follow (structured.py's)."""
     model = state.loaded()
     ids = await run_in_threadpool(prompt_ids, model)
     job = Job(ids, sampling, model.budget(len(ids), max_tokens), tuple(stops), top_logprobs, reasoning, cache_prompt,
-              ignore_eos)
+              ignore_eos, grammar)
     try:
         return state.scheduler.submit(job)
     except QueueFull as e:

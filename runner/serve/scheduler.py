@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..engine.batching import Batcher
+from ..engine.constraint import Grammar, GrammarError
 from ..engine.generate import ModelOutputError
 from ..engine.sampler import Sampler, SamplingOptions
 from ..text.reasoning import ReplyDecoder, reasoning_format
@@ -44,6 +45,7 @@ class Job:
     reasoning: bool = False          # tell a reasoning model's thinking apart from its answer (a chat reply)
     cache_prompt: bool = True        # reuse what the cache holds of the prompt (llama-server's option)
     ignore_eos: bool = False         # go on past the end-of-generation tokens (llama-server's option)
+    grammar: Grammar | None = None   # what the text must follow (structured output), checked already
 
 
 @dataclass
@@ -72,7 +74,8 @@ class Usage:
 
 @dataclass
 class Done:
-    finish_reason: str  # "stop" (end of generation or a stop string), "length" (max_tokens or the context)
+    # "stop" (end of generation, a stop string, a complete grammar), "length" (max_tokens or the context)
+    finish_reason: str
     usage: Usage
 
 
@@ -236,8 +239,13 @@ class Scheduler:
             return
         active = _Active(ticket, _RecordingSampler(job.sampling, job.top_logprobs),
                          ReplyDecoder(self.lm.tokenizer, self.reasoning if job.reasoning else None), StopText(job.stops))
-        ticket.sequence = self.batcher.add(job.ids, active.sampler, job.max_tokens, on_token=active.on_token,
-                                           reuse=job.cache_prompt, stop_ids=() if job.ignore_eos else None)
+        try:
+            ticket.sequence = self.batcher.add(job.ids, active.sampler, job.max_tokens, on_token=active.on_token,
+                                               reuse=job.cache_prompt, stop_ids=() if job.ignore_eos else None,
+                                               grammar=job.grammar)
+        except GrammarError as e:  # (llguidance refusing the grammar with this model's tokenizer)
+            ticket.put(Failed(400, str(e)))
+            return
         self._active.append(active)
         self.counters.requests += 1
 
@@ -290,7 +298,9 @@ class _Active:
             self.ticket.put(Text(released, part, []))
         first = self.first_token or now
         usage = Usage(len(seq.ids), seq.cached_tokens, len(seq.tokens), first - self.started, now - first)
-        if self.text.stopped or seq.finish_reason == "eos":
+        if seq.finish_reason == "failed":  # (its grammar failed: it alone)
+            self.ticket.put(Failed(500, f"internal error: {seq.error}"))
+        elif self.text.stopped or seq.finish_reason == "eos":
             self.ticket.put(Done("stop", usage))
         elif seq.finish_reason == "cancelled":
             self.ticket.put(Done("cancelled", usage))
@@ -308,8 +318,8 @@ class _RecordingSampler(Sampler):
         self.top_logprobs = top_logprobs
         self.chosen: dict[int, TokenLogprob] = {}  # the last choice's, by token (the one handed out next)
 
-    def choose(self, logits, history):
-        choice = super().choose(logits, history)
+    def choose(self, logits, history, allowed=None):
+        choice = super().choose(logits, history, allowed)
         if self.top_logprobs is not None:
             x = np.asarray(choice.logits, dtype=np.float64)
             x = x - x.max()
