@@ -389,6 +389,18 @@ def test_invalid_grammars_are_refused_naming_the_problem(text, problem):
     assert str(e.value).startswith("invalid grammar: ") and problem in str(e.value)
 
 
+def test_a_schema_nested_past_pythons_recursion_is_refused():
+    """A hostile schema's depth is an error, not a RecursionError: as text (the command line), and
+    as parsed JSON as deep as a request body can be (serve)."""
+    with pytest.raises(GrammarError, match="nested too deeply"):
+        Grammar.json_schema('{"a":' * 5000 + "1" + "}" * 5000)
+    deep = {"type": "integer"}
+    for _ in range(900):
+        deep = {"type": "object", "properties": {"x": deep}}
+    with pytest.raises(GrammarError, match="invalid JSON schema"):
+        Grammar.json_schema(deep)
+
+
 def test_a_warning_from_llguidance_is_a_refusal(monkeypatch):
     """Whatever llguidance's validation warns of (it would not enforce it) refuses the grammar."""
     import llguidance

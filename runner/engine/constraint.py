@@ -56,6 +56,8 @@ class Grammar:
                 schema = json.loads(schema)
             except json.JSONDecodeError as e:
                 raise GrammarError(f"the JSON schema is not JSON: {e}") from None
+            except RecursionError:
+                raise GrammarError("the JSON schema is nested too deeply") from None
         if schema is False:
             raise GrammarError("invalid JSON schema: false allows no value")
         if schema is True:
@@ -107,19 +109,21 @@ def _one_line(message: str) -> str:
     return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
-def _min_properties(node) -> int | None:
+def _min_properties(schema) -> int | None:
     """A minProperties above 1 anywhere in a schema (the keyword's own value is a number, which
-    tells it from a property of that name), or None."""
-    if isinstance(node, dict):
-        value = node.get("minProperties")
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
-            return value
-        nodes = node.values()
-    elif isinstance(node, list):
-        nodes = node
-    else:
-        return None
-    return next((found for found in map(_min_properties, nodes) if found is not None), None)
+    tells it from a property of that name), or None; walked with a stack, since a hostile schema
+    may nest deeper than Python's recursion."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            value = node.get("minProperties")
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
+                return value
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
 
 
 _TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Tokenizer -> its llguidance tokenizer
