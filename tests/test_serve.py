@@ -439,6 +439,13 @@ def test_loading_and_load_errors(smollm_path, start):
     assert "error:" in s.log() and "CUDA" in s.log() and "Traceback" not in s.log()
 
 
+def test_a_kv_pool_larger_than_memory_is_refused(smollm_path, start):
+    """--kv-size is checked against free memory before the pool is allocated: one error line."""
+    s = start(smollm_path, "--kv-size", "99999999999999")
+    assert s.proc.wait(120) == 1
+    assert "error:" in s.log() and "KV cache" in s.log() and "Traceback" not in s.log()
+
+
 def test_api_key_full_queue_and_sigterm(smollm_path, start):
     s = start(smollm_path, "--api-key", "sesame", "--max-queue", "1", "-c", "2048")
     s.wait_ready()  # (/health stays open)

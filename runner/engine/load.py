@@ -91,6 +91,7 @@ class LoadOptions:
     threads: int | None = None   # CPU threads (None: all cores)
     kv_type: str = "f16"         # the KV cache's type: f16, f32 (exact) or q8_0
     n_ctx: int | None = None     # the context the memory check sizes the cache for (None: the model's default)
+    kv_tokens: int | None = None  # the KV tokens the memory check sizes for, where a server's pool holds more (None: n_ctx)
     precise: bool = False        # see backend.make_backend
 
 
@@ -102,7 +103,7 @@ def load_model(path, options: LoadOptions = LoadOptions()) -> LoadedModel:
     tokenizer = Tokenizer(read_vocab(f))
     backend = make_backend(options.device, options.threads, options.precise)
     _check_kv_type(params, backend, options.kv_type)
-    _check_fit(f, params, backend, options.kv_type, options.n_ctx or default_context(params))
+    _check_fit(f, params, backend, options.kv_type, options.kv_tokens or options.n_ctx or default_context(params))
     weights = WeightLoader(f, backend, arch)
     model = MODELS[arch.name](params, weights, backend)
     weights.check_all_read()

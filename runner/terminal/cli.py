@@ -832,7 +832,9 @@ def serve(model, host, port, parallel, ctx_size, kv_size, max_queue, api_key, al
         return make_drafter(lm, draft, lookup, n_ctx, False, draft_p_min, _draft_loader(load))
     options = ServeOptions(n_ctx=ctx_size, parallel=parallel, kv_size=kv_size, max_queue=max_queue, api_key=api_key,
                            drafter=drafter if draft or lookup else None, draft_max=draft_max, draft_min=draft_min)
-    stopped_by = run_server(lambda: _load(str(path), replace(load, n_ctx=ctx_size)), card, sampling, sock, options,
+    # (the memory check sizes the KV pool, which holds every sequence's tokens)
+    sized = replace(load, n_ctx=ctx_size, kv_tokens=kv_size or parallel * (ctx_size or 0) or None)
+    stopped_by = run_server(lambda: _load(str(path), sized), card, sampling, sock, options,
                             lambda line: click.echo(f"{time.strftime('%H:%M:%S')} {line}", err=True))
     if stopped_by == signal.SIGINT:
         raise KeyboardInterrupt
