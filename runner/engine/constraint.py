@@ -20,6 +20,8 @@ import numpy as np
 # JSON whitespace between tokens, as llama.cpp's json-schema-to-grammar bounds it (a space, or up to
 # two newlines and an indentation of 20): unbounded, a small model can fill max_tokens with it.
 JSON_WHITESPACE = r" |\n{1,2}[ \t]{0,20}"
+# llguidance's settings for a schema inside a Lark grammar (%json): that whitespace, no feature dropped
+JSON_OPTIONS = {"whitespace_pattern": JSON_WHITESPACE, "lenient": False, "coerce_one_of": False}
 
 
 class GrammarError(ValueError):
@@ -79,11 +81,18 @@ class Grammar:
         return cls._checked("JSON schema", compiled)
 
     @classmethod
+    def lark(cls, text: str, kind: str = "tool-call grammar") -> Grammar:
+        """llguidance's own Lark grammar, as ggrun writes them (text/tool_calls.py); its control
+        tokens named by id (`<[id]>`) are checked against the vocabulary by the Matcher."""
+        return cls._checked(kind, text)
+
+    @classmethod
     def _checked(cls, kind: str, compiled: str) -> Grammar:
         """The grammar, once llguidance validates it with neither errors nor warnings (a warning
         says what it would not enforce)."""
         import llguidance
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(compiled)
+        messages = [m for m in messages if _NO_TOKENIZER not in m]
         if messages:
             problem = "; ".join(_explained(m) for m in messages)
             if not is_error or any(words in m for m in messages for words in _UNENFORCEABLE):
@@ -94,6 +103,7 @@ class Grammar:
 
 # what llguidance's errors say of a feature it does not implement (not of a mistake in the schema)
 _UNENFORCEABLE = ("Unimplemented", "not supported", "Unknown format")
+_NO_TOKENIZER = "no tokenizer - can't validate <[...]>"  # (a token by id: the Matcher checks it)
 _ONE_OF = "oneOf constraints are not supported. Enable 'coerce_one_of' option to approximate oneOf with anyOf"
 
 
@@ -145,8 +155,10 @@ def guidance_tokenizer(tokenizer):
 class _Vocabulary:
     """What llguidance.TokenizerWrapper reads of a tokenizer, as llama.cpp's common/llguidance.cpp
     gives it: each token's bytes as the model prints them, a control token's text behind 0xff (so
-    that only a grammar naming it allows it); the end-of-generation tokens as EOS; tokenizing as
-    llama_tokenize with no BOS and special-token text parsed."""
+    that only a grammar naming it allows it); the end-of-generation tokens as EOS. Its tokenize
+    callback (which makes the tokens of text a grammar forces) gives plain text's tokens, never a
+    control token for text that spells one (whose bytes the grammar's text does not have), and, as
+    the text continues a reply, no SentencePiece space prefix."""
 
     def __init__(self, tokenizer, ends: list[int]):
         self.tokenizer = weakref.ref(tokenizer)  # (the cache holds what holds this: no strong reference back)
@@ -156,7 +168,8 @@ class _Vocabulary:
         self.bos_token_id = tokenizer.vocab.bos_id if tokenizer.vocab.bos_id >= 0 else None
 
     def __call__(self, text: bytes) -> list[int]:
-        return self.tokenizer().encode(text.decode("utf-8", "replace"), add_special=False, parse_special=True)
+        return self.tokenizer().encode(text.decode("utf-8", "replace"), add_special=False, parse_special=False,
+                                       continuation=True)
 
 
 def _special(text: bytes) -> bytes:

@@ -1,6 +1,7 @@
 """The Starlette application: the routes of OpenAI's API (openai_api.py), Ollama's (ollama_api.py)
-and llama-server's own (/health, /props, /metrics, /tokenize, /detokenize); the API key; client
-mistakes as 4xx answers in OpenAI's error shape (Ollama's on /api/); one log line per request."""
+and llama-server's own (/health, /props, /metrics, /tokenize, /detokenize, /apply-template); the API
+key; client mistakes as 4xx answers in OpenAI's error shape (Ollama's on /api/); one log line per
+request."""
 from __future__ import annotations
 
 import hmac
@@ -156,6 +157,7 @@ ROUTES = [
     Route("/v1/completions", openai_api.completions, methods=["POST"]),
     Route("/completions", openai_api.completions, methods=["POST"]),
     Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/apply-template", openai_api.apply_template, methods=["POST"]),
     Route("/props", props), Route("/metrics", metrics),
     Route("/api/chat", ollama_api.chat, methods=["POST"]),
     Route("/api/generate", ollama_api.generate, methods=["POST"]),

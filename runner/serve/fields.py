@@ -133,15 +133,38 @@ def chat_messages(value, known) -> list[dict]:
         role = f.require("role", "string")
         if role not in ROLES:
             raise bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, not {role!r}")
-        if f.get("images", "array") or f.get("tool_calls", "array"):
-            raise bad(f"messages[{i}]: images and tool calls are not supported yet")
+        if f.get("images", "array"):
+            raise bad(f"messages[{i}]: images are not supported yet")
         message = {"role": "system" if role == "developer" else role,
                    "content": _text(f.data.get("content"), f"messages[{i}].content")}
         reasoning = f.get("reasoning_content", "string") or f.get("thinking", "string")
         if reasoning:
             message["reasoning_content"] = reasoning
+        calls = f.get("tool_calls", "array")
+        if calls:
+            message["tool_calls"] = [_tool_call(c, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(calls)]
+        for key, name in (("tool_call_id", "tool_call_id"), ("name", "name"), ("tool_name", "name")):
+            if (value := f.get(key, "string")) is not None:  # (Ollama's tool_name: OpenAI's name)
+                message[name] = value
         messages.append(message)
     return messages
+
+
+def _tool_call(value, where: str) -> dict:
+    """An assistant's tool call as templates read it: its arguments as an object (OpenAI sends
+    them as JSON text, Ollama as an object)."""
+    f = Fields(check_type(where, value, "object"), ("id", "type", "function", "index"), f"{where}.")
+    fn = Fields(f.require("function", "object"), ("name", "arguments", "index"), f"{where}.function.")
+    name, arguments = fn.require("name", "string"), fn.data.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments or "{}")
+        except (json.JSONDecodeError, RecursionError):
+            raise bad(f"{where}.function.arguments is not JSON: {shown(arguments)}") from None
+    if not isinstance(arguments, dict):
+        raise bad(f"{where}.function.arguments must be a JSON object, not {shown(arguments)}")
+    call = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"id": f.get("id", "string"), **call} if f.data.get("id") is not None else call
 
 
 def _text(content, name: str) -> str:

@@ -9,8 +9,15 @@ from pathlib import Path
 from gguf_io import GGUFFile, read_params
 
 from ..measure.bench import parameter_counts
-from ..text.chat_template import BUILTIN_TEMPLATES, ChatTemplateError, choose_template, render_with_content_spans
+from ..text.chat_template import (
+    BUILTIN_TEMPLATES,
+    ChatTemplateError,
+    choose_template,
+    render_with_content_spans,
+)
 from ..text.reasoning import reasoning_format
+from ..text.tool_calls import Hermes, control_tokens, writes_calls
+from ..text.tool_messages import calls_written, described
 from .fields import ApiError, bad
 
 # what a template is given besides chat_template_kwargs (a request may not set them)
@@ -63,20 +70,41 @@ class ServedModel:
         self.reasoning = reasoning_format(lm.tokenizer.vocab)  # how replies mark their reasoning (text/reasoning.py)
         self.template_source = (BUILTIN_TEMPLATES[self.template.name] if self.template.builtin
                                 else lm.tokenizer.vocab.chat_template)
+        self._control: dict[str, dict[str, int]] = {}
 
-    def chat_ids(self, messages: list[dict], variables: dict | None = None) -> list[int]:
+    def control_tokens(self, markup: str) -> dict[str, int]:
+        """The vocabulary's control tokens whose text the markup (a tool-call format's) writes, by text."""
+        if markup not in self._control:
+            self._control[markup] = control_tokens(self.tokenizer.vocab, markup)
+        return self._control[markup]
+
+    def chat_ids(self, messages: list[dict], variables: dict | None = None, tools=None) -> list[int]:
         """The tokens of a conversation through the chat template, ready for the reply; only the
-        template's markup yields control tokens, never what the messages say."""
+        template's markup yields control tokens, never what the messages say. tools: a ToolUse
+        (serve/tools.py), its tools given to the template, or described in a system message
+        where the template has no tool format."""
+        text, spans = self._rendered(messages, variables, tools)
+        return self._start(self.tokenizer.encode_rendered(text, literal=spans))
+
+    def chat_prompt(self, messages: list[dict], variables: dict | None = None, tools=None) -> str:
+        """The text chat_ids tokenizes (llama-server's /apply-template)."""
+        return self._rendered(messages, variables, tools)[0]
+
+    def _rendered(self, messages, variables, tools) -> tuple[str, list[tuple[int, int]]]:
         variables = variables or {}
         reserved = sorted(_TEMPLATE_OWN & set(variables))
         if reserved:
             raise bad(f"chat_template_kwargs may not set {reserved[0]!r}")
+        if not writes_calls(self.template_source):
+            messages = calls_written(messages, tools.format if tools is not None else Hermes())
+        if tools is not None and tools.own:
+            variables = {**variables, "tools": [t.as_openai() for t in tools.tools]}
+        elif tools is not None:  # (a template with no tool format: the tools described, results as user turns)
+            messages = described(messages, tools.format.instructions(tools.tools))
         try:
-            text, spans = render_with_content_spans(self.template, messages, add_generation_prompt=True,
-                                                    **variables)
+            return render_with_content_spans(self.template, messages, add_generation_prompt=True, **variables)
         except ChatTemplateError as e:
             raise bad(str(e)) from None
-        return self._start(self.tokenizer.encode_rendered(text, literal=spans))
 
     def text_ids(self, prompt: str | list[int], parse_special: bool = True) -> list[int]:
         """A plain prompt's tokens (BOS as the vocabulary asks), or the token ids given."""
@@ -115,3 +143,4 @@ class ServedModel:
                                 f"exceed the context of a sequence, {n_ctx} tokens (-c)", "exceed_context_size_error",
                            **extra)
         return max_tokens
+

@@ -12,10 +12,19 @@ from importlib.metadata import version
 from starlette.responses import JSONResponse, Response
 
 from ..text.reasoning import REASONING
-from .fields import SAMPLING_FIELDS, ApiError, Fields, bad, chat_messages, read_json, sampling
+from .fields import (
+    SAMPLING_FIELDS,
+    ApiError,
+    Fields,
+    bad,
+    chat_messages,
+    read_json,
+    sampling,
+)
 from .replies import ClientLeft, Reply, Streamed, events, gather, submit
 from .scheduler import Text
 from .structured import ollama_grammar
+from .tools import CallStream, read_tools
 
 # Ollama's runtime options, which ggrun's own settings decide (the context is the server's -c per
 # sequence), and the sampling options it does not implement: accepted and left alone
@@ -43,8 +52,6 @@ class Params:
         predict = options.count("num_predict", -2, None, -1)
         self.max_tokens = None if predict < 0 else predict  # (-1: until the end of generation, -2: of the context)
         self.stream = f.get("stream", "boolean", True)
-        if f.get("tools", "array"):
-            raise bad("tool calling is not supported yet")
         self.grammar = ollama_grammar(f.data.get("format"))
         think = f.data.get("think")
         if think is not None and not isinstance(think, (bool, str)):
@@ -82,12 +89,22 @@ async def chat(request):
     messages = chat_messages(r.f.get("messages", "array", []), MESSAGE_FIELDS)
     if not messages:  # (Ollama's way to load a model)
         return JSONResponse(r.line(message={"role": "assistant", "content": ""}, done=True, done_reason="load"))
-    ticket = await submit(state, lambda model: model.chat_ids(messages, r.variables), r.sampling, r.max_tokens,
-                          r.stops, r.top_logprobs, reasoning=True, grammar=r.grammar)
+    tools = read_tools(r.f, state.loaded())
+    if tools is not None and r.grammar is not None:
+        raise bad("tools and format cannot both constrain a reply: drop one")
+    ticket = await submit(state, lambda model: model.chat_ids(messages, r.variables, tools), r.sampling, r.max_tokens,
+                          r.stops, r.top_logprobs, reasoning=True, grammar=tools.grammar if tools else r.grammar,
+                          shown=tools.shown if tools else None)
 
-    def message(answer: str, thinking: str) -> dict:
-        return {"message": {"role": "assistant", "content": answer, **({"thinking": thinking} if thinking else {})}}
-    return await _respond(request, r, ticket, message)
+    def message(answer: str, thinking: str, calls=()) -> dict:
+        return {"message": {"role": "assistant", "content": answer, **({"thinking": thinking} if thinking else {}),
+                            **({"tool_calls": [_call(c) for c in calls]} if calls else {})}}
+    return await _respond(request, r, ticket, message, tools)
+
+
+def _call(call) -> dict:
+    """A tool call as Ollama gives it: its arguments an object."""
+    return {"function": {"name": call.name, "arguments": json.loads(call.arguments)}}
 
 
 async def generate(request):
@@ -118,28 +135,37 @@ async def generate(request):
     return await _respond(request, r, ticket, response)
 
 
-async def _respond(request, r: Params, ticket, shape):
-    """The reply, whole or as NDJSON lines; shape(answer, thinking) puts its text where the
-    endpoint does."""
+async def _respond(request, r: Params, ticket, shape, tools=None):
+    """The reply, whole or as NDJSON lines; shape(answer, thinking[, calls]) puts its text (and a
+    chat's tool calls) where the endpoint does."""
     scheduler = r.state.scheduler
     if r.stream:
-        return Streamed(_lines(request, r, ticket, shape), scheduler, ticket, "application/x-ndjson")
+        return Streamed(_lines(request, r, ticket, shape, tools), scheduler, ticket, "application/x-ndjson")
     try:
         reply: Reply = await gather(request, scheduler, ticket)
     except ClientLeft:
         return Response(status_code=499)
-    return JSONResponse(r.final(reply, **shape(reply.answer, reply.reasoning), **r.logprobs_of(reply.tokens)))
+    answer, calls = tools.format.parse(reply.answer, tools.tools) if tools else (reply.answer, [])
+    return JSONResponse(r.final(reply, **shape(answer, reply.reasoning, *([calls] if calls else [])),
+                                **r.logprobs_of(reply.tokens)))
 
 
-async def _lines(request, r: Params, ticket, shape):
+async def _lines(request, r: Params, ticket, shape, tools):
+    calls = CallStream(tools) if tools else None
     try:
         async for event in events(request, ticket):
             if isinstance(event, Text):
-                if event.text or (r.logprobs and event.tokens):
-                    text = (event.text, "") if event.part != REASONING else ("", event.text)
+                text = event.text
+                if calls is not None and event.part != REASONING:
+                    text = calls.push(text)
+                if text or (r.logprobs and event.tokens):
+                    text = (text, "") if event.part != REASONING else ("", text)
                     yield _json(r.line(**shape(*text), done=False, **r.logprobs_of(event.tokens)))
-            else:
-                yield _json(r.final(event, **shape("", "")))
+                continue
+            content, found = calls.finish() if calls else ("", [])
+            if content or found:  # (the calls in a line of their own, as Ollama sends them)
+                yield _json(r.line(**shape(content, "", *([found] if found else [])), done=False))
+            yield _json(r.final(event, **shape("", "")))
     except ApiError as e:
         yield _json({"error": e.message})
 
@@ -156,7 +182,8 @@ async def show(request):
         raise bad("model is required")
     state.card.check(name)
     card = state.card
-    capabilities = ["completion"] + (["thinking"] if state.model and state.model.reasoning else [])
+    # (tools: every template, those without a tool format of their own described them in a system message)
+    capabilities = ["completion", "tools"] + (["thinking"] if state.model and state.model.reasoning else [])
     return JSONResponse({"license": card.metadata.get("general.license", ""), "modelfile": "", "parameters": "",
                          "template": state.model.template_source if state.model else "",
                          "details": _details(card), "capabilities": capabilities,

@@ -8,20 +8,30 @@ import json
 import secrets
 import time
 
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from ..text.reasoning import REASONING
-from .fields import SAMPLING_FIELDS, ApiError, Fields, bad, chat_messages, read_json, sampling
+from .fields import (
+    SAMPLING_FIELDS,
+    ApiError,
+    Fields,
+    bad,
+    chat_messages,
+    read_json,
+    sampling,
+)
 from .replies import ClientLeft, Streamed, events, gather, submit
 from .scheduler import Text, TokenLogprob, Usage
 from .structured import openai_grammar
+from .tools import CallStream, read_tools
 
 # fields that change nothing here (OpenAI's bookkeeping)
-_IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort", "tool_choice")
+_IGNORED = ("user", "metadata", "store", "service_tier", "reasoning_effort")
 _COMMON = ("model", "stream", "stream_options", "max_tokens", "stop", "n", "logit_bias", "cache_prompt",
            "ignore_eos", "grammar", "json_schema", *SAMPLING_FIELDS, *_IGNORED)
 CHAT_FIELDS = (*_COMMON, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "chat_template_kwargs",
-               "response_format", "tools")
+               "response_format", "tools", "tool_choice", "parallel_tool_calls")
 COMPLETION_FIELDS = (*_COMMON, "prompt", "logprobs", "echo", "suffix", "best_of")
 MESSAGE_FIELDS = ("role", "content", "name", "reasoning_content", "tool_calls", "tool_call_id")
 MAX_TOP_LOGPROBS = 20
@@ -64,9 +74,11 @@ async def chat_completions(request):
     messages = chat_messages(f.require("messages", "array"), MESSAGE_FIELDS)
     if not messages:
         raise bad("messages must not be empty")
-    if f.get("tools", "array"):
-        raise bad("tool calling is not supported yet")
+    tools = read_tools(f, state.loaded())
     grammar = openai_grammar(f)
+    if tools is not None and grammar is not None:
+        raise bad("tools and a grammar (response_format, grammar or json_schema) cannot both constrain a reply: "
+                  "set tool_choice to \"none\", or drop one")
     logprobs = f.get("logprobs", "boolean", False)
     top = f.count("top_logprobs", 0, MAX_TOP_LOGPROBS)
     if top is not None and not logprobs:
@@ -74,12 +86,13 @@ async def chat_completions(request):
     max_tokens = f.count("max_completion_tokens", 0)
     max_tokens = f.count("max_tokens", 0) if max_tokens is None else max_tokens
     variables = f.get("chat_template_kwargs", "object", {})
-    ticket = await submit(state, lambda model: model.chat_ids(messages, variables), r.sampling, max_tokens, r.stops,
-                          (top or 0) if logprobs else None, reasoning=True, cache_prompt=r.cache_prompt,
-                          ignore_eos=r.ignore_eos, grammar=grammar)
+    ticket = await submit(state, lambda model: model.chat_ids(messages, variables, tools), r.sampling, max_tokens,
+                          r.stops, (top or 0) if logprobs else None, reasoning=True, cache_prompt=r.cache_prompt,
+                          ignore_eos=r.ignore_eos, grammar=tools.grammar if tools else grammar,
+                          shown=tools.shown if tools else None)
     tok = state.loaded().tokenizer
     if r.stream:
-        lines = _stream(request, r, ticket, "chat.completion.chunk", _chat_choice(tok, logprobs),
+        lines = _stream(request, r, ticket, "chat.completion.chunk", _chat_choices(tok, logprobs, tools),
                         {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                          "finish_reason": None})
         return Streamed(lines, state.scheduler, ticket, "text/event-stream")
@@ -87,41 +100,79 @@ async def chat_completions(request):
         reply = await gather(request, state.scheduler, ticket)
     except ClientLeft:
         return Response(status_code=499)
-    message = {"role": "assistant", "content": reply.answer}
+    content, calls = tools.format.parse(reply.answer, tools.tools) if tools else (reply.answer, [])
+    message = {"role": "assistant", "content": content or (None if calls else "")}
     if reply.reasoning:
         message["reasoning_content"] = reply.reasoning
-    choice = {"index": 0, "message": message, "finish_reason": reply.finish_reason,
+    if calls:
+        message["tool_calls"] = [c.as_openai() for c in calls]
+    choice = {"index": 0, "message": message, "finish_reason": _finish(reply.finish_reason, calls),
               "logprobs": {"content": [_chat_logprob(tok, t) for t in reply.tokens]} if logprobs else None}
     return JSONResponse(r.envelope("chat.completion", [choice], usage=usage(reply.usage),
                                    timings=timings(reply.usage)))
 
 
-def _chat_choice(tok, logprobs: bool):
-    """A streamed chunk's choice for a Text event (None: nothing to send) and for the end."""
-    def choice(event: Text | None = None, finish_reason: str | None = None) -> dict | None:
+async def apply_template(request):
+    """llama-server's /apply-template: the prompt a chat request's messages, tools and
+    chat_template_kwargs make through the chat template."""
+    state = request.app.state.serve
+    f = Fields(await read_json(request), ("messages", "tools", "tool_choice", "parallel_tool_calls",
+                                          "chat_template_kwargs"))
+    messages = chat_messages(f.require("messages", "array"), MESSAGE_FIELDS)
+    model = state.loaded()
+    tools = read_tools(f, model)
+    prompt = await run_in_threadpool(model.chat_prompt, messages, f.get("chat_template_kwargs", "object", {}), tools)
+    return JSONResponse({"prompt": prompt})
+
+
+def _finish(reason: str, calls: list) -> str:
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
+def _chat_choices(tok, logprobs: bool, tools):
+    """A streamed chunk's choices for a Text event, and for the end (the tool calls, as deltas,
+    before the finish reason). With tools, the answer goes out up to where a call may begin."""
+    calls = CallStream(tools) if tools else None
+
+    def delta(d: dict, tokens=(), finish_reason=None) -> dict:
+        return {"index": 0, "delta": d, "finish_reason": finish_reason,
+                "logprobs": {"content": [_chat_logprob(tok, t) for t in tokens]} if logprobs and tokens else None}
+
+    def choices(event: Text | None = None, finish_reason: str | None = None) -> list[dict]:
         if event is None:
-            return {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}
-        if not event.text and not (logprobs and event.tokens):
-            return None
+            content, found = calls.finish() if calls else ("", [])
+            out = [delta({"content": content})] if content else []
+            for i, call in enumerate(found):
+                out.append(delta({"tool_calls": [{"index": i, "id": call.id, "type": "function",
+                                                  "function": {"name": call.name, "arguments": ""}}]}))
+                out.append(delta({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]}))
+            return out + [delta({}, finish_reason=_finish(finish_reason, found))]
+        text = event.text
+        if calls is not None and event.part != REASONING:
+            text = calls.push(text)
+        if not text and not (logprobs and event.tokens):
+            return []
         key = "reasoning_content" if event.part == REASONING else "content"
-        return {"index": 0, "delta": {key: event.text} if event.text else {}, "finish_reason": None,
-                "logprobs": {"content": [_chat_logprob(tok, t) for t in event.tokens]} if logprobs else None}
-    return choice
+        return [delta({key: text} if text else {}, event.tokens)]
+    return choices
 
 
-async def _stream(request, r: Params, ticket, kind: str, choice, first: dict | None):
-    """The events as server-sent chunks of `kind`: `first` (a choice), one per Text event that has
-    something to say, the finish reason (with llama-server's timings), the usage where asked for,
-    then [DONE]; an error after the response began is an event of its own."""
+async def _stream(request, r: Params, ticket, kind: str, choices, first: dict | None):
+    """The events as server-sent chunks of `kind`: `first` (a choice), one per choice a Text event
+    makes, the end's (the last with the finish reason and llama-server's timings), the usage where
+    asked for, then [DONE]; an error after the response began is an event of its own."""
     if first:
         yield sse(r.envelope(kind, [first]))
     try:
         async for event in events(request, ticket):
             if isinstance(event, Text):
-                if (c := choice(event)) is not None:
+                for c in choices(event):
                     yield sse(r.envelope(kind, [c]))
                 continue
-            yield sse(r.envelope(kind, [choice(finish_reason=event.finish_reason)], timings=timings(event.usage)))
+            *before, last = choices(finish_reason=event.finish_reason)
+            for c in before:
+                yield sse(r.envelope(kind, [c]))
+            yield sse(r.envelope(kind, [last], timings=timings(event.usage)))
             if r.include_usage:
                 yield sse(r.envelope(kind, [], usage=usage(event.usage)))
     except ApiError as e:
@@ -145,7 +196,7 @@ async def completions(request):
     echoed = (prompt if isinstance(prompt, str) else tok.decode(prompt)) if echo else ""
     if r.stream:
         first = {"index": 0, "text": echoed, "logprobs": None, "finish_reason": None} if echoed else None
-        lines = _stream(request, r, ticket, "text_completion", _completion_choice(tok, top is not None), first)
+        lines = _stream(request, r, ticket, "text_completion", _completion_choices(tok, top is not None), first)
         return Streamed(lines, state.scheduler, ticket, "text/event-stream")
     try:
         reply = await gather(request, state.scheduler, ticket)
@@ -157,15 +208,15 @@ async def completions(request):
                                    timings=timings(reply.usage)))
 
 
-def _completion_choice(tok, logprobs: bool):
-    def choice(event: Text | None = None, finish_reason: str | None = None) -> dict | None:
+def _completion_choices(tok, logprobs: bool):
+    def choices(event: Text | None = None, finish_reason: str | None = None) -> list[dict]:
         if event is None:
-            return {"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason}
+            return [{"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason}]
         if not event.text and not (logprobs and event.tokens):
-            return None
-        return {"index": 0, "text": event.text, "finish_reason": None,
-                "logprobs": _completion_logprobs(tok, event.tokens, 0) if logprobs else None}
-    return choice
+            return []
+        return [{"index": 0, "text": event.text, "finish_reason": None,
+                 "logprobs": _completion_logprobs(tok, event.tokens, 0) if logprobs else None}]
+    return choices
 
 
 def _prompt(prompt) -> str | list[int]:

@@ -12,7 +12,17 @@ from starlette.responses import StreamingResponse
 
 from ..text.reasoning import SplitReply
 from .fields import ApiError
-from .scheduler import Done, Failed, Job, QueueFull, Scheduler, Text, Ticket, TokenLogprob, Usage
+from .scheduler import (
+    Done,
+    Failed,
+    Job,
+    QueueFull,
+    Scheduler,
+    Text,
+    Ticket,
+    TokenLogprob,
+    Usage,
+)
 
 USAGE = "ggrun.usage"  # the scope's key for a request's Usage (the log line reads it)
 LEFT = "ggrun.client_left"  # set in the scope when the client disconnected before its reply was whole
@@ -34,14 +44,15 @@ class Reply(SplitReply):
 
 async def submit(state, prompt_ids, sampling, max_tokens: int | None, stops=(), top_logprobs: int | None = None,
                  reasoning: bool = False, cache_prompt: bool = True, ignore_eos: bool = False,
-                 grammar=None) -> Ticket:
+                 grammar=None, shown=None) -> Ticket:
     """A request's job into the queue: prompt_ids(model) makes its tokens (off the event loop, as a
     template may take a while), which must leave room in the context for max_tokens (none: the
-    rest of the context); a full queue is a 503. grammar: what the reply must follow (structured.py's)."""
+    rest of the context); a full queue is a 503. grammar: what the reply must follow (structured.py's);
+    shown: control tokens to give as text (a tool-call format's, tools.py)."""
     model = state.loaded()
     ids = await run_in_threadpool(prompt_ids, model)
     job = Job(ids, sampling, model.budget(len(ids), max_tokens), tuple(stops), top_logprobs, reasoning, cache_prompt,
-              ignore_eos, grammar)
+              ignore_eos, grammar, shown)
     try:
         return state.scheduler.submit(job)
     except QueueFull as e:

@@ -46,6 +46,7 @@ class Job:
     cache_prompt: bool = True        # reuse what the cache holds of the prompt (llama-server's option)
     ignore_eos: bool = False         # go on past the end-of-generation tokens (llama-server's option)
     grammar: Grammar | None = None   # what the text must follow (structured output), checked already
+    shown: dict[int, str] | None = None  # with tools: the control tokens of their markup, given as text
 
 
 @dataclass
@@ -238,7 +239,8 @@ class Scheduler:
             ticket.put(Done("cancelled", Usage(len(job.ids))))
             return
         active = _Active(ticket, _RecordingSampler(job.sampling, job.top_logprobs),
-                         ReplyDecoder(self.lm.tokenizer, self.reasoning if job.reasoning else None), StopText(job.stops))
+                         ReplyDecoder(self.lm.tokenizer, self.reasoning if job.reasoning else None, job.shown),
+                         StopText(job.stops))
         try:
             ticket.sequence = self.batcher.add(job.ids, active.sampler, job.max_tokens, on_token=active.on_token,
                                                reuse=job.cache_prompt, stop_ids=() if job.ignore_eos else None,

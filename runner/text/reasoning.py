@@ -11,6 +11,8 @@ piece belongs to; the chat shows reasoning apart (or hides it) and keeps it besi
 """
 from __future__ import annotations
 
+import re
+
 from .tokenizer import StreamDecoder
 
 REASONING, ANSWER = "reasoning", "answer"
@@ -30,27 +32,35 @@ def reasoning_format(vocab) -> str | None:
 
 class ReplyDecoder(StreamDecoder):
     """StreamDecoder that follows a reply's structure: after each push, `part` is REASONING or
-    ANSWER for the text it returned (markup returns no text)."""
+    ANSWER for the text it returned (markup returns no text).
 
-    def __init__(self, tokenizer, fmt: str | None):
+    shown: control tokens (by id) to give as text, a tool-call format's markup, which its parser
+    reads; with them (tool calls are read), a harmony message addressed to a recipient (a tool call) begins with
+    `to=RECIPIENT<|message|>` in the answer."""
+
+    def __init__(self, tokenizer, fmt: str | None, shown: dict[int, str] | None = None):
         super().__init__(tokenizer)
         self.format = fmt
         self._markers = {}
         for text in (_HARMONY if fmt == "harmony" else _THINK if fmt == "think" else ()):
             self._markers[tokenizer.vocab.tokens.index(text)] = text
+        self._shown = shown or {}
+        self._calls = shown is not None
         # a harmony reply starts after its generation prompt's <|start|>assistant: a header
         self._state = "header" if fmt == "harmony" else "content"
-        self._channel = ""
+        self._header = self._channel = ""
         self.part = ANSWER
 
     def push(self, token_id: int) -> str:
         marker = self._markers.get(token_id)
         if marker is None:
-            text = super().push(token_id)
+            text = self._shown.get(token_id) or super().push(token_id)
+            if self._state == "content":
+                return text
+            self._header += text
             if self._state == "channel":
                 self._channel += text
-                return ""
-            return text if self._state == "content" else ""
+            return ""
         if marker == "<think>":
             self.part = REASONING
         elif marker == "</think>":
@@ -60,8 +70,12 @@ class ReplyDecoder(StreamDecoder):
         elif marker == "<|message|>":
             self._state = "content"
             self.part = REASONING if (self._channel.split() or [""])[0] == "analysis" else ANSWER
+            recipient = re.search(r"to=(\S+)", self._header)
+            if recipient and self._calls:
+                self.part = ANSWER
+                return f"to={recipient.group(1)}<|message|>"
         else:  # <|start|> opens a header, <|end|> closes a message
-            self._state = "header"
+            self._state, self._header = "header", ""
         return ""  # (markup)
 
 

@@ -154,16 +154,18 @@ class Tokenizer:
 
     # -- encoding --------------------------------------------------------------------------
 
-    def encode(self, text: str, add_special: bool = True, parse_special: bool = True, literal=()) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = True, literal=(),
+               continuation: bool = False) -> list[int]:
         """Token ids of text; BOS/EOS added when add_special and the vocabulary asks for them.
         Special-token texts become their tokens when parse_special, except in the `literal` spans
-        (see SpecialTokens.split); without parse_special all text is plain."""
+        (see SpecialTokens.split); without parse_special all text is plain. A continuation (of
+        text already tokenized) gets no SentencePiece space prefix at its start."""
         v = self.vocab
         text = valid_utf8(text)
         ids: list[int] = []
         if add_special and v.add_bos and v.bos_id >= 0:
             ids.append(v.bos_id)
-        prev_special = True
+        prev_special = not continuation
         if not parse_special:
             literal = ((0, len(text)),)
         for fragment, is_special in self._specials.split(text, literal):

@@ -1,0 +1,543 @@
+"""Tool calls as model families write them, read from their chat templates (llama.cpp's
+models/templates): which format a template teaches, the grammar that makes a reply one of its
+calls (llguidance's Lark, with each tool's parameter schema for the arguments), and the calls
+parsed back out of a reply's text.
+
+    fmt = tool_format(template_source)
+    lark = fmt.grammar(tools, "auto", parallel=True, control=control_texts)  # text, or calls
+    content, calls = fmt.parse(reply_text, tools)   # a reply that is no valid call is all content
+
+In "auto" the reply is free text until a call's opening appears (a lazy rule: llguidance's way of
+constraining tool calls inside running text); "required" (or one named tool) allows only calls.
+A template with no tool format of its own gets the Hermes format, its tools described in a
+system message (`instructions`)."""
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import string
+from dataclasses import dataclass
+
+from gguf import TokenType
+
+CHOICES = ("auto", "none", "required")  # OpenAI's tool_choice, besides one named function
+_WS = r"/[ \t\n]*/"                     # (Lark) whitespace where the format allows some
+_ALNUM = string.ascii_letters + string.digits
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict  # the JSON schema of its arguments (an object)
+
+    def as_openai(self) -> dict:
+        """As OpenAI's API (and so chat templates) write a tool."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # a JSON object's text
+
+    def as_openai(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+class ToolFormat:
+    """One family's way of writing calls: `opening` starts a block of calls, `item(tool)` is one
+    call in Lark, `separator` comes between calls and `closing` ends the block."""
+    name = ""
+    family = ""
+    opening = ""
+    separator = ""
+    closing = ""
+    parallel = True        # whether the format can hold more than one call a reply
+    id_length = 0          # a call id's length, where the template insists on one (Mistral's: 9)
+    extra_markup = ""      # markup the grammar writes besides opening, separator and closing
+
+    def item(self, tool: Tool, lit) -> str:
+        raise NotImplementedError
+
+    def item_text(self, name: str, arguments: dict) -> str:
+        """One call as the format writes it (between opening, separators and closing)."""
+        raise NotImplementedError
+
+    def written(self, calls: list[dict]) -> str:
+        """An assistant's calls (as templates get them) in this format, for templates that do not
+        write them."""
+        items = [self.item_text(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+        return self.opening + self.separator.join(items) + self.closing
+
+    def parse_block(self, block: str, tools: dict) -> list[tuple[str, dict]] | None:
+        """The (name, arguments) of the calls in a block, which begins with `opening`; None where
+        it is no valid block."""
+        raise NotImplementedError
+
+    # -- shared ------------------------------------------------------------------------------
+
+    @property
+    def markup(self) -> str:
+        """All the markup text the format writes (its control tokens are rendered as text)."""
+        return self.opening + self.separator + self.closing + self.extra_markup + "<think></think>"
+
+    @property
+    def start(self) -> str:
+        """Text from which a reply's calls begin (a streamed reply is held back from there)."""
+        return self.opening
+
+    def grammar(self, tools: list[Tool], choice: str, parallel: bool, control: dict[str, int],
+                think: bool = False, json_options: dict | None = None) -> str:
+        """llguidance's Lark grammar of a reply: `choice` is "auto" (text, or text and then calls)
+        or "required" (calls only; a named tool is `tools` of that one); `control`: the
+        vocabulary's control tokens by text, which the markup must be written with; `think`:
+        a reasoning block may come first; json_options: llguidance's settings for the arguments
+        (its "x-guidance": whitespace, leniency)."""
+        lit = _Literals(control, json_options)
+        items = " | ".join(f"call_{i}" for i in range(len(tools)))
+        rules = [f"call_{i}: {self.item(tool, lit)}" for i, tool in enumerate(tools)]
+        more = f' ({lit(self.separator)} ({items}))*' if parallel and self.parallel else ""
+        rules.append(f"calls: ({items}){more} {lit(self.closing)}")
+        head = f"{_think(lit)} {_WS} " if think else ""  # (its tokens may be control tokens, which TEXT is not)
+        if choice == "required":
+            top = f"start: {head}{lit(self.opening)} calls"
+        elif self.opening:
+            top = f"start: {head}(TEXT | {lit.until(self.opening, 'opening')} calls)"
+        else:  # (a call is the whole reply: text is what does not begin like one)
+            top = f"start: {head}(PLAIN | calls)"
+            lit.rules.append("PLAIN: /([^{](.|\\n)*)?/")
+        return "\n".join(["%llguidance {}", top, *rules, *lit.rules, "TEXT: /(.|\\n)*/"])
+
+    def parse(self, text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
+        """The reply's content and its calls: the text before the first opening, and the calls
+        after it; a reply whose calls do not parse (or name no given tool) is all content."""
+        at = text.find(self.start)
+        if at < 0:
+            return text, []
+        if self.closing.strip() and not text.rstrip().endswith(self.closing.strip()):
+            return text, []  # (the last call is not whole)
+        by_name = {t.name: t for t in tools}
+        found = self.parse_block(text[at:], by_name)
+        if not found or any(name not in by_name or not isinstance(args, dict) for name, args in found):
+            return text, []
+        return text[:at].strip(), [ToolCall(self.new_id(), name, _dumps(args))
+                                   for name, args in found]
+
+    def new_id(self) -> str:
+        if self.id_length:
+            return "".join(secrets.choice(_ALNUM) for _ in range(self.id_length))
+        return "call_" + secrets.token_hex(12)
+
+    def instructions(self, tools: list[Tool]) -> str | None:
+        """A system message's text that teaches the tools, for templates that have no tool format."""
+        return None
+
+
+class _Literals:
+    """Lark for literal text: a control token of the vocabulary as that token (`<[id]>`), other
+    text as a string; `until(end)` is any text up to and including end."""
+
+    def __init__(self, control: dict[str, int], json_options: dict | None = None):
+        self.control, self.json_options = control, json_options
+        self.rules: list[str] = []
+        self._pattern = re.compile("|".join(re.escape(t) for t in sorted(control, key=len, reverse=True))) \
+            if control else None
+
+    def __call__(self, text: str) -> str:
+        if not text:
+            return ""
+        parts, pos = [], 0
+        for m in (self._pattern.finditer(text) if self._pattern else ()):
+            if m.start() > pos:
+                parts.append(json.dumps(text[pos:m.start()]))
+            parts.append(f"<[{self.control[m.group()]}]>")
+            pos = m.end()
+        if pos < len(text):
+            parts.append(json.dumps(text[pos:]))
+        return " ".join(parts)
+
+    def json(self, schema) -> str:
+        """A JSON value the schema validates."""
+        if self.json_options and isinstance(schema, dict):
+            schema = {"x-guidance": self.json_options, **schema}
+        return "%json " + json.dumps(schema, ensure_ascii=False)
+
+    def until(self, end: str, name: str) -> str:
+        """A rule `name`: text up to end; lazy (the shortest) where end is text, as control tokens
+        cannot be part of TEXT."""
+        if self._pattern and self._pattern.match(end):
+            return f"TEXT {self(end)}"
+        self.rules.append(f"{name}[lazy]: TEXT {self(end)}")
+        return name
+
+
+def _think(lit: _Literals) -> str:
+    """An optional reasoning block before the calls (its opening may be in the prompt already)."""
+    lit.rules.append(f"think_body[lazy]: TEXT {lit('</think>')}")
+    return f"({lit('<think>')}? think_body)?"
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _text(value) -> str:
+    """An argument as the tagged formats write it: a string as itself, any other value as JSON."""
+    return value if isinstance(value, str) else _dumps(value)
+
+
+def _json_objects(text: str, pos: int = 0, separators: str = " \t\n;,") -> tuple[list, int]:
+    """The JSON values one after another from pos (between them: separators); and where they end."""
+    decoder, values = json.JSONDecoder(), []
+    while True:
+        while pos < len(text) and text[pos] in separators:
+            pos += 1
+        if pos >= len(text) or text[pos] not in "{[":
+            return values, pos
+        try:
+            value, pos = decoder.raw_decode(text, pos)
+        except (json.JSONDecodeError, RecursionError):
+            return values, pos
+        values.append(value)
+
+
+def _named(value, key: str = "arguments") -> tuple[str, dict] | None:
+    """(name, arguments) of a {"name": ..., key: {...}} object (arguments given as JSON text too)."""
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    if isinstance(value.get("function"), dict):  # ({"type": "function", "function": {...}})
+        value = value["function"]
+    args = value.get(key, value.get("arguments", value.get("parameters", {})))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    return value["name"], args
+
+
+class _JsonCalls(ToolFormat):
+    """Formats that write a call as a JSON object, {"name": NAME, KEY: {...arguments}}."""
+    key = "arguments"
+
+    def item_text(self, name, arguments):
+        return _dumps({"name": name, self.key: arguments})
+
+    def item(self, tool, lit):
+        head = _dumps({"name": tool.name})[:-1] + f', "{self.key}": '
+        return f"{lit(head)} {lit.json(tool.parameters)} {lit('}')}"
+
+
+class _JsonList(_JsonCalls):
+    """Formats that write a reply's calls as one JSON list after a marker (the opening, less its "[")."""
+
+    def parse_block(self, block, tools):
+        values, end = _json_objects(block, len(self.opening) - 1)
+        if len(values) != 1 or not isinstance(values[0], list) or block[end:].strip():
+            return None
+        found = [_named(v) for v in values[0]]
+        return None if None in found else found
+
+
+class Hermes(_JsonCalls):
+    """Hermes 2 Pro and 3, Qwen 2.5, 3 and 3.5, Granite 4, SmolLM3:
+    `<tool_call>\\n{"name": NAME, "arguments": {...}}\\n</tool_call>`, one block a call."""
+    name, family = "hermes", "Hermes / Qwen 2.5-3.5 / Granite 4 / SmolLM3"
+    opening, separator, closing = "<tool_call>\n", "\n</tool_call>\n<tool_call>\n", "\n</tool_call>"
+
+    @property
+    def start(self) -> str:
+        return "<tool_call>"
+
+    def parse_block(self, block, tools):
+        found = []
+        for body in re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", block, re.DOTALL):
+            values, end = _json_objects(body)
+            if len(values) != 1 or end != len(body) or (call := _named(values[0])) is None:
+                return None
+            found.append(call)
+        return found
+
+    def instructions(self, tools):
+        listed = "\n".join(json.dumps(t.as_openai(), ensure_ascii=False) for t in tools)
+        return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+                f"{listed}\n</tools>\n\nFor each function call, return a json object with function name and "
+                "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
+class Llama3(_JsonCalls):
+    """Llama 3.1-3.3 with custom tools: the reply is `{"name": NAME, "parameters": {...}}`, one
+    call (the templates refuse more)."""
+    name, family = "llama3", "Llama 3.1-3.3 JSON"
+    parallel, key = False, "parameters"
+
+    @property
+    def start(self) -> str:
+        return "{"
+
+    def parse_block(self, block, tools):
+        values, end = _json_objects(block)
+        if len(values) != 1 or block[end:].strip():
+            return None
+        call = _named(values[0], "parameters")
+        return [call] if call else None
+
+
+class MistralList(_JsonList):
+    """Mistral Nemo and 7B v0.3: `[TOOL_CALLS][{"name": NAME, "arguments": {...}}, ...]`."""
+    name, family = "mistral", "Mistral [TOOL_CALLS] list"
+    opening, separator, closing, id_length = "[TOOL_CALLS][", ", ", "]", 9
+
+
+class MistralArgs(ToolFormat):
+    """Mistral Small 3.2, Devstral, Ministral 3: `[TOOL_CALLS]NAME[ARGS]{...}` for each call."""
+    name, family = "mistral-args", "Mistral [TOOL_CALLS]name[ARGS]"
+    opening, separator, id_length = "[TOOL_CALLS]", "[TOOL_CALLS]", 9
+    extra_markup = "[ARGS][CALL_ID]"
+
+    def item_text(self, name, arguments):
+        return f"{name}[ARGS]{_dumps(arguments)}"
+
+    def item(self, tool, lit):
+        return f"{lit(tool.name + '[ARGS]')} {lit.json(tool.parameters)}"
+
+    def parse_block(self, block, tools):
+        found = []
+        for piece in block.split("[TOOL_CALLS]")[1:]:
+            name, sep, rest = piece.partition("[ARGS]")
+            name = name.split("[CALL_ID]")[0].strip()
+            values, end = _json_objects(rest)
+            if not sep or len(values) != 1 or rest[end:].strip():
+                return None
+            found.append((name, values[0]))
+        return found
+
+
+class GraniteList(_JsonList):
+    """Granite 3.x: `<|tool_call|>[{"name": NAME, "arguments": {...}}, ...]`."""
+    name, family = "granite", "Granite 3 <|tool_call|> list"
+    opening, separator, closing = "<|tool_call|>[", ", ", "]"
+
+
+class _Tagged(ToolFormat):
+    """Formats that write each argument in tags of its own: a string's value as its text, any
+    other as JSON; `pair` is the text before a key and between it and its value, `value_end`
+    the text after a value."""
+    pair = ("", "")
+    value_end = ""
+
+    def arguments(self, tool: Tool, lit) -> str:
+        """Lark for the arguments: the required ones, then each optional one or not, in the schema's order."""
+        props = tool.parameters.get("properties") or {}
+        required = set(tool.parameters.get("required") or ())
+        end = lit(self.value_end)
+        if props and f"value_text[lazy]: TEXT {end}" not in lit.rules:
+            lit.rules.append(f"value_text[lazy]: TEXT {end}")  # (a string's text, up to the value's end)
+        pieces = []
+        for key, schema in props.items():
+            schema = schema if isinstance(schema, dict) else {}
+            value = _string_value(schema, lit, end) if schema.get("type") == "string" else f"{lit.json(schema)} {end}"
+            pair = f"({lit(self.pair[0] + key + self.pair[1])} {value})"
+            pieces.append(pair if key in required else pair + "?")
+        return " ".join(pieces)
+
+    def typed(self, tool: Tool, pairs: list[tuple[str, str]]) -> dict:
+        """The arguments from their (key, text) pairs, typed as the schema says."""
+        props = tool.parameters.get("properties") or {}
+        args = {}
+        for key, value in pairs:
+            if (props.get(key) or {}).get("type") == "string":
+                args[key] = value
+                continue
+            try:
+                args[key] = json.loads(value)
+            except (json.JSONDecodeError, RecursionError):
+                args[key] = value
+        return args
+
+
+def _string_value(schema: dict, lit, end: str) -> str:
+    """Lark for a string argument written as its text, then `end`: one of its enum (or its const),
+    its pattern, or its bounded length; any text without them."""
+    if "const" in schema or "enum" in schema:
+        values = [schema["const"]] if "const" in schema else schema["enum"]
+        if not values or not all(isinstance(v, str) for v in values):
+            raise ValueError(f"a string's enum must list strings, not {values!r}")
+        return f"({' | '.join(lit(v) for v in values)}) {end}"
+    if "format" in schema or ("pattern" in schema and ({"minLength", "maxLength"} & set(schema))):
+        raise ValueError("a string argument written as text cannot be held to a format, or to a pattern and "
+                         "a length together")
+    if "pattern" in schema:
+        pattern = str(schema["pattern"]).removeprefix("^").removesuffix("$")
+        return f"/{pattern.replace('/', chr(92) + '/')}/ {end}"
+    if "minLength" in schema or "maxLength" in schema:
+        low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
+        return f"/(.|\\n){{{low},{'' if high is None else int(high)}}}/ {end}"
+    return "value_text"
+
+
+class Glm(_Tagged):
+    """GLM 4.5-4.7: `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n...</tool_call>`."""
+    name, family = "glm", "GLM-4.5+ <arg_key>/<arg_value>"
+    opening, separator, closing = "<tool_call>", "\n</tool_call>\n<tool_call>", "\n</tool_call>"
+    pair, value_end = ("\n<arg_key>", "</arg_key>\n<arg_value>"), "</arg_value>"
+    extra_markup = "<arg_key></arg_key><arg_value></arg_value>"
+
+    def item_text(self, name, arguments):
+        return name + "".join(f"{self.pair[0]}{k}{self.pair[1]}{_text(v)}{self.value_end}" for k, v in arguments.items())
+
+    def item(self, tool, lit):
+        return f"{lit(tool.name)} {self.arguments(tool, lit)}"
+
+    def parse_block(self, block, tools):
+        found = []
+        for body in re.findall(r"<tool_call>(.*?)</tool_call>", block, re.DOTALL):
+            name, _, rest = body.partition("<arg_key>")
+            tool = tools.get(name.strip())
+            if tool is None:
+                return None
+            pairs = re.findall(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", "<arg_key>" + rest,
+                               re.DOTALL)
+            found.append((tool.name, self.typed(tool, pairs)))
+        return found
+
+
+class QwenXml(_Tagged):
+    """Qwen3-Coder and Qwen 3.5: `<tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...
+    </function>\n</tool_call>`."""
+    name, family = "qwen-xml", "Qwen3-Coder / Qwen 3.5 <function=...>"
+    opening, closing = "<tool_call>\n<function=", "\n</tool_call>"
+    separator = "\n</tool_call>\n<tool_call>\n<function="
+    pair, value_end = ("<parameter=", ">\n"), "\n</parameter>\n"
+    extra_markup = "</function></parameter>"
+
+    @property
+    def start(self) -> str:
+        return "<tool_call>"
+
+    def item_text(self, name, arguments):
+        pairs = "".join(f"{self.pair[0]}{k}{self.pair[1]}{_text(v)}{self.value_end}" for k, v in arguments.items())
+        return f"{name}>\n{pairs}</function>"
+
+    def item(self, tool, lit):
+        return f"{lit(tool.name + '>' + chr(10))} {self.arguments(tool, lit)} {lit('</function>')}"
+
+    def parse_block(self, block, tools):
+        found = []
+        for name, body in re.findall(r"<function=([^>\n]*)>(.*?)</function>", block, re.DOTALL):
+            tool = tools.get(name.strip())
+            if tool is None:
+                return None
+            pairs = re.findall(r"<parameter=([^>\n]*)>\n?(.*?)\n?</parameter>", body, re.DOTALL)
+            found.append((tool.name, self.typed(tool, pairs)))
+        return found or None
+
+
+class Harmony(ToolFormat):
+    """gpt-oss (harmony): a call is a commentary message to `functions.NAME`,
+    `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}`, which ends the
+    reply (`<|call|>`); its reasoning (the analysis channel) may come first. The reply decoder
+    (reasoning.py) gives a call as `to=functions.NAME<|message|>{...}`."""
+    name, family, parallel = "harmony", "gpt-oss harmony", False
+    opening = "to=functions."
+    extra_markup = "<|channel|><|message|><|constrain|><|end|><|start|><|call|>"
+
+    def item_text(self, name, arguments):
+        return f"{name} <|constrain|>json<|message|>{_dumps(arguments)}"
+
+    def item(self, tool, lit):
+        return f"{lit(tool.name + ' <|constrain|>json<|message|>')} {lit.json(tool.parameters)}"
+
+    def grammar(self, tools, choice, parallel, control, think=False, json_options=None):
+        lit = _Literals(control, json_options)
+        items = " | ".join(f"call_{i}" for i in range(len(tools)))
+        rules = [f"call_{i}: {self.item(tool, lit)}" for i, tool in enumerate(tools)]
+        analysis = f"{lit('<|channel|>analysis<|message|>')} {lit.until('<|end|>', 'analysis_end')} " \
+                   f"{lit('<|start|>assistant')}"
+        call = f"{lit('<|channel|>commentary to=functions.')} ({items})"
+        final = f"{lit('<|channel|>final<|message|>')} TEXT"
+        body = call if choice == "required" else f"{call} | {final}"
+        return "\n".join(["%llguidance {}", f"start: ({analysis})? ({body})", *rules, *lit.rules,
+                          "TEXT: /(.|\\n)*/"])
+
+    def parse(self, text, tools):
+        m = re.search(r"to=functions\.([^\s<]+)[^<]*(?:<\|constrain\|>\s*\w+)?\s*<\|message\|>(.*?)"
+                      r"(?:<\|call\|>|<\|end\|>|$)", text, re.DOTALL)
+        if m is None:
+            return _harmony_content(text), []
+        values, end = _json_objects(m.group(2))
+        tool = {t.name: t for t in tools}.get(m.group(1))
+        if len(values) != 1 or not isinstance(values[0], dict) or m.group(2)[end:].strip() or tool is None:
+            return _harmony_content(text), []
+        content = _harmony_content(text[:m.start()])
+        return content, [ToolCall(self.new_id(), tool.name, json.dumps(values[0], ensure_ascii=False))]
+
+
+def _harmony_content(text: str) -> str:
+    """A harmony reply's answer where its markup is plain text (a vocabulary without the harmony
+    tokens): what the last message says."""
+    return text.rsplit("<|message|>", 1)[-1].replace("<|end|>", "").strip() if "<|message|>" in text else text
+
+
+# the formats, by what gives them away in a template's text (the first that matches)
+FORMATS: tuple[tuple[str, type[ToolFormat]], ...] = (
+    ("<|channel|>", Harmony),
+    ("[ARGS]", MistralArgs),
+    ("[TOOL_CALLS]", MistralList),
+    ("<arg_key>", Glm),
+    ("<function=", QwenXml),
+    ("<|tool_call|>", GraniteList),
+    ("<tool_call>", Hermes),
+    ('"parameters": ', Llama3),
+)
+
+
+def writes_calls(template_source: str) -> bool:
+    """Whether a template writes an assistant message's tool calls (else they go in its text)."""
+    return "tool_calls" in template_source
+
+
+def tool_format(template_source: str) -> tuple[ToolFormat, bool]:
+    """The format a chat template teaches, and whether it is its own (False: none is; Hermes, its
+    tools described by `instructions`)."""
+    for clue, fmt in FORMATS:
+        if clue in template_source:
+            return fmt(), True
+    return Hermes(), False
+
+
+def control_tokens(vocab, markup: str) -> dict[str, int]:
+    """The vocabulary's control tokens that a format's markup is written with, by text."""
+    ids = (vocab.token_types == TokenType.CONTROL).nonzero()[0]
+    return {vocab.tokens[i]: int(i) for i in ids if len(vocab.tokens[i]) > 1 and vocab.tokens[i] in markup}
+
+
+class HeldText:
+    """A reply's answer as it streams, released up to where its calls may begin (`start`, or an
+    end that may grow into it); the rest waits for the whole reply."""
+
+    def __init__(self, start: str):
+        self.start = start
+        self.text, self.sent = "", 0  # the answer so far; how much of it is released
+
+    def push(self, piece: str) -> str:
+        """What can be released now that piece follows."""
+        self.text += piece
+        at = self.text.find(self.start)
+        if at < 0:
+            at = len(self.text) - next((n for n in range(min(len(self.start) - 1, len(self.text)), 0, -1)
+                                        if self.text.endswith(self.start[:n])), 0)
+        released, self.sent = self.text[self.sent:max(at, self.sent)], max(at, self.sent)
+        return released
+
+    def rest(self, has_calls: bool) -> str:
+        """What was held back, once the reply is whole: where it holds calls, the content before them."""
+        if not has_calls:
+            return self.text[self.sent:]
+        return self.text[self.sent:max(self.text.find(self.start), self.sent)].rstrip()

@@ -1,0 +1,93 @@
+"""The functions a user gives `ggrun chat --tools` (a JSON list, in OpenAI's shape or bare), and a
+conversation with tool calls as a chat template takes it: the calls' arguments as objects (as
+transformers passes them), written into the reply's text where the template does not write them;
+for a template with no tool format, the tools described in the system message and the results as
+a user turn of <tool_response> blocks, as Qwen 2.5's template writes them."""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+from .tool_calls import Tool, ToolFormat
+from .user_files import InputError
+
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # (OpenAI's rule for a function's name)
+NO_PARAMETERS = {"type": "object", "properties": {}}
+
+
+def parse_tools(text: str, where: str) -> list[Tool]:
+    """The functions listed in a tools file's text (InputError naming the first problem):
+    [{"type": "function", "function": {"name", "description", "parameters"}}, ...], or the bare
+    {"name", "description", "parameters"} objects."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{where} is not JSON: {e}") from None
+    except RecursionError:
+        raise InputError(f"{where} is nested too deeply") from None
+    if not isinstance(data, list) or not data:
+        raise InputError(f"{where} must be a JSON list of one or more functions")
+    tools = [_tool(item, f"{where}: function {i + 1}") for i, item in enumerate(data)]
+    twice = [name for name, n in Counter(t.name for t in tools).items() if n > 1]
+    if twice:
+        raise InputError(f"{where}: two functions are named {twice[0]!r}")
+    return tools
+
+
+def _tool(item, where: str) -> Tool:
+    if isinstance(item, dict) and item.get("type") == "function":
+        item = item.get("function")
+    if not isinstance(item, dict):
+        raise InputError(f"{where} is not an object with a name, a description and parameters")
+    name = item.get("name")
+    if name is None:
+        raise InputError(f"{where} has no name")
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise InputError(f"{where}: the name {name!r} is not 1 to 64 letters, digits, '_' or '-'")
+    description = item.get("description", "")
+    if not isinstance(description, str):
+        raise InputError(f"{where} ({name}): the description is not a string")
+    parameters = item.get("parameters", NO_PARAMETERS)
+    if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+        raise InputError(f"{where} ({name}): parameters must be the JSON schema of an object")
+    return Tool(name, description, parameters)
+
+
+def object_arguments(messages: list[dict]) -> list[dict]:
+    """The messages with each call's arguments as an object, not JSON text: templates write them
+    with `tojson` (Qwen, Hermes, Llama 3.x, gpt-oss), and so does ToolFormat.written."""
+    return [{**m, "tool_calls": [_with_object_arguments(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
+            for m in messages]
+
+
+def _with_object_arguments(call: dict) -> dict:
+    function = call["function"]
+    return {**call, "function": {**function, "arguments": json.loads(function["arguments"])}}
+
+
+def calls_written(messages: list[dict], fmt: ToolFormat) -> list[dict]:
+    """For a template that does not write an assistant's calls: each written into its text, after
+    its content, in the format its replies follow (arguments as objects)."""
+    return [{**m, "content": "\n".join(filter(None, (m["content"], fmt.written(m["tool_calls"]))))}
+            if m.get("tool_calls") else m for m in messages]
+
+
+def described(messages: list[dict], instructions: str | None) -> list[dict]:
+    """For a template with no tool format: `instructions` (how to call the tools) after the system
+    prompt, and each run of tool results as one user turn of <tool_response> blocks (a template
+    may know no `tool` role, or insist that turns alternate)."""
+    out, previous = [], None
+    for m in messages:
+        if m["role"] != "tool":
+            out.append(m)
+        elif previous == "tool":
+            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n<tool_response>\n{m['content']}\n</tool_response>"}
+        else:
+            out.append({"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"})
+        previous = m["role"]
+    if instructions and out and out[0]["role"] == "system":
+        out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + instructions}
+    elif instructions:
+        out.insert(0, {"role": "system", "content": instructions})
+    return out
