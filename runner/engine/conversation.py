@@ -1,6 +1,6 @@
 """A conversation with a model: the chat template, the KV cache carried across turns (each turn
-prefills only its own tokens), a ring-style context that never runs out; the REPL around it is
-terminal/chat_repl.py."""
+prefills only its own tokens), a ring-style context that never runs out, tool calls and their
+results (chat_tools.py); the REPL around it is terminal/chat_repl.py."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,16 @@ from pathlib import Path
 
 from gguf_io.safe_files import atomic_output, check_output
 
-from ..text.chat_template import ChatTemplateError, builtin_template, choose_template, render_with_content_spans
+from ..text.chat_template import (
+    ChatTemplateError,
+    builtin_template,
+    choose_template,
+    render_with_content_spans,
+)
 from ..text.reasoning import ReplyDecoder, SplitReply, reasoning_format
+from ..text.tool_calls import Tool
 from ..text.user_files import read_text
+from .chat_tools import ChatTools
 from .constraint import Grammar
 from .generate import GenerationStats
 from .kv_cache import ContextFullError
@@ -24,14 +31,16 @@ from .speculative import SpeculationStats
 class ChatSession:
     def __init__(self, lm, n_ctx: int, options: SamplingOptions, system: str | None = None,
                  template_name: str | None = None, max_reply: int = 4096, save_kv: bool = False,
-                 drafter=None, draft_max: int = 16, draft_min: int = 0, grammar: Grammar | None = None):
+                 drafter=None, draft_max: int = 16, draft_min: int = 0, grammar: Grammar | None = None,
+                 tools: list[Tool] | None = None):
         self.lm, self.n_ctx, self.options, self.max_reply = lm, n_ctx, options, max_reply
-        self.grammar = grammar  # what every reply follows (constraint.py), or None
         # speculative decoding (speculative.py), its statistics over the conversation
         self.drafter, self.draft_max, self.draft_min = drafter, draft_max, draft_min
         self.speculation = SpeculationStats()
         self.save_kv = save_kv  # /save keeps the KV cache beside the messages
         self.template, self.warning = choose_template(lm.tokenizer.vocab, template_name)
+        self.tools = ChatTools(tools or [], self.template, lm.tokenizer)
+        self.grammar = self.tools.grammar or grammar  # what every reply follows (constraint.py), or None
         self.reasoning = reasoning_format(lm.tokenizer.vocab)  # how replies mark their reasoning (text/reasoning.py)
         self.system = system
         self.last = GenerationStats()
@@ -47,7 +56,8 @@ class ChatSession:
         system prompt too long for the context raises ContextFullError and changes nothing."""
         prefix, ids = self._prefix(self.system)
         if len(ids) > self.max_prefix:
-            raise ContextFullError(f"the system prompt takes {len(ids)} tokens; a context of {self.n_ctx} (-c) "
+            what = "the system prompt and the tools take" if self.tools.tools else "the system prompt takes"
+            raise ContextFullError(f"{what} {len(ids)} tokens; a context of {self.n_ctx} (-c) "
                                    f"keeps at most {self.max_prefix} of them pinned")
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
         self.cache = self.lm.model.new_cache(self.n_ctx, ring=True)
@@ -67,7 +77,9 @@ class ChatSession:
     def _prefix(self, system: str | None) -> tuple[str, list[int]]:
         """The text and tokens of BOS and `system`, pinned at the start of the context."""
         messages = [{"role": "system", "content": system}] if system else []
-        text, spans = self._render(messages, add_generation_prompt=False) if messages else ("", [])
+        # (the tools' instructions, for a template without a tool format, make a system message)
+        shown = messages or self.tools.instructions
+        text, spans = self._render(messages, add_generation_prompt=False) if shown else ("", [])
         return text, self._tokens(text, spans, first=True)
 
     def set_system(self, system: str | None) -> None:
@@ -84,13 +96,20 @@ class ChatSession:
         """The rendered conversation and its contents' spans. When the model's template fails on
         this conversation, the built-in one takes over (with a notice) and the chat goes on."""
         try:
-            return render_with_content_spans(self.template, messages, add_generation_prompt)
+            return self._rendered(messages, add_generation_prompt)
         except ChatTemplateError as e:
             if self.template.builtin:
                 raise
             self.template = builtin_template(self.lm.tokenizer.vocab)
             self.notices.append(f"{e}; switched to the built-in {self.template.name} template")
-            return render_with_content_spans(self.template, messages, add_generation_prompt)
+            # (the built-in template has no tool format: the tools are described to the model instead)
+            self.tools = ChatTools(self.tools.tools, self.template, self.lm.tokenizer)
+            self.grammar = self.tools.grammar or self.grammar
+            return self._rendered(messages, add_generation_prompt)
+
+    def _rendered(self, messages: list[dict], add_generation_prompt: bool) -> tuple[str, list]:
+        shown, variables = self.tools.template_input(messages)
+        return render_with_content_spans(self.template, shown, add_generation_prompt, **variables)
 
     def _tokens(self, text: str, spans, first: bool, offset: int = 0) -> list[int]:
         """Tokens of text (rendered[offset:]); the contents' spans are tokenized as plain text."""
@@ -129,25 +148,49 @@ class ChatSession:
 
     def send(self, user_text: str, on_text=None) -> str:
         """One turn: returns the reply's answer (also the partial one, when interrupted); the text
-        streams to on_text(piece, part), part reasoning.REASONING or ANSWER."""
+        streams to on_text(piece, part), part reasoning.REASONING or ANSWER. A reply's tool calls
+        do not stream: they are `pending_calls` once it is whole."""
         self.messages.append({"role": "user", "content": user_text})
+        return self._reply(on_text)
+
+    @property
+    def pending_calls(self) -> list[dict]:
+        """The last reply's tool calls (OpenAI's shape), which wait for their results."""
+        last = self.messages[-1] if self.messages else {}
+        return last.get("tool_calls", []) if last.get("role") == "assistant" else []
+
+    def send_results(self, results: list[str], on_text=None) -> str:
+        """The results of the pending calls, in their order, and the model's reply to them (as send)."""
+        for call, result in zip(self.pending_calls, results, strict=True):
+            self.messages.append({"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
+                                  "content": result})
+        return self._reply(on_text)
+
+    def _reply(self, on_text) -> str:
+        """The model's reply to the conversation so far, added to it."""
         rendered, spans = self._render(self.messages, add_generation_prompt=True)
         prompt = self._catch_up(rendered, spans)
         session = Session(self.lm, self.cache, self.drafter, self.draft_max, self.draft_min)
         session.speculation = self.speculation
         self.interrupted = False
-        decoder, reply = ReplyDecoder(self.lm.tokenizer, self.reasoning), SplitReply()
+        decoder, reply = ReplyDecoder(self.lm.tokenizer, self.reasoning, self.tools.shown), SplitReply()
+        stream = self.tools.stream(on_text)
         for piece in session.complete(prompt, Sampler(self.options), self.max_reply, should_stop=lambda: self.interrupted,
                                       history=self.tokens, decoder=decoder, grammar=self.grammar):
             reply.add(decoder.part, piece)
-            if on_text and piece:
-                on_text(piece, decoder.part)
+            if piece:
+                stream(piece, decoder.part)
+        content, calls = self.tools.read(reply.answer)
+        stream.finish(bool(calls))
         self.last = session.stats
         # (the cache's text with its markup: what the template's rendering of it is checked against)
-        self.fed_text = rendered + self.lm.tokenizer.decode(self.last.tokens, render_special=self.reasoning is not None)
+        markup = self.reasoning is not None or bool(self.tools.shown)
+        self.fed_text = rendered + self.lm.tokenizer.decode(self.last.tokens, render_special=markup)
         self.fed_tokens += len(prompt) + len(self.last.tokens)
         self.tokens += prompt + self.last.tokens
-        message = {"role": "assistant", "content": reply.answer}
+        message = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [call.as_openai() for call in calls]
         if reply.reasoning:  # (templates take it as reasoning_content / thinking)
             message["reasoning_content"] = reply.reasoning
         self.messages.append(message)
@@ -190,7 +233,7 @@ class ChatSession:
         leaves the conversation as it was."""
         system, messages = read_conversation(path)
         try:
-            render_with_content_spans(self.template, messages, add_generation_prompt=False)
+            self._rendered(messages, add_generation_prompt=False)
         except ChatTemplateError as e:
             raise ValueError(f"{path}: {e}") from None
         kept = {name: getattr(self, name) for name in _CONVERSATION}
@@ -230,13 +273,15 @@ class ChatSession:
 
 
 # what a conversation is: what load puts back as it was where it fails
-_CONVERSATION = ("system", "messages", "cache", "fed_text", "fed_tokens", "tokens", "template")
-_ROLES = ("system", "user", "assistant")
+_CONVERSATION = ("system", "messages", "cache", "fed_text", "fed_tokens", "tokens", "template", "tools", "grammar")
+_ROLES = ("system", "user", "assistant", "tool")
+_TEXT_FIELDS = ("reasoning_content", "tool_call_id", "name")  # (besides content) the text a message may have
 
 
 def read_conversation(path: Path) -> tuple[str | None, list[dict]]:
     """The system prompt and messages of a file that save wrote: every field of the right type,
-    each message only its role, content and reasoning (ValueError otherwise)."""
+    each message only its role, content, reasoning and tool calls, or a tool result's call id and
+    function name (ValueError otherwise)."""
     not_one = ValueError(f"{path} is not a conversation saved by /save")
     try:
         data = json.loads(read_text(str(path)))
@@ -247,12 +292,37 @@ def read_conversation(path: Path) -> tuple[str | None, list[dict]]:
     system, messages = data.get("system"), []
     for m in data["messages"]:
         if (not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str)
-                or not isinstance(m.get("reasoning_content", ""), str)):
+                or not all(isinstance(m.get(k, ""), str) for k in _TEXT_FIELDS)):
             raise not_one
-        messages.append({k: m[k] for k in ("role", "content", "reasoning_content") if k in m})
+        message = {k: m[k] for k in ("role", "content", *_TEXT_FIELDS) if k in m}
+        if "tool_calls" in m:
+            message["tool_calls"] = _read_calls(m["tool_calls"], not_one)
+        messages.append(message)
     if system is not None and not isinstance(system, str):
         raise not_one
     return system, messages
+
+
+def _read_calls(calls, not_one: ValueError) -> list[dict]:
+    """A saved reply's tool calls: each an id, a function's name and its arguments (a JSON object's text)."""
+    if not isinstance(calls, list):
+        raise not_one
+    read = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(function, dict) or not isinstance(call.get("id"), str)
+                or not isinstance(function.get("name"), str) or not _is_object_text(function.get("arguments"))):
+            raise not_one
+        read.append({"id": call["id"], "type": "function",
+                     "function": {"name": function["name"], "arguments": function["arguments"]}})
+    return read
+
+
+def _is_object_text(text) -> bool:
+    try:
+        return isinstance(text, str) and isinstance(json.loads(text), dict)
+    except (json.JSONDecodeError, RecursionError):
+        return False
 
 
 def kv_path(path: Path) -> Path:

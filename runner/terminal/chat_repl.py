@@ -1,5 +1,6 @@
 """The chat REPL around a conversation (engine/conversation.py): slash commands, lines continued
-with a backslash, input history, colours on a terminal, and Ctrl-C stopping a reply."""
+with a backslash, input history, colours on a terminal, Ctrl-C stopping a reply, and a reply's
+tool calls shown, their results typed in."""
 from __future__ import annotations
 
 import signal
@@ -27,7 +28,9 @@ HELP = """commands:
                         presence_penalty, frequency_penalty
   /stats                context use, evictions, last turn's speed, drafts
   /bye                  leave (so do Ctrl-D, and Ctrl-C at the prompt)
-end a line with \\ to continue it on the next; Ctrl-C during a reply stops it."""
+end a line with \\ to continue it on the next; Ctrl-C during a reply stops it.
+with --tools, a reply's tool call is shown as `tool call: NAME {ARGUMENTS}`: type its result
+at the `NAME result>` prompt, and the model goes on."""
 
 # /set's names -> SamplingOptions' fields and how their values are read
 SETTABLE = {"temp": ("temperature", float), "temperature": ("temperature", float), "top_k": ("top_k", int),
@@ -149,6 +152,39 @@ def repl(session: ChatSession, out, history_file: Path | None = None, colour: bo
         out.write(piece)
         out.flush()
 
+    def answer(send, given):
+        """The reply to what was given (a message, tool results), streamed by send; Ctrl-C stops it."""
+        try:
+            # during a reply Ctrl-C only raises a flag that generation checks between tokens
+            previous = signal.signal(signal.SIGINT, lambda *_: setattr(session, "interrupted", True))
+            try:
+                if colour:
+                    out.write(REPLY_COLOUR)
+                send(given, on_text=show)
+            finally:
+                signal.signal(signal.SIGINT, previous)
+                if colour:
+                    out.write(RESET)
+        except KeyboardInterrupt:  # pressed as the line was sent, before the flag took over
+            session.interrupted = True
+        thinking.clear()
+        echo("\n[interrupted]" if session.interrupted else "")
+
+    def tool_results() -> list[str] | None:
+        """Each pending call shown, its result typed by the user; None where they leave instead
+        (Ctrl-D, or Ctrl-C, as at the prompt)."""
+        results = []
+        for call in session.pending_calls:
+            name = call["function"]["name"]
+            echo(f"tool call: {name} {call['function']['arguments']}")
+            ask = f"{PROMPT_COLOUR}{name} result> \001{RESET}\002" if colour else f"{name} result> "
+            try:
+                results.append(read_message(ask, more))
+            except (EOFError, KeyboardInterrupt):
+                echo("")
+                return None
+        return results
+
     prompt = f"{PROMPT_COLOUR}>>> \001{RESET}\002" if colour else ">>> "
     more = f"{PROMPT_COLOUR}... \001{RESET}\002" if colour else "... "
     if session.warning:
@@ -171,21 +207,12 @@ def repl(session: ChatSession, out, history_file: Path | None = None, colour: bo
                 except KeyboardInterrupt:  # (a long /load's prefill: the conversation is as it was)
                     echo("\n[interrupted]")
                 continue
-            try:
-                # during a reply Ctrl-C only raises a flag that generation checks between tokens
-                previous = signal.signal(signal.SIGINT, lambda *_: setattr(session, "interrupted", True))
-                try:
-                    if colour:
-                        out.write(REPLY_COLOUR)
-                    session.send(line, on_text=show)
-                finally:
-                    signal.signal(signal.SIGINT, previous)
-                    if colour:
-                        out.write(RESET)
-            except KeyboardInterrupt:  # pressed as the line was sent, before the flag took over
-                session.interrupted = True
-            thinking.clear()
-            echo("\n[interrupted]" if session.interrupted else "")
+            answer(session.send, line)
+            while session.pending_calls and not session.interrupted:
+                results = tool_results()
+                if results is None:
+                    return
+                answer(session.send_results, results)
     finally:
         if readline is not None and history_file:
             try:

@@ -759,17 +759,32 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
 @click.option("--reasoning", type=click.Choice(["show", "hide"]), default="show", show_default=True,
               help="A reasoning model's thinking (gpt-oss's analysis channel, <think> text): shown apart "
                    "from the answer, or hidden.")
+@click.option("--tools", "tools_file", metavar="FILE",
+              help="Functions the model may call: a JSON list of OpenAI's tools ({\"type\": \"function\", "
+                   "\"function\": {name, description, parameters}}) or of the bare functions. They go through "
+                   "the chat template; a call's arguments follow its parameters schema, the call is shown and "
+                   "you type its result.")
 @sampling_options
 @grammar_options
 @load_options
 @draft_options
-def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv, reasoning, sampling, grammar, load,
-         draft, lookup, draft_max, draft_min, draft_p_min):
+def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv, reasoning, tools_file, sampling,
+         grammar, load, draft, lookup, draft_max, draft_min, draft_p_min):
     """Talk with MODEL in the terminal; the context never runs out (ring window)."""
+    from ..engine.chat_tools import read_tools
     from ..engine.conversation import ChatSession
     from ..fetch.registry import cache_dir
     from .chat_repl import repl
     system = _system_text(system, system_file)
+    tools = None
+    if tools_file is not None:
+        if grammar is not None:
+            raise click.UsageError("give --tools or a grammar (--grammar, --json-schema), not both: with tools a "
+                                   "reply follows the tool-call grammar (text, or calls that follow their schemas)")
+        try:
+            tools = read_tools(tools_file)
+        except (InputError, GrammarError) as e:
+            raise type(e)(f"--tools: {e}") from None
     load = replace(load, n_ctx=ctx_size)
     lm = _load(model, load)
     n_ctx = ctx_size or lm.default_context()
@@ -779,7 +794,7 @@ def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv
         drafter = make_drafter(lm, draft, lookup, n_ctx, True, draft_p_min, _draft_loader(load))
     session = ChatSession(lm, n_ctx, sampling, system, chat_template,
                           max_reply=sys.maxsize if n_predict < 0 else n_predict, save_kv=save_kv, drafter=drafter,
-                          draft_max=draft_max, draft_min=draft_min, grammar=grammar)
+                          draft_max=draft_max, draft_min=draft_min, grammar=grammar, tools=tools)
     colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     repl(session, sys.stdout, cache_dir() / "chat_history", colour=colour, hide_reasoning=reasoning == "hide")
 
