@@ -14,6 +14,9 @@ import pytest
 
 from runner.engine.constraint import Grammar, GrammarError, Matcher, guidance_tokenizer
 from runner.engine.sampler import Sampler, SamplingOptions
+from runner.text.reasoning import ReplyDecoder, SplitReply
+
+from .test_chat import harmony_model  # noqa: F401 (a fixture)
 
 jsonschema = pytest.importorskip("jsonschema")
 regex = pytest.importorskip("regex")
@@ -472,3 +475,43 @@ def test_a_bad_grammar_is_one_line_of_error_before_the_model_loads(command, args
                                   "-p" if command == "run" else "-n", "1"])
     assert r.exit_code == 1 and isinstance(r.exception, SystemExit) and "Traceback" not in r.output
     assert message in r.stderr.strip().splitlines()[-1]
+
+
+def _walk(matcher, tok, forced: list[int], decoder) -> SplitReply:
+    """Tokens through the matcher: the forced ones, then one of the shortest allowed (the end
+    first) until the grammar is complete; what the decoder makes of them."""
+    lengths = np.array([len(tok.token_bytes(t)) or 99 for t in range(matcher.size)])
+    lengths[[t for t in tok.vocab.end_of_generation if t < matcher.size]] = 0
+    rng, reply = np.random.default_rng(0), SplitReply()
+    for _ in range(300):
+        if matcher.finished:
+            return reply
+        allowed = np.flatnonzero(matcher.allowed())
+        token = forced.pop(0) if forced else int(rng.choice(allowed[lengths[allowed] == lengths[allowed].min()]))
+        assert matcher.allowed()[token], tok.token_bytes(token, render_special=True)
+        matcher.accept(token)
+        reply.add(decoder.part, decoder.push(token))
+    pytest.fail("the grammar did not end")
+
+
+POINT = {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["x"],
+         "additionalProperties": False}
+
+
+def test_a_reasoning_models_thinking_comes_before_the_grammar(smollm, harmony_model):  # noqa: F811
+    """A chat reply's grammar applies after the reasoning (reply_grammar): think tags, free text
+    inside, then the schema; gpt-oss's analysis message, then the final one holds the schema."""
+    from runner.engine.constraint import reply_grammar
+    tok = smollm.tokenizer
+    grammar = reply_grammar(Grammar.json_schema(POINT), tok.vocab, "think")
+    matcher = Matcher(grammar, tok, len(tok.vocab.tokens))
+    reply = _walk(matcher, tok, tok.encode("<think>Let me see.</think>\n", add_special=False), ReplyDecoder(tok, None))
+    jsonschema.validate(json.loads(reply.answer.split("</think>")[1]), POINT)
+    tok = harmony_model.tokenizer
+    matcher = Matcher(reply_grammar(Grammar.json_schema(POINT), tok.vocab, "harmony"), tok, len(tok.vocab.tokens))
+    analysis = [tok.vocab.tokens.index(t) for t in ("<|channel|>", "analysis", "<|message|>", "\u2581w5", "<|end|>")]
+    reply = _walk(matcher, tok, analysis, ReplyDecoder(tok, "harmony"))
+    assert reply.reasoning == "w5"
+    jsonschema.validate(json.loads(reply.answer), POINT)
+    with_no_reasoning = Matcher(reply_grammar(Grammar.json_schema(POINT), tok.vocab, None), tok, len(tok.vocab.tokens))
+    assert not with_no_reasoning.allowed()[tok.vocab.tokens.index("<|channel|>")]

@@ -15,7 +15,7 @@ import pytest
 
 from .template_models import write_template_model
 from .test_serve import Server, _error
-from .test_serve_grammar import server  # noqa: F401,F811 (a fixture: SmolLM2 served, 4 slots)
+from .test_serve_grammar import server  # noqa: F401 (a fixture: SmolLM2 served, 4 slots)
 from .test_tool_calls import ADD, FAMILIES, WEATHER, template_text
 
 openai = pytest.importorskip("openai")
@@ -60,9 +60,9 @@ def streamed_calls(client, model, **kwargs) -> tuple[list[tuple[str, dict]], str
 def test_each_familys_calls(family, llama_cpp_source, tmp_path):
     path = write_template_model(tmp_path / f"{family}.gguf", template_text(llama_cpp_source, family),
                                 FAMILIES[family][2])
-    server = Server(tmp_path, path, "-c", 8192)  # (a byte-token vocabulary: long prompts)
-    server.wait_ready()
-    client = server.openai()
+    served = Server(tmp_path, path, "-c", 8192)  # (a byte-token vocabulary: long prompts)
+    served.wait_ready()
+    client = served.openai()
     # (one call: a random model would go on calling to max_tokens)
     ask = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False, "temperature": 0,
            "max_tokens": 2000}
@@ -75,14 +75,14 @@ def test_each_familys_calls(family, llama_cpp_source, tmp_path):
     call = choice.message.tool_calls[0]
     history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                {"role": "tool", "tool_call_id": call.id, "name": call.function.name, "content": "RESULT-4242"}]
-    prompt = httpx.post(server.url + "/apply-template", json={"messages": history, "tools": TOOLS}).json()["prompt"]
+    prompt = httpx.post(served.url + "/apply-template", json={"messages": history, "tools": TOOLS}).json()["prompt"]
     assert "RESULT-4242" in prompt and call.function.name in prompt.split(ASK[0]["content"], 1)[1]
     reply = client.chat.completions.create(model=path.name, messages=history, tools=TOOLS, max_tokens=4)
     assert reply.choices[0].finish_reason in ("length", "stop", "tool_calls")
-    assert server.stop() == 130 and "Traceback" not in server.log() and " 500 " not in server.log()
+    assert served.stop() == 130 and "Traceback" not in served.log() and " 500 " not in served.log()
 
 
-def test_tool_choice_on_smollm2(server, smollm_path):
+def test_tool_choice_on_smollm2(server, smollm_path):  # noqa: F811
     client, model = server.openai(), smollm_path.name
 
     def ask(**kwargs):
@@ -102,7 +102,7 @@ def test_tool_choice_on_smollm2(server, smollm_path):
     assert finish == "tool_calls" and valid(calls) and content == ""
 
 
-def test_ollama_tools(server, smollm_path):
+def test_ollama_tools(server, smollm_path):  # noqa: F811
     """Ollama's tools and a tool result in its history (tool_name); its reply as text where the model
     calls none."""
     client = ollama.Client(host=server.url)
@@ -116,7 +116,7 @@ def test_ollama_tools(server, smollm_path):
     assert "tools" in shown.capabilities
 
 
-def test_malformed_tools_are_400s(server, smollm_path):
+def test_malformed_tools_are_400s(server, smollm_path):  # noqa: F811
     url = server.url + "/v1/chat/completions"
 
     def post(**body):

@@ -5,15 +5,9 @@ streamed up to where its calls begin, the calls read back out of it once it is w
 from __future__ import annotations
 
 from ..text.chat_template import BUILTIN_TEMPLATES
-from ..text.reasoning import ANSWER
-from ..text.tool_calls import (
-    HeldText,
-    Tool,
-    ToolCall,
-    control_tokens,
-    tool_format,
-    writes_calls,
-)
+from ..text.lark import control_tokens
+from ..text.reasoning import ANSWER, reasoning_format
+from ..text.tool_calls import HeldText, Tool, ToolCall, tool_format, writes_calls
 from ..text.tool_messages import calls_written, described, object_arguments, parse_tools
 from ..text.user_files import read_text
 from .constraint import JSON_OPTIONS, Grammar, GrammarError
@@ -43,7 +37,8 @@ class ChatTools:
         self.grammar = self.shown = self.instructions = None
         if tools:
             control = control_tokens(tokenizer.vocab, self.format.markup)
-            self.grammar = Grammar.lark(self.format.grammar(tools, "auto", True, control, json_options=JSON_OPTIONS))
+            think = reasoning_format(tokenizer.vocab) == "think"
+            self.grammar = Grammar.lark(self.format.grammar(tools, "auto", True, control, think, JSON_OPTIONS))
             # (the reply decoder gives those tokens as text, which the format's parser reads)
             self.shown = {i: text for text, i in control.items()}
             self.instructions = None if self.own else self.format.instructions(tools)

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..text.lark import TEXT_RULE, WS, Literals, control_tokens
+from ..text.reasoning import REASONING_MARKUP, answer_opening, reasoning_head
+
 # JSON whitespace between tokens, as llama.cpp's json-schema-to-grammar bounds it (a space, or up to
 # two newlines and an indentation of 20): unbounded, a small model can fill max_tokens with it.
 JSON_WHITESPACE = r" |\n{1,2}[ \t]{0,20}"
@@ -86,6 +89,20 @@ class Grammar:
         tokens named by id (`<[id]>`) are checked against the vocabulary by the Matcher."""
         return cls._checked(kind, text)
 
+    def after_reasoning(self, fmt: str | None, control: dict[str, int]) -> Grammar:
+        """This grammar after a reasoning model's thinking (text/reasoning.py's formats, None:
+        none): the reasoning comes first, free, then what this grammar allows (in harmony, as the
+        final message). control: the vocabulary's control tokens of the reasoning markup, by text."""
+        if fmt is None:
+            return self
+        lit = Literals(control)
+        head = f"{reasoning_head(fmt, lit)} {'' if answer_opening(fmt) else WS} {lit(answer_opening(fmt))}"
+        parts = json.loads(self.compiled)["grammars"] if self.compiled.startswith("{") else \
+            [{"lark_grammar": self.compiled}]
+        top = "\n".join(["%llguidance {}", f"start: {head} @answer", *lit.rules, TEXT_RULE])
+        grammars = [{"name": "reply", "lark_grammar": top}, {**parts[0], "name": "answer"}, *parts[1:]]
+        return Grammar(self.kind, json.dumps({"grammars": grammars}))
+
     @classmethod
     def _checked(cls, kind: str, compiled: str) -> Grammar:
         """The grammar, once llguidance validates it with neither errors nor warnings (a warning
@@ -99,6 +116,14 @@ class Grammar:
                 raise GrammarError(f"the {kind} cannot be enforced: {problem}")
             raise GrammarError(f"invalid {kind}: {problem}")
         return cls(kind, compiled)
+
+
+def reply_grammar(grammar: Grammar | None, vocab, fmt: str | None) -> Grammar | None:
+    """The grammar of a chat reply by a model whose replies mark their reasoning in format fmt
+    (text/reasoning.py's; None: they do not): it applies after the reasoning, which is free."""
+    if grammar is None or fmt is None:
+        return grammar
+    return grammar.after_reasoning(fmt, control_tokens(vocab, REASONING_MARKUP))
 
 
 # what llguidance's errors say of a feature it does not implement (not of a mistake in the schema)

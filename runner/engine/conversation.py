@@ -19,7 +19,7 @@ from ..text.reasoning import ReplyDecoder, SplitReply, reasoning_format
 from ..text.tool_calls import Tool
 from ..text.user_files import read_text
 from .chat_tools import ChatTools
-from .constraint import Grammar
+from .constraint import Grammar, reply_grammar
 from .generate import GenerationStats
 from .kv_cache import ContextFullError
 from .kv_state import KVState, KVStateError
@@ -40,8 +40,9 @@ class ChatSession:
         self.save_kv = save_kv  # /save keeps the KV cache beside the messages
         self.template, self.warning = choose_template(lm.tokenizer.vocab, template_name)
         self.tools = ChatTools(tools or [], self.template, lm.tokenizer)
-        self.grammar = self.tools.grammar or grammar  # what every reply follows (constraint.py), or None
         self.reasoning = reasoning_format(lm.tokenizer.vocab)  # how replies mark their reasoning (text/reasoning.py)
+        # what every reply follows (constraint.py), after its reasoning, or None
+        self.grammar = self.tools.grammar or reply_grammar(grammar, lm.tokenizer.vocab, self.reasoning)
         self.system = system
         self.last = GenerationStats()
         self.interrupted = False

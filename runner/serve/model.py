@@ -15,8 +15,9 @@ from ..text.chat_template import (
     choose_template,
     render_with_content_spans,
 )
+from ..text.lark import control_tokens
 from ..text.reasoning import reasoning_format
-from ..text.tool_calls import Hermes, control_tokens, writes_calls
+from ..text.tool_calls import Hermes, writes_calls
 from ..text.tool_messages import calls_written, described
 from .fields import ApiError, bad
 

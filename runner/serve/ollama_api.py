@@ -11,6 +11,7 @@ from importlib.metadata import version
 
 from starlette.responses import JSONResponse, Response
 
+from ..engine.constraint import reply_grammar
 from ..text.reasoning import REASONING
 from .fields import (
     SAMPLING_FIELDS,
@@ -89,11 +90,13 @@ async def chat(request):
     messages = chat_messages(r.f.get("messages", "array", []), MESSAGE_FIELDS)
     if not messages:  # (Ollama's way to load a model)
         return JSONResponse(r.line(message={"role": "assistant", "content": ""}, done=True, done_reason="load"))
-    tools = read_tools(r.f, state.loaded())
+    model = state.loaded()
+    tools = read_tools(r.f, model)
     if tools is not None and r.grammar is not None:
         raise bad("tools and format cannot both constrain a reply: drop one")
+    grammar = tools.grammar if tools else reply_grammar(r.grammar, model.tokenizer.vocab, model.reasoning)
     ticket = await submit(state, lambda model: model.chat_ids(messages, r.variables, tools), r.sampling, r.max_tokens,
-                          r.stops, r.top_logprobs, reasoning=True, grammar=tools.grammar if tools else r.grammar,
+                          r.stops, r.top_logprobs, reasoning=True, grammar=grammar,
                           shown=tools.shown if tools else None)
 
     def message(answer: str, thinking: str, calls=()) -> dict:
@@ -127,8 +130,10 @@ async def generate(request):
 
         def prompt_ids(model):
             return model.chat_ids(messages, r.variables)
+    model = state.loaded()
+    grammar = r.grammar if raw else reply_grammar(r.grammar, model.tokenizer.vocab, model.reasoning)
     ticket = await submit(state, prompt_ids, r.sampling, r.max_tokens, r.stops, r.top_logprobs, reasoning=not raw,
-                          grammar=r.grammar)
+                          grammar=grammar)
 
     def response(answer: str, thinking: str) -> dict:
         return {"response": answer, **({"thinking": thinking} if thinking else {})}

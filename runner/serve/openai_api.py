@@ -11,6 +11,7 @@ import time
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
+from ..engine.constraint import reply_grammar
 from ..text.reasoning import REASONING
 from .fields import (
     SAMPLING_FIELDS,
@@ -74,8 +75,9 @@ async def chat_completions(request):
     messages = chat_messages(f.require("messages", "array"), MESSAGE_FIELDS)
     if not messages:
         raise bad("messages must not be empty")
-    tools = read_tools(f, state.loaded())
-    grammar = openai_grammar(f)
+    model = state.loaded()
+    tools = read_tools(f, model)
+    grammar = reply_grammar(openai_grammar(f), model.tokenizer.vocab, model.reasoning)
     if tools is not None and grammar is not None:
         raise bad("tools and a grammar (response_format, grammar or json_schema) cannot both constrain a reply: "
                   "set tool_choice to \"none\", or drop one")

@@ -12,11 +12,10 @@ from dataclasses import replace
 
 import click
 
-from gguf_io import GGUFError
-from gguf_io.safe_files import OutputError, check_output
-
 from convert.errors import ConversionError
 from convert.mixes import COPY, FILE_TYPES
+from gguf_io import GGUFError
+from gguf_io.safe_files import OutputError, check_output
 
 from ..engine.backend import DEVICES, BackendError
 from ..engine.constraint import Grammar, GrammarError
@@ -342,6 +341,7 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, sampling, gr
     from ..engine.startup import StartupTimes
     times = StartupTimes()
     times.start("interpreter and CLI")
+    from ..engine.constraint import reply_grammar
     from ..engine.sampler import Sampler
     from ..engine.session import Session, warm_prefill
     from ..text.reasoning import REASONING, ReplyDecoder, SplitReply, reasoning_format
@@ -364,7 +364,9 @@ def run(model, prompt, prompt_file, system, system_file, n_predict, sampling, gr
         click.echo(f"warning: {notice}", err=True)
     sampler = Sampler(sampling)
     # a chat reply (through the template) of a reasoning model: its reasoning to stderr, the answer to stdout
-    decoder = ReplyDecoder(lm.tokenizer, reasoning_format(lm.tokenizer.vocab) if system is not None else None)
+    reasoning = reasoning_format(lm.tokenizer.vocab) if system is not None else None
+    decoder = ReplyDecoder(lm.tokenizer, reasoning)
+    grammar = reply_grammar(grammar, lm.tokenizer.vocab, reasoning)  # (after the reasoning, which is free)
     reply, started = SplitReply(), False
     for piece in session.complete(ids, sampler, n_predict, stop_ids=() if ignore_eos else None, stops=stops,
                                   logprobs=as_json, decoder=decoder, grammar=grammar):
@@ -725,7 +727,8 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
     (a Hugging Face folder, or an F32/F16/BF16 GGUF)."""
     from pathlib import Path
 
-    from ..measure.quant_report import format_table, plot, quant_report as report
+    from ..measure.quant_report import format_table, plot
+    from ..measure.quant_report import quant_report as report
     names = [t.strip().upper() for t in types.split(",") if t.strip()]
     unknown = [t for t in names if t not in FILE_TYPES]
     if unknown:
@@ -837,7 +840,8 @@ def serve(model, host, port, parallel, ctx_size, kv_size, max_queue, api_key, al
 
     from ..fetch.registry import resolve
     from ..serve.model import ModelCard
-    from ..serve.server import bind, serve as run_server
+    from ..serve.server import bind
+    from ..serve.server import serve as run_server
     path = Path(resolve(model))
     card = ModelCard.of(model or DEFAULT_MODEL, path, alias)
     sock = bind(host, port)

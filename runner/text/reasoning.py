@@ -30,6 +30,24 @@ def reasoning_format(vocab) -> str | None:
     return None
 
 
+def reasoning_head(fmt: str, lit) -> str:
+    """Lark (lark.Literals writes it) for a reply's optional reasoning before what a grammar
+    constrains: think tags (the opening may be in the prompt already), or harmony's analysis
+    message and the header of the next."""
+    if fmt == "harmony":
+        body = lit.until("<|end|>", "analysis_body")
+        return f"({lit('<|channel|>analysis<|message|>')} {body} {lit('<|start|>assistant')})?"
+    return f"({lit('<think>')}? {lit.until('</think>', 'think_body')})?"
+
+
+def answer_opening(fmt: str | None) -> str:
+    """What comes before a reply's answer, after its reasoning: harmony's final-channel header."""
+    return "<|channel|>final<|message|>" if fmt == "harmony" else ""
+
+
+REASONING_MARKUP = "".join(_HARMONY) + "".join(_THINK)  # (the control tokens reasoning_head may write)
+
+
 class ReplyDecoder(StreamDecoder):
     """StreamDecoder that follows a reply's structure: after each push, `part` is REASONING or
     ANSWER for the text it returned (markup returns no text).

@@ -19,10 +19,10 @@ import secrets
 import string
 from dataclasses import dataclass
 
-from gguf import TokenType
+from .lark import TEXT_RULE, WS, Literals
+from .reasoning import answer_opening, reasoning_head
 
 CHOICES = ("auto", "none", "required")  # OpenAI's tool_choice, besides one named function
-_WS = r"/[ \t\n]*/"                     # (Lark) whitespace where the format allows some
 _ALNUM = string.ascii_letters + string.digits
 
 
@@ -97,12 +97,12 @@ class ToolFormat:
         vocabulary's control tokens by text, which the markup must be written with; `think`:
         a reasoning block may come first; json_options: llguidance's settings for the arguments
         (its "x-guidance": whitespace, leniency)."""
-        lit = _Literals(control, json_options)
+        lit = Literals(control, json_options)
         items = " | ".join(f"call_{i}" for i in range(len(tools)))
         rules = [f"call_{i}: {self.item(tool, lit)}" for i, tool in enumerate(tools)]
         more = f' ({lit(self.separator)} ({items}))*' if parallel and self.parallel else ""
         rules.append(f"calls: ({items}){more} {lit(self.closing)}")
-        head = f"{_think(lit)} {_WS} " if think else ""  # (its tokens may be control tokens, which TEXT is not)
+        head = f"{reasoning_head('think', lit)} {WS} " if think else ""  # (its tokens may be control, not TEXT)
         if choice == "required":
             top = f"start: {head}{lit(self.opening)} calls"
         elif self.opening:
@@ -110,7 +110,7 @@ class ToolFormat:
         else:  # (a call is the whole reply: text is what does not begin like one)
             top = f"start: {head}(PLAIN | calls)"
             lit.rules.append("PLAIN: /([^{](.|\\n)*)?/")
-        return "\n".join(["%llguidance {}", top, *rules, *lit.rules, "TEXT: /(.|\\n)*/"])
+        return "\n".join(["%llguidance {}", top, *rules, *lit.rules, TEXT_RULE])
 
     def parse(self, text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
         """The reply's content and its calls: the text before the first opening, and the calls
@@ -135,50 +135,6 @@ class ToolFormat:
     def instructions(self, tools: list[Tool]) -> str | None:
         """A system message's text that teaches the tools, for templates that have no tool format."""
         return None
-
-
-class _Literals:
-    """Lark for literal text: a control token of the vocabulary as that token (`<[id]>`), other
-    text as a string; `until(end)` is any text up to and including end."""
-
-    def __init__(self, control: dict[str, int], json_options: dict | None = None):
-        self.control, self.json_options = control, json_options
-        self.rules: list[str] = []
-        self._pattern = re.compile("|".join(re.escape(t) for t in sorted(control, key=len, reverse=True))) \
-            if control else None
-
-    def __call__(self, text: str) -> str:
-        if not text:
-            return ""
-        parts, pos = [], 0
-        for m in (self._pattern.finditer(text) if self._pattern else ()):
-            if m.start() > pos:
-                parts.append(json.dumps(text[pos:m.start()]))
-            parts.append(f"<[{self.control[m.group()]}]>")
-            pos = m.end()
-        if pos < len(text):
-            parts.append(json.dumps(text[pos:]))
-        return " ".join(parts)
-
-    def json(self, schema) -> str:
-        """A JSON value the schema validates."""
-        if self.json_options and isinstance(schema, dict):
-            schema = {"x-guidance": self.json_options, **schema}
-        return "%json " + json.dumps(schema, ensure_ascii=False)
-
-    def until(self, end: str, name: str) -> str:
-        """A rule `name`: text up to end; lazy (the shortest) where end is text, as control tokens
-        cannot be part of TEXT."""
-        if self._pattern and self._pattern.match(end):
-            return f"TEXT {self(end)}"
-        self.rules.append(f"{name}[lazy]: TEXT {self(end)}")
-        return name
-
-
-def _think(lit: _Literals) -> str:
-    """An optional reasoning block before the calls (its opening may be in the prompt already)."""
-    lit.rules.append(f"think_body[lazy]: TEXT {lit('</think>')}")
-    return f"({lit('<think>')}? think_body)?"
 
 
 def _dumps(value) -> str:
@@ -455,16 +411,14 @@ class Harmony(ToolFormat):
         return f"{lit(tool.name + ' <|constrain|>json<|message|>')} {lit.json(tool.parameters)}"
 
     def grammar(self, tools, choice, parallel, control, think=False, json_options=None):
-        lit = _Literals(control, json_options)
+        lit = Literals(control, json_options)
         items = " | ".join(f"call_{i}" for i in range(len(tools)))
         rules = [f"call_{i}: {self.item(tool, lit)}" for i, tool in enumerate(tools)]
-        analysis = f"{lit('<|channel|>analysis<|message|>')} {lit.until('<|end|>', 'analysis_end')} " \
-                   f"{lit('<|start|>assistant')}"
         call = f"{lit('<|channel|>commentary to=functions.')} ({items})"
-        final = f"{lit('<|channel|>final<|message|>')} TEXT"
+        final = f"{lit(answer_opening('harmony'))} TEXT"
         body = call if choice == "required" else f"{call} | {final}"
-        return "\n".join(["%llguidance {}", f"start: ({analysis})? ({body})", *rules, *lit.rules,
-                          "TEXT: /(.|\\n)*/"])
+        return "\n".join(["%llguidance {}", f"start: {reasoning_head('harmony', lit)} ({body})", *rules, *lit.rules,
+                          TEXT_RULE])
 
     def parse(self, text, tools):
         m = re.search(r"to=functions\.([^\s<]+)[^<]*(?:<\|constrain\|>\s*\w+)?\s*<\|message\|>(.*?)"
@@ -510,12 +464,6 @@ def tool_format(template_source: str) -> tuple[ToolFormat, bool]:
         if clue in template_source:
             return fmt(), True
     return Hermes(), False
-
-
-def control_tokens(vocab, markup: str) -> dict[str, int]:
-    """The vocabulary's control tokens that a format's markup is written with, by text."""
-    ids = (vocab.token_types == TokenType.CONTROL).nonzero()[0]
-    return {vocab.tokens[i]: int(i) for i in ids if len(vocab.tokens[i]) > 1 and vocab.tokens[i] in markup}
 
 
 class HeldText:

@@ -1,0 +1,56 @@
+"""Writing llguidance's Lark grammars: literal text with the vocabulary's control tokens as
+those tokens (a grammar's text can never match a control token: its bytes are behind 0xff), JSON
+values held to a schema, and text up to a marker."""
+from __future__ import annotations
+
+import json
+import re
+
+from gguf import TokenType
+
+WS = r"/[ \t\n]*/"              # whitespace where a format allows some
+TEXT_RULE = "TEXT: /(.|\\n)*/"  # any text (never a control token)
+
+
+class Literals:
+    """Lark for literal text: a control token of the vocabulary as that token (`<[id]>`), other
+    text as a string; `until(end)` is any text up to and including end."""
+
+    def __init__(self, control: dict[str, int], json_options: dict | None = None):
+        self.control, self.json_options = control, json_options
+        self.rules: list[str] = []
+        self._pattern = re.compile("|".join(re.escape(t) for t in sorted(control, key=len, reverse=True))) \
+            if control else None
+
+    def __call__(self, text: str) -> str:
+        if not text:
+            return ""
+        parts, pos = [], 0
+        for m in (self._pattern.finditer(text) if self._pattern else ()):
+            if m.start() > pos:
+                parts.append(json.dumps(text[pos:m.start()]))
+            parts.append(f"<[{self.control[m.group()]}]>")
+            pos = m.end()
+        if pos < len(text):
+            parts.append(json.dumps(text[pos:]))
+        return " ".join(parts)
+
+    def json(self, schema) -> str:
+        """A JSON value the schema validates."""
+        if self.json_options and isinstance(schema, dict):
+            schema = {"x-guidance": self.json_options, **schema}
+        return "%json " + json.dumps(schema, ensure_ascii=False)
+
+    def until(self, end: str, name: str) -> str:
+        """A rule `name`: text up to end; lazy (the shortest) where end is text, as control tokens
+        cannot be part of TEXT."""
+        if self._pattern and self._pattern.match(end):
+            return f"TEXT {self(end)}"
+        self.rules.append(f"{name}[lazy]: TEXT {self(end)}")
+        return name
+
+
+def control_tokens(vocab, markup: str) -> dict[str, int]:
+    """The vocabulary's control tokens that a format's markup is written with, by text."""
+    ids = (vocab.token_types == TokenType.CONTROL).nonzero()[0]
+    return {vocab.tokens[i]: int(i) for i in ids if len(vocab.tokens[i]) > 1 and vocab.tokens[i] in markup}
