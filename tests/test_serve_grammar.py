@@ -147,8 +147,8 @@ def test_ollama_format(server, name):
 
 
 def test_llama_server_grammar_and_json_schema_fields(server, name):
-    """llama-server's `grammar` (GBNF) and `json_schema`, on /v1/completions and /completions and on
-    chat (where the openai client sends them as extra_body)."""
+    """llama-server's `grammar` (GBNF) and `json_schema`, on /v1/completions and /completions, on its
+    own /completion, and on chat (where the openai client sends them as extra_body)."""
     for path in ("/v1/completions", "/completions"):
         for seed in SEEDS:
             r = httpx.post(server.url + path, json={"prompt": "Is water wet? Answer:", "max_tokens": 8, "seed": seed,
@@ -162,6 +162,18 @@ def test_llama_server_grammar_and_json_schema_fields(server, name):
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "A number:", "max_tokens": 8, "temperature": 1,
                                                          "seed": 1, "json_schema": number}, timeout=120).json()
     jsonschema.validate(json.loads(r["choices"][0]["text"]), number)
+    # llama-server's own /completion: n_predict, its reply's content and stop_type, streamed alike
+    body = {"prompt": "A number:", "n_predict": 8, "temperature": 0, "json_schema": number}
+    r = httpx.post(server.url + "/completion", json=body, timeout=120).json()
+    jsonschema.validate(json.loads(r["content"]), number)
+    assert r["stop"] and r["stop_type"] == "eos" and r["tokens_predicted"] <= 8 and r["timings"]["predicted_n"]
+    with httpx.stream("POST", server.url + "/completion", json={**body, "stream": True}, timeout=120) as streamed:
+        events = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: ")]
+    assert "".join(e["content"] for e in events) == r["content"] and events[-1]["stop"]
+    r = httpx.post(server.url + "/completion", json={"prompt": "Is water wet? Answer:", "n_predict": 8,
+                                                     "grammar": 'root ::= " " ("yes" | "no") "!"'}, timeout=120)
+    assert r.json()["content"] in (" yes!", " no!")
+    _error(httpx.post(server.url + "/completion", json={"prompt": "x", "grammar": "root ::= nope"}), 400, "grammar")
     client = server.openai()
     reply = client.chat.completions.create(model=name, messages=ask("a number"), max_tokens=8, temperature=1,
                                            extra_body={"json_schema": number})

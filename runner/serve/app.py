@@ -1,7 +1,7 @@
 """The Starlette application: the routes of OpenAI's API (openai_api.py), Ollama's (ollama_api.py)
-and llama-server's own (/health, /props, /metrics, /tokenize, /detokenize, /apply-template); the API
-key; client mistakes as 4xx answers in OpenAI's error shape (Ollama's on /api/); one log line per
-request."""
+and llama-server's own (/completion in llama_api.py; /health, /props, /metrics, /tokenize,
+/detokenize, /apply-template); the API key; client mistakes as 4xx answers in OpenAI's error shape
+(Ollama's on /api/); one log line per request."""
 from __future__ import annotations
 
 import hmac
@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from ..engine.sampler import SamplingOptions
-from . import ollama_api, openai_api
+from . import llama_api, ollama_api, openai_api
 from .fields import ApiError, Fields, read_json
 from .model import ModelCard, ServedModel
 from .replies import LEFT, USAGE
@@ -158,6 +158,7 @@ ROUTES = [
     Route("/completions", openai_api.completions, methods=["POST"]),
     Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"]),
     Route("/apply-template", openai_api.apply_template, methods=["POST"]),
+    Route("/completion", llama_api.completion, methods=["POST"]),
     Route("/props", props), Route("/metrics", metrics),
     Route("/api/chat", ollama_api.chat, methods=["POST"]),
     Route("/api/generate", ollama_api.generate, methods=["POST"]),

@@ -186,7 +186,7 @@ async def completions(request):
     state = request.app.state.serve
     r = Params(state, await read_json(request), COMPLETION_FIELDS)
     f = r.f
-    prompt = _prompt(f.data.get("prompt"))
+    prompt = prompt_value(f.data.get("prompt"))
     if f.get("suffix", "string"):
         raise bad("suffix (fill-in-the-middle) is not supported yet")
     top = f.count("logprobs", 0, MAX_TOP_LOGPROBS)
@@ -221,8 +221,8 @@ def _completion_choices(tok, logprobs: bool):
     return choices
 
 
-def _prompt(prompt) -> str | list[int]:
-    """/v1/completions' prompt: a string or token ids, alone or as a list of one."""
+def prompt_value(prompt) -> str | list[int]:
+    """A completion's prompt: a string or token ids, alone or as a list of one."""
     if prompt is None:
         raise bad("prompt is required")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
