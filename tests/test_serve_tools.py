@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from .template_models import write_template_model
-from .test_serve import Server, _error
+from .test_serve import _error, start  # noqa: F401 (a fixture)
 from .test_serve_grammar import server  # noqa: F401 (a fixture: SmolLM2 served, 4 slots)
 from .test_tool_calls import ADD, FAMILIES, WEATHER, template_text
 
@@ -57,10 +57,10 @@ def streamed_calls(client, model, **kwargs) -> tuple[list[tuple[str, dict]], str
 
 
 @pytest.mark.parametrize("family", SERVED)
-def test_each_familys_calls(family, llama_cpp_source, tmp_path):
+def test_each_familys_calls(family, llama_cpp_source, tmp_path, start):  # noqa: F811
     path = write_template_model(tmp_path / f"{family}.gguf", template_text(llama_cpp_source, family),
                                 FAMILIES[family][2])
-    served = Server(tmp_path, path, "-c", 8192)  # (a byte-token vocabulary: long prompts)
+    served = start(path, "-c", 8192)  # (a byte-token vocabulary: long prompts)
     served.wait_ready()
     client = served.openai()
     # (one call: a random model would go on calling to max_tokens)
