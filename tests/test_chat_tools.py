@@ -87,7 +87,7 @@ def _scripted(monkeypatch, lm, replies: list[str]):
 
         def choose(self, logits, history, allowed=None):
             token = script.pop(0)
-            assert allowed is None or allowed[token], lm.tokenizer.piece(token)
+            assert allowed is None or token in allowed, lm.tokenizer.piece(token)
             return Choice(token, np.array([token]), np.zeros(1), logits)
     monkeypatch.setattr(conversation, "Sampler", Scripted)
 

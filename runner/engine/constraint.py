@@ -201,9 +201,45 @@ def _special(text: bytes) -> bytes:
     return b"\xff" + text if text else b""
 
 
+class TokenMask:
+    """The tokens a grammar allows next, packed as llguidance gives them (token i: bit i % 32 of
+    word i // 32): a token's bit is read without unpacking the whole vocabulary, which a greedy
+    choice whose best token is allowed never needs."""
+
+    def __init__(self, words: np.ndarray, size: int):
+        self.size = size
+        self.words = np.zeros((size + 31) // 32, dtype=np.uint32)
+        n = min(len(words), len(self.words))
+        self.words[:n] = words[:n]
+        if size % 32:  # (no bit beyond the logits)
+            self.words[-1] &= np.uint32((1 << (size % 32)) - 1)
+        self.count = int(np.bitwise_count(self.words).sum())
+        self._array: np.ndarray | None = None
+
+    def __contains__(self, token: int) -> bool:
+        return 0 <= token < self.size and bool((int(self.words[token >> 5]) >> (token & 31)) & 1)
+
+    def discard(self, token: int) -> None:
+        if token in self:
+            self.words[token >> 5] &= np.uint32(~(1 << (token & 31)) & 0xFFFFFFFF)
+            self.count -= 1
+            self._array = None
+
+    def array(self) -> np.ndarray:
+        """The mask as one boolean per token."""
+        if self._array is None:
+            self._array = np.unpackbits(self.words.view(np.uint8), count=self.size, bitorder="little").view(bool)
+        return self._array
+
+    def only(self) -> int:
+        """The first allowed token (the only one, where count is 1)."""
+        word = int(np.flatnonzero(self.words)[0])
+        return word * 32 + (int(self.words[word]) & -int(self.words[word])).bit_length() - 1
+
+
 class Matcher:
-    """One sequence's place in a grammar: the tokens allowed next (a boolean mask over the model's
-    logits), fed each token handed out. `ends`: the ids that end this generation (its stop ids); the
+    """One sequence's place in a grammar: the tokens allowed next (as a TokenMask does: `token in
+    matcher`, count, only(), array()), fed each token handed out. `ends`: the ids that end this generation (its stop ids); the
     grammar's end-of-generation tokens outside them are never allowed while the grammar can go on."""
 
     def __init__(self, grammar: Grammar, tokenizer, size: int, ends=None):
@@ -213,43 +249,68 @@ class Matcher:
         self.size = size
         eos = sorted(tokenizer.vocab.end_of_generation)
         ends = tokenizer.vocab.end_of_generation if ends is None else ends
-        self._eos_ids = np.array([t for t in eos if t < size], dtype=np.int64)
-        self._eos = np.zeros(size, dtype=bool)
-        self._eos[self._eos_ids] = True
+        self._eos_ids = [t for t in eos if t < size]
+        self._eos = TokenMask(np.zeros(0, dtype=np.uint32), size)
+        for t in self._eos_ids:
+            self._eos.words[t >> 5] |= np.uint32(1 << (t & 31))
+        self._eos.count = len(self._eos_ids)
         self._not_ends = [t for t in eos if t not in ends and t < size]
-        self._state: tuple[np.ndarray, bool] | None = None  # (the allowed tokens, finished) where they are known
+        self._eos_set = set(eos)
+        self._state: tuple[TokenMask, bool] | None = None  # (the allowed tokens, finished) where they are known
+        self._rolled_back = False  # (llguidance's is_stopped() is not kept up to date by a rollback)
 
     def _check(self) -> None:
         if self._llg.is_error():
             raise GrammarError(f"the grammar failed: {_one_line(self._llg.get_error())}")
 
-    def _current(self) -> tuple[np.ndarray, bool]:
+    def _current(self) -> tuple[TokenMask, bool]:
         if self._state is None:
-            bits = np.frombuffer(self._llg.compute_bitmask(), dtype=np.uint8)
+            mask = TokenMask(np.frombuffer(self._llg.compute_bitmask(), dtype=np.uint32), self.size)
             self._check()
-            full = np.unpackbits(bits, count=self.size, bitorder="little").view(bool)
             # (llguidance's own is_stopped() is not kept up to date by a rollback: the mask is)
-            finished = np.count_nonzero(full) == np.count_nonzero(full[self._eos_ids])
+            finished = mask.count == sum(t in mask for t in self._eos_ids)
             if finished:
-                allowed = self._eos  # (never chosen from: a generation stops first)
+                mask = self._eos  # (never chosen from: a generation stops first)
             else:
-                allowed = full
-                allowed[self._not_ends] = False
-            self._state = allowed, finished
+                for t in self._not_ends:
+                    mask.discard(t)
+            self._state = mask, finished
         return self._state
 
+    # -- what Sampler.choose asks of the tokens allowed (TokenMask answers it too) ------------------
+
+    def __contains__(self, token: int) -> bool:
+        """Whether the grammar allows token next: asked of llguidance for that token alone (a
+        fraction of a microsecond, where the whole mask takes up to hundreds) until the mask is
+        known, the grammar stopped, a rollback made is_stopped() unreliable, or token ends text."""
+        if self._state is None and not self._rolled_back and token not in self._eos_set:
+            return 0 <= token < self.size and not self._llg.is_stopped() and self._llg.validate_tokens([token]) == 1
+        return token in self._current()[0]
+
+    @property
+    def count(self) -> int:
+        return self._current()[0].count
+
+    def only(self) -> int:
+        return self._current()[0].only()
+
+    def array(self) -> np.ndarray:
+        return self._current()[0].array()
+
     def allowed(self) -> np.ndarray:
-        """The tokens the grammar allows next (where it is finished: its end-of-generation tokens)."""
-        return self._current()[0]
+        """The tokens the grammar allows next, one boolean per token (where it is finished: its
+        end-of-generation tokens)."""
+        return self.array()
 
     def forced(self) -> int | None:
         """The only token the grammar allows next, where it allows one only."""
-        allowed = self.allowed()
-        return int(np.argmax(allowed)) if np.count_nonzero(allowed) == 1 else None
+        return self.only() if self.count == 1 else None
 
     @property
     def finished(self) -> bool:
         """Whether the grammar is complete: nothing but an end of generation may follow."""
+        if self._state is None and not self._rolled_back:
+            return self._llg.is_stopped()
         return self._current()[1]
 
     def accept(self, token: int) -> None:
@@ -265,5 +326,5 @@ class Matcher:
     def rollback(self, n: int) -> None:
         """The last n tokens accepted taken back."""
         if n:
-            self._state = None
+            self._state, self._rolled_back = None, True
             self._llg.rollback(n)

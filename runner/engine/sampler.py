@@ -75,23 +75,34 @@ class Sampler:
     def sample(self, logits: np.ndarray, history: list[int]) -> int:
         return self.choose(logits, history).token
 
-    def choose(self, logits: np.ndarray, history: list[int], allowed: np.ndarray | None = None) -> Choice:
+    def _penalized(self, history: list[int]) -> bool:
+        o = self.options
+        return (o.repeat_penalty != 1.0 or o.presence_penalty != 0.0 or o.frequency_penalty != 0.0) and \
+            bool(history) and o.repeat_last_n != 0
+
+    def choose(self, logits: np.ndarray, history: list[int], allowed=None) -> Choice:
         """The next token. `allowed`: where a grammar constrains it, the tokens it may be (a boolean
-        mask over logits); the others are out before any filter, greedy included, and a single
-        allowed token is taken as it is, without sampling."""
+        mask over logits, or what answers as constraint.TokenMask does: a Matcher); the others are
+        out before any filter, greedy included, and a single allowed token is taken as it is,
+        without sampling. Greedy, the best token's own bit is read first: only where the grammar
+        refuses it is the whole mask needed."""
         o = self.options
         logits = np.asarray(logits, dtype=np.float32)
         model_logits = logits
         n = logits.size
+        packed = allowed is not None and not isinstance(allowed, np.ndarray)
+        if packed and o.temperature <= 0 and not self._penalized(history):
+            best = int(np.argmax(logits))
+            if best in allowed:  # (the best token allowed: the rest need not be masked)
+                return Choice(best, np.array([best]), np.zeros(1), model_logits)
         if allowed is not None:
-            n = int(np.count_nonzero(allowed))
+            n = allowed.count if packed else int(np.count_nonzero(allowed))
             if n == 0:
                 raise ValueError("the grammar allows no token here")
             if n == 1:
-                token = int(np.argmax(allowed))
+                token = allowed.only() if packed else int(np.argmax(allowed))
                 return Choice(token, np.array([token]), np.zeros(1), model_logits)
-        penalized = o.repeat_penalty != 1.0 or o.presence_penalty != 0.0 or o.frequency_penalty != 0.0
-        if penalized and history and o.repeat_last_n != 0:  # llama.cpp's penalties sampler
+        if self._penalized(history):  # llama.cpp's penalties sampler
             window = np.asarray(history[-o.repeat_last_n:] if o.repeat_last_n > 0 else history)
             recent, counts = np.unique(window, return_counts=True)
             logits = logits.astype(np.float64)  # (so that no penalty overflows to an infinity)
@@ -99,7 +110,7 @@ class Sampler:
             vals = np.where(vals > 0, vals / o.repeat_penalty, vals * o.repeat_penalty)
             logits[recent] = np.clip(vals - counts * o.frequency_penalty - o.presence_penalty, -_LIMIT, _LIMIT)
         if allowed is not None:
-            logits = np.where(allowed, logits, -np.inf)
+            logits = np.where(allowed.array() if packed else allowed, logits, -np.inf)
         if o.temperature <= 0:
             token = int(np.argmax(logits))
             return Choice(token, np.array([token]), np.zeros(1), model_logits)
