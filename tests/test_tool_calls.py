@@ -39,6 +39,9 @@ FAMILIES = {
                                   "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
                                   "</arg_value>")),
     "smollm3": ("HuggingFaceTB-SmolLM3-3B", "hermes", ("<|im_start|>", "<|im_end|>")),  # (no tool format: Hermes)
+    "seed-oss": ("ByteDance-Seed-OSS", "seed-xml", ("<seed:bos>", "<seed:eos>")),
+    "functionary-v3.1": ("meetkai-functionary-medium-v3.1", "function-tag",
+                         ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>")),
 }
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
@@ -79,7 +82,7 @@ def test_a_templates_calls_parse_back(llama_cpp_source, family):
     whole = template.render([*user, assistant], False, tools=tools)
     assert whole.startswith(prompt.rstrip()) or family in ("gpt-oss",)
     reply = whole[len(prompt):] if whole.startswith(prompt) else whole[whole.rfind("<|start|>assistant") + 18:]
-    for end in ("<|im_end|>", "<|eot_id|>", "</s>", "<|end_of_text|>", "<|call|>", "<|end|>"):
+    for end in ("<|im_end|>", "<|eot_id|>", "</s>", "<|end_of_text|>", "<|call|>", "<|end|>", "<seed:eos>", "<|eom_id|>"):
         reply = reply.split(end)[0]
     if family == "gpt-oss":  # (the reply decoder gives a call's header so)
         reply = reply.replace("<|channel|>commentary json", "").replace(" to=functions.", "to=functions.")

@@ -395,6 +395,38 @@ class QwenXml(_Tagged):
         return found or None
 
 
+class SeedXml(QwenXml):
+    """Seed-OSS: `<seed:tool_call>\n<function=NAME>\n<parameter=K>V</parameter>\n...</function>\n</seed:tool_call>`."""
+    name, family = "seed-xml", "Seed-OSS <seed:tool_call>"
+    opening, closing = "<seed:tool_call>\n<function=", "\n</seed:tool_call>"
+    separator = "\n</seed:tool_call>\n<seed:tool_call>\n<function="
+    pair, value_end = ("<parameter=", ">"), "</parameter>\n"
+
+    @property
+    def start(self) -> str:
+        return "<seed:tool_call>"
+
+
+class FunctionTag(ToolFormat):
+    """Functionary v3.1 (Llama 3.1): `<function=NAME>{...}</function>`, one call."""
+    name, family = "function-tag", "Functionary v3.1 <function=NAME>{...}"
+    opening, parallel = "<function=", False
+    extra_markup = "</function>"
+
+    def item_text(self, name, arguments):
+        return f"{name}>{_dumps(arguments)}</function>"
+
+    def item(self, tool, lit):
+        return f"{lit(tool.name + '>')} {lit.json(tool.parameters)} {lit('</function>')}"
+
+    def parse_block(self, block, tools):
+        m = re.fullmatch(r"<function=([^>\n]*)>(.*)</function>\s*", block, re.DOTALL)
+        values, end = _json_objects(m.group(2)) if m else ([], 0)
+        if m is None or len(values) != 1 or m.group(2)[end:].strip():
+            return None
+        return [(m.group(1).strip(), values[0])]
+
+
 class Harmony(ToolFormat):
     """gpt-oss (harmony): a call is a commentary message to `functions.NAME`,
     `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}`, which ends the
@@ -445,7 +477,9 @@ FORMATS: tuple[tuple[str, type[ToolFormat]], ...] = (
     ("[ARGS]", MistralArgs),
     ("[TOOL_CALLS]", MistralList),
     ("<arg_key>", Glm),
-    ("<function=", QwenXml),
+    ("<seed:tool_call>", SeedXml),
+    ("<parameter=", QwenXml),
+    ("<function=", FunctionTag),
     ("<|tool_call|>", GraniteList),
     ("<tool_call>", Hermes),
     ('"parameters": ', Llama3),
