@@ -39,6 +39,8 @@ FAMILIES = {
                                   "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
                                   "</arg_value>")),
     "smollm3": ("HuggingFaceTB-SmolLM3-3B", "hermes", ("<|im_start|>", "<|im_end|>")),  # (no tool format: Hermes)
+    "gemma4": ("google-gemma-4-31B-it", "gemma4", ("<|turn>", "<turn|>", "<|tool_call>", "<tool_call|>", '<|"|>',
+                                                   "<|tool>", "<tool|>", "<|tool_response>", "<tool_response|>")),
     "seed-oss": ("ByteDance-Seed-OSS", "seed-xml", ("<seed:bos>", "<seed:eos>")),
     "functionary-v3.1": ("meetkai-functionary-medium-v3.1", "function-tag",
                          ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>")),
@@ -80,9 +82,12 @@ def test_a_templates_calls_parse_back(llama_cpp_source, family):
         assistant = {"role": "assistant", "content": fmt.written(assistant["tool_calls"])}
     prompt = template.render(user, True, tools=tools)
     whole = template.render([*user, assistant], False, tools=tools)
-    assert whole.startswith(prompt.rstrip()) or family in ("gpt-oss",)
-    reply = whole[len(prompt):] if whole.startswith(prompt) else whole[whole.rfind("<|start|>assistant") + 18:]
-    for end in ("<|im_end|>", "<|eot_id|>", "</s>", "<|end_of_text|>", "<|call|>", "<|end|>", "<seed:eos>", "<|eom_id|>"):
+    # (where the generation prompt is not the start of the reply's turn, the reply follows its header)
+    header = {"gpt-oss": "<|start|>assistant", "gemma4": "<|turn>model\n"}.get(family)
+    assert whole.startswith(prompt) or header
+    reply = whole[len(prompt):] if whole.startswith(prompt) else whole[whole.rfind(header) + len(header):]
+    for end in ("<|im_end|>", "<|eot_id|>", "</s>", "<|end_of_text|>", "<|call|>", "<|end|>", "<seed:eos>", "<|eom_id|>",
+                "<|tool_response>"):
         reply = reply.split(end)[0]
     if family == "gpt-oss":  # (the reply decoder gives a call's header so)
         reply = reply.replace("<|channel|>commentary json", "").replace(" to=functions.", "to=functions.")
@@ -150,3 +155,27 @@ def test_the_grammar_lets_only_calls_through(smollm_tokenizer, name, choice):
     assert calls, text
     for call in calls:
         jsonschema.validate(json.loads(call.arguments), next(t.parameters for t in TOOLS if t.name == call.name))
+
+
+NOTE = Tool("note", "Keep a note", {"type": "object", "properties": {"text": {"type": "string"}, "tags": {
+    "type": "array", "items": {"type": "string"}, "maxItems": 3}}, "required": ["text"]})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_formats_grammar_holds_with_its_control_tokens(llama_cpp_source, tmp_path, family):
+    """With the family's markup as control tokens of the vocabulary (as real files have them), the
+    grammar of every choice is one llguidance takes, free strings included (text up to a control
+    token is no lazy lexeme)."""
+    from gguf_io import GGUFFile
+    from gguf_io.vocab import read_vocab
+    from runner.text.lark import control_tokens
+    from runner.text.tokenizer import Tokenizer
+
+    from .template_models import write_template_model
+    source = template_text(llama_cpp_source, family)
+    tok = Tokenizer(read_vocab(GGUFFile(write_template_model(tmp_path / "m.gguf", source, FAMILIES[family][2]))))
+    fmt = tool_format(source)[0]
+    control = control_tokens(tok.vocab, fmt.markup)
+    for choice, think in (("auto", False), ("required", False), ("required", True)):
+        Matcher(Grammar.lark(fmt.grammar([*TOOLS, NOTE], choice, True, control, think, JSON_OPTIONS)), tok,
+                len(tok.vocab.tokens))

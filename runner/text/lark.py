@@ -46,7 +46,8 @@ class Literals:
         cannot be part of TEXT."""
         if self._pattern and self._pattern.match(end):
             return f"TEXT {self(end)}"
-        self.rules.append(f"{name}[lazy]: TEXT {self(end)}")
+        if (rule := f"{name}[lazy]: TEXT {self(end)}") not in self.rules:
+            self.rules.append(rule)
         return name
 
 

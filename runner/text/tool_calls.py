@@ -293,12 +293,11 @@ class _Tagged(ToolFormat):
         props = tool.parameters.get("properties") or {}
         required = set(tool.parameters.get("required") or ())
         end = lit(self.value_end)
-        if props and f"value_text[lazy]: TEXT {end}" not in lit.rules:
-            lit.rules.append(f"value_text[lazy]: TEXT {end}")  # (a string's text, up to the value's end)
         pieces = []
         for key, schema in props.items():
             schema = schema if isinstance(schema, dict) else {}
-            value = _string_value(schema, lit, end) if schema.get("type") == "string" else f"{lit.json(schema)} {end}"
+            value = _string_value(schema, lit, self.value_end) if schema.get("type") == "string" else \
+                f"{lit.json(schema)} {end}"
             pair = f"({lit(self.pair[0] + key + self.pair[1])} {value})"
             pieces.append(pair if key in required else pair + "?")
         return " ".join(pieces)
@@ -319,23 +318,23 @@ class _Tagged(ToolFormat):
 
 
 def _string_value(schema: dict, lit, end: str) -> str:
-    """Lark for a string argument written as its text, then `end`: one of its enum (or its const),
-    its pattern, or its bounded length; any text without them."""
+    """Lark for a string argument written as its text, then the text `end`: one of its enum (or its
+    const), its pattern, or its bounded length; any text without them."""
     if "const" in schema or "enum" in schema:
         values = [schema["const"]] if "const" in schema else schema["enum"]
         if not values or not all(isinstance(v, str) for v in values):
             raise ValueError(f"a string's enum must list strings, not {values!r}")
-        return f"({' | '.join(lit(v) for v in values)}) {end}"
+        return f"({' | '.join(lit(v) for v in values)}) {lit(end)}"
     if "format" in schema or ("pattern" in schema and ({"minLength", "maxLength"} & set(schema))):
         raise ValueError("a string argument written as text cannot be held to a format, or to a pattern and "
                          "a length together")
     if "pattern" in schema:
         pattern = str(schema["pattern"]).removeprefix("^").removesuffix("$")
-        return f"/{pattern.replace('/', chr(92) + '/')}/ {end}"
+        return f"/{pattern.replace('/', chr(92) + '/')}/ {lit(end)}"
     if "minLength" in schema or "maxLength" in schema:
         low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
-        return f"/(.|\\n){{{low},{'' if high is None else int(high)}}}/ {end}"
-    return "value_text"
+        return f"/(.|\\n){{{low},{'' if high is None else int(high)}}}/ {lit(end)}"
+    return lit.until(end, "value_text")
 
 
 class Glm(_Tagged):
@@ -427,6 +426,105 @@ class FunctionTag(ToolFormat):
         return [(m.group(1).strip(), values[0])]
 
 
+_QUOTE = '<|"|>'  # (Gemma 4's string quote)
+
+
+class Gemma4(ToolFormat):
+    """Gemma 4: `<|tool_call>call:NAME{key:VALUE,...}<tool_call|>`, its keys bare and in sorted
+    order, a string between <|"|> quotes, other values as JSON writes them."""
+    name, family = "gemma4", "Gemma 4 <|tool_call>call:NAME{...}"
+    opening, separator, closing = "<|tool_call>call:", "<tool_call|><|tool_call>call:", "<tool_call|>"
+    extra_markup = _QUOTE
+
+    def item_text(self, name, arguments):
+        return name + _gemma_written(arguments)
+
+    def item(self, tool, lit):
+        return f"{lit(tool.name)} {_gemma_value(tool.parameters, lit)}"
+
+    def parse_block(self, block, tools):
+        found, pos = [], 0
+        while block.startswith(self.opening, pos):
+            m = re.match(r"[A-Za-z0-9_.-]+", block[pos + len(self.opening):])
+            if m is None:
+                return None
+            pos += len(self.opening) + m.end()
+            end = block.find(self.closing, pos)
+            arguments = _gemma_read(block[pos:end]) if end >= 0 else None
+            if not isinstance(arguments, dict):
+                return None
+            found.append((m.group(), arguments))
+            pos = end + len(self.closing)
+        return found if not block[pos:].strip() else None
+
+
+def _gemma_written(value) -> str:
+    """A value as Gemma 4's template writes a call's arguments (format_argument, keys bare)."""
+    if isinstance(value, str):
+        return _QUOTE + value + _QUOTE
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_gemma_written(v)}" for k, v in sorted(value.items())) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(map(_gemma_written, value)) + "]"
+    return _dumps(value)
+
+
+def _gemma_read(text: str):
+    """A value in Gemma 4's call syntax, read as JSON (None where it is not one)."""
+    out, pos = [], 0
+    while pos < len(text):
+        if text.startswith(_QUOTE, pos):
+            end = text.find(_QUOTE, pos + len(_QUOTE))
+            if end < 0:
+                return None
+            out.append(_dumps(text[pos + len(_QUOTE):end]))
+            pos = end + len(_QUOTE)
+        elif m := re.match(r"([A-Za-z_][A-Za-z0-9_.-]*)\s*:", text[pos:]):  # (a bare key)
+            out.append(_dumps(m.group(1)) + ":")
+            pos += m.end()
+        else:
+            out.append(text[pos])
+            pos += 1
+    try:
+        return json.loads("".join(out))
+    except (json.JSONDecodeError, RecursionError):
+        return None
+
+
+def _gemma_value(schema, lit) -> str:
+    """Lark for a value of the schema in Gemma 4's call syntax: objects (keys in sorted order, the
+    optional ones may be left out), arrays, strings between quotes (an enum's, a pattern's, or any
+    text), and what JSON writes alike (numbers, booleans, null)."""
+    schema = schema if isinstance(schema, dict) else {}  # (true: any value, which this syntax cannot hold to)
+    kind = schema.get("type")
+    if kind == "object" or "properties" in schema:
+        props = sorted((schema.get("properties") or {}).items())
+        required = set(schema.get("required") or ())
+        return f"{lit('{')} {_gemma_members(props, required, lit, False)} {lit('}')}"
+    if kind == "array":
+        item, low, high = _gemma_value(schema.get("items", {"type": "string"}), lit), schema.get("minItems", 0), \
+            schema.get("maxItems")
+        more = f"({lit(',')} {item})" + ("*" if high is None else f"{{{max(low - 1, 0)},{max(int(high) - 1, 0)}}}")
+        listed = f"{item} {more}"
+        return f"{lit('[')} {listed if low else f'({listed})?'} {lit(']')}"
+    if kind == "string" or "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
+        return f"{lit(_QUOTE)} {_string_value(schema, lit, _QUOTE)}"
+    if kind in ("integer", "number", "boolean", "null"):
+        return lit.json(schema)
+    raise ValueError(f"a parameter of type {kind!r} (or without one) cannot be written in Gemma 4's call syntax")
+
+
+def _gemma_members(props: list, required: set, lit, after: bool) -> str:
+    """The members from the first of props on, a comma before each but the first written."""
+    if not props:
+        return ""
+    (key, schema), rest = props[0], props[1:]
+    member = f"{lit((',' if after else '') + key + ':')} {_gemma_value(schema, lit)} {_gemma_members(rest, required, lit, True)}"
+    if key in required:
+        return f"({member})"
+    return f"(({member}) | ({_gemma_members(rest, required, lit, after) or lit('')}))" if rest else f"({member})?"
+
+
 class Harmony(ToolFormat):
     """gpt-oss (harmony): a call is a commentary message to `functions.NAME`,
     `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}`, which ends the
@@ -474,6 +572,7 @@ def _harmony_content(text: str) -> str:
 # the formats, by what gives them away in a template's text (the first that matches)
 FORMATS: tuple[tuple[str, type[ToolFormat]], ...] = (
     ("<|channel|>", Harmony),
+    ("<|tool_call>call:", Gemma4),
     ("[ARGS]", MistralArgs),
     ("[TOOL_CALLS]", MistralList),
     ("<arg_key>", Glm),
