@@ -105,7 +105,7 @@ def test_a_template_with_its_own_tool_format_renders_the_tools_the_calls_and_the
     path = tmp_path / "tools.json"
     path.write_text(json.dumps([WEATHER["function"]]))  # (a bare function)
     session = ChatSession(smollm, 1024, SamplingOptions(temperature=0), max_reply=64, tools=read_tools(str(path)))
-    assert session.tools.own and session.tools.instructions is None
+    assert session.tools.own and not session.tools.makes_system
     _scripted(monkeypatch, smollm, ["Let me check.\n" + CALL, "It is sunny in Paris."])
     shown = []
     assert session.send("Weather in Paris?", on_text=lambda piece, part: shown.append(piece)) == "Let me check."

@@ -1,9 +1,9 @@
 """Tool calls in `ggrun serve` (runner/serve/tools.py, text/tool_calls.py) through the `openai`
 and `ollama` clients against real servers: for each family's format, a tiny random model that
-carries the family's real template (llama.cpp b11434's models/templates) and its control tokens,
-where tool_choice "required" returns parsed calls whose arguments validate against the tool's
-schema, streamed deltas reassemble into the same calls, and a tool result in the history renders
-(llama-server's /apply-template); on SmolLM2 (a template with no tool format: Hermes, its tools
+carries the family's real template (llama.cpp b11434's models/templates, Phi-4-mini's from
+tests/data) and its control tokens, where tool_choice "required" returns parsed calls whose
+arguments validate against the tool's schema, streamed deltas reassemble into the same calls, and
+the tools, a call and its result render (llama-server's /apply-template); on SmolLM2 (a template with no tool format: Hermes, its tools
 described in a system message), auto, none, a named tool, parallel_tool_calls, Ollama's tools and
 the 400s of malformed tools."""
 from __future__ import annotations
@@ -29,7 +29,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 SERVED = ("qwen2.5", "qwen3.5", "llama3.2", "mistral-nemo", "mistral-small-3.2", "gpt-oss", "granite3.3", "glm4.6",
-          "gemma4", "seed-oss", "functionary-v3.1", "smollm3")  # (a family for each format, and one with no tool format)
+          "gemma4", "phi-4-mini", "seed-oss", "functionary-v3.1", "smollm3")  # (a family for each format, and one with no tool format)
 
 
 def calls_of(message) -> list[tuple[str, dict]]:
@@ -76,7 +76,8 @@ def test_each_familys_calls(family, llama_cpp_source, tmp_path, start):  # noqa:
     history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                {"role": "tool", "tool_call_id": call.id, "name": call.function.name, "content": "RESULT-4242"}]
     prompt = httpx.post(served.url + "/apply-template", json={"messages": history, "tools": TOOLS}).json()["prompt"]
-    assert "RESULT-4242" in prompt and call.function.name in prompt.split(ASK[0]["content"], 1)[1]
+    before, after = prompt.split(ASK[0]["content"], 1)
+    assert "get_weather" in before and "RESULT-4242" in after and call.function.name in after  # (tools, call, result)
     reply = client.chat.completions.create(model=path.name, messages=history, tools=TOOLS, max_tokens=4)
     assert reply.choices[0].finish_reason in ("length", "stop", "tool_calls")
     assert served.stop() == 130 and "Traceback" not in served.log() and " 500 " not in served.log()

@@ -8,7 +8,7 @@ from ..text.chat_template import BUILTIN_TEMPLATES
 from ..text.lark import control_tokens
 from ..text.reasoning import ANSWER, reasoning_format
 from ..text.tool_calls import HeldText, Tool, ToolCall, tool_format, writes_calls
-from ..text.tool_messages import calls_written, described, object_arguments, parse_tools
+from ..text.tool_messages import object_arguments, parse_tools, template_input
 from ..text.user_files import read_text
 from .constraint import JSON_OPTIONS, Grammar, GrammarError
 
@@ -34,25 +34,21 @@ class ChatTools:
         source = BUILTIN_TEMPLATES[template.name] if template.builtin else tokenizer.vocab.chat_template
         self.format, self.own = tool_format(source)
         self.writes_calls = writes_calls(source)
-        self.grammar = self.shown = self.instructions = None
+        self.grammar = self.shown = None
+        # (the tools make a system message: described where the template has no format, or Phi-4-mini's)
+        self.makes_system = bool(tools) and (self.format.system_tools or not self.own)
         if tools:
             control = control_tokens(tokenizer.vocab, self.format.markup)
             think = reasoning_format(tokenizer.vocab) == "think"
             self.grammar = Grammar.lark(self.format.grammar(tools, "auto", True, control, think, JSON_OPTIONS))
             # (the reply decoder gives those tokens as text, which the format's parser reads)
             self.shown = {i: text for text, i in control.items()}
-            self.instructions = None if self.own else self.format.instructions(tools)
 
     def template_input(self, messages: list[dict]) -> tuple[list[dict], dict]:
         """The messages and variables the template renders (tool_messages.py): a template with a
         tool format of its own gets the tools; one without, their description and the results as
         user turns; the calls go in the replies' text where it does not write them."""
-        messages = object_arguments(messages)
-        if not self.writes_calls:
-            messages = calls_written(messages, self.format)
-        if self.own:
-            return messages, ({"tools": [t.as_openai() for t in self.tools]} if self.tools else {})
-        return described(messages, self.instructions), {}
+        return template_input(object_arguments(messages), self.tools, self.format, self.own, self.writes_calls)
 
     def read(self, answer: str) -> tuple[str, list[ToolCall]]:
         """A reply's content and calls (a reply that holds no valid call is all content)."""

@@ -78,8 +78,7 @@ class ChatSession:
     def _prefix(self, system: str | None) -> tuple[str, list[int]]:
         """The text and tokens of BOS and `system`, pinned at the start of the context."""
         messages = [{"role": "system", "content": system}] if system else []
-        # (the tools' instructions, for a template without a tool format, make a system message)
-        shown = messages or self.tools.instructions
+        shown = messages or self.tools.makes_system
         text, spans = self._render(messages, add_generation_prompt=False) if shown else ("", [])
         return text, self._tokens(text, spans, first=True)
 

@@ -17,8 +17,8 @@ from ..text.chat_template import (
 )
 from ..text.lark import control_tokens
 from ..text.reasoning import reasoning_format
-from ..text.tool_calls import Hermes, writes_calls
-from ..text.tool_messages import calls_written, described
+from ..text.tool_calls import tool_format, writes_calls
+from ..text.tool_messages import template_input
 from .fields import ApiError, bad
 
 # what a template is given besides chat_template_kwargs (a request may not set them)
@@ -96,12 +96,10 @@ class ServedModel:
         reserved = sorted(_TEMPLATE_OWN & set(variables))
         if reserved:
             raise bad(f"chat_template_kwargs may not set {reserved[0]!r}")
-        if not writes_calls(self.template_source):
-            messages = calls_written(messages, tools.format if tools is not None else Hermes())
-        if tools is not None and tools.own:
-            variables = {**variables, "tools": [t.as_openai() for t in tools.tools]}
-        elif tools is not None:  # (a template with no tool format: the tools described, results as user turns)
-            messages = described(messages, tools.format.instructions(tools.tools))
+        fmt, own = tool_format(self.template_source)
+        messages, extra = template_input(messages, tools.tools if tools is not None else [], fmt, own,
+                                         writes_calls(self.template_source))
+        variables = {**variables, **extra}
         try:
             return render_with_content_spans(self.template, messages, add_generation_prompt=True, **variables)
         except ChatTemplateError as e:

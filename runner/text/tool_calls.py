@@ -59,6 +59,7 @@ class ToolFormat:
     parallel = True        # whether the format can hold more than one call a reply
     id_length = 0          # a call id's length, where the template insists on one (Mistral's: 9)
     extra_markup = ""      # markup the grammar writes besides opening, separator and closing
+    system_tools = False   # the tools go in the system message's `tools` (as JSON text), not the template's
 
     def item(self, tool: Tool, lit) -> str:
         raise NotImplementedError
@@ -279,6 +280,16 @@ class GraniteList(_JsonList):
     """Granite 3.x: `<|tool_call|>[{"name": NAME, "arguments": {...}}, ...]`."""
     name, family = "granite", "Granite 3 <|tool_call|> list"
     opening, separator, closing = "<|tool_call|>[", ", ", "]"
+
+
+class Phi4Mini(_JsonList):
+    """Phi-4-mini: `<|tool_call|>[{"name": NAME, "arguments": {...}}, ...]<|/tool_call|>`; its
+    template takes the tools as JSON text on the system message, between <|tool|> and <|/tool|>."""
+    name, family = "phi4-mini", "Phi-4-mini <|tool_call|>[...]<|/tool_call|>"
+    opening, separator, closing, system_tools = "<|tool_call|>[", ", ", "]<|/tool_call|>", True
+
+    def parse_block(self, block, tools):
+        return super().parse_block(block.rstrip().removesuffix("<|/tool_call|>"), tools)
 
 
 class _Tagged(ToolFormat):
@@ -579,6 +590,7 @@ FORMATS: tuple[tuple[str, type[ToolFormat]], ...] = (
     ("<seed:tool_call>", SeedXml),
     ("<parameter=", QwenXml),
     ("<function=", FunctionTag),
+    ("<|/tool|>", Phi4Mini),
     ("<|tool_call|>", GraniteList),
     ("<tool_call>", Hermes),
     ('"parameters": ', Llama3),

@@ -66,6 +66,32 @@ def _with_object_arguments(call: dict) -> dict:
     return {**call, "function": {**function, "arguments": json.loads(function["arguments"])}}
 
 
+def template_input(messages: list[dict], tools: list[Tool], fmt: ToolFormat, own: bool,
+                   writes: bool) -> tuple[list[dict], dict]:
+    """The messages and variables a chat template renders for a conversation with tools (or none):
+    the calls written into the replies' text where the template does not write them (`writes`);
+    the tools in the system message where the format keeps them there (Phi-4-mini), as the
+    template's `tools` where it has a format of its own, else described (see `described`)."""
+    if not writes:
+        messages = calls_written(messages, fmt)
+    if not tools:
+        return messages, {}
+    if fmt.system_tools:
+        return with_system_tools(messages, tools), {}
+    if own:
+        return messages, {"tools": [t.as_openai() for t in tools]}
+    return described(messages, fmt.instructions(tools)), {}
+
+
+def with_system_tools(messages: list[dict], tools: list[Tool]) -> list[dict]:
+    """The tools, as JSON text, on the system message's `tools` (one put first where there is none)."""
+    listed = json.dumps([{"name": t.name, "description": t.description, "parameters": t.parameters} for t in tools],
+                        ensure_ascii=False)
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "tools": listed}, *messages[1:]]
+    return [{"role": "system", "content": "", "tools": listed}, *messages]
+
+
 def calls_written(messages: list[dict], fmt: ToolFormat) -> list[dict]:
     """For a template that does not write an assistant's calls: each written into its text, after
     its content, in the format its replies follow (arguments as objects)."""
