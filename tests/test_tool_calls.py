@@ -186,3 +186,39 @@ def test_each_formats_grammar_holds_with_its_control_tokens(llama_cpp_source, tm
     for choice, think in (("auto", False), ("required", False), ("required", True)):
         Matcher(Grammar.lark(fmt.grammar([*TOOLS, NOTE], choice, True, control, think, JSON_OPTIONS)), tok,
                 len(tok.vocab.tokens))
+
+
+PYDANTIC = Tool("book", "Book a trip", {
+    "$defs": {"Unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"$ref": "#/$defs/Unit"},
+                   "site": {"type": "string", "pattern": "^https?:\\/\\/[a-z.]+$"},
+                   "code": {"type": "string", "pattern": "[0-9]"}, "days": {"type": "integer", "minimum": 1}},
+    "required": ["city", "unit", "site", "code"], "additionalProperties": False})
+BOOKED = {"city": "ab", "unit": "celsius", "site": "https://a.b", "code": "x7y", "days": 3}  # (in the schema's order)
+
+
+@pytest.mark.parametrize("name", [fmt().name for _, fmt in FORMATS])
+def test_a_call_as_the_family_writes_it_passes_its_grammar(smollm_tokenizer, name):
+    """A call written as the format writes it (a Pydantic-style schema: a $ref, a short bounded
+    string, a pattern with '/', an unanchored pattern) goes through the required grammar token by
+    token, completes it, and parses back to the same arguments."""
+    fmt = next(f() for _, f in FORMATS if f().name == name)
+    tok = smollm_tokenizer
+    matcher = Matcher(Grammar.lark(fmt.grammar([PYDANTIC], "required", False, {}, False, JSON_OPTIONS)), tok,
+                      len(tok.vocab.tokens))
+    text = fmt.written([{"function": {"name": "book", "arguments": BOOKED}}])
+    text = "<|channel|>commentary " + text if name == "harmony" else text
+    for token in tok.encode(text, add_special=False):
+        assert token in matcher, (text, tok.token_bytes(token))
+        matcher.accept(token)
+    assert matcher.finished
+    _, calls = fmt.parse(text if name != "harmony" else fmt.written([{"function": {"name": "book",
+                                                                                    "arguments": BOOKED}}]), [PYDANTIC])
+    assert [json.loads(c.arguments) for c in calls] == [BOOKED]
+
+
+def test_gemma4s_grammar_grows_with_its_members_not_their_subsets():
+    many = Tool("many", "", {"type": "object", "properties": {f"p{i:02}": {"type": "integer"} for i in range(40)}})
+    lark = tool_format("<|tool_call>call:")[0].grammar([many], "required", False, {}, False, JSON_OPTIONS)
+    assert len(lark) < 40_000
+    Grammar.lark(lark)

@@ -40,7 +40,10 @@ class ChatTools:
         if tools:
             control = control_tokens(tokenizer.vocab, self.format.markup)
             think = reasoning_format(tokenizer.vocab) == "think"
-            self.grammar = Grammar.lark(self.format.grammar(tools, "auto", True, control, think, JSON_OPTIONS))
+            try:
+                self.grammar = Grammar.lark(self.format.grammar(tools, "auto", True, control, think, JSON_OPTIONS))
+            except ValueError as e:  # (a GrammarError, or an argument the format cannot hold to its schema)
+                raise GrammarError(f"--tools: {e}") from None
             # (the reply decoder gives those tokens as text, which the format's parser reads)
             self.shown = {i: text for text, i in control.items()}
 

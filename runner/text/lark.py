@@ -19,6 +19,7 @@ class Literals:
     def __init__(self, control: dict[str, int], json_options: dict | None = None):
         self.control, self.json_options = control, json_options
         self.rules: list[str] = []
+        self._named = 0
         self._pattern = re.compile("|".join(re.escape(t) for t in sorted(control, key=len, reverse=True))) \
             if control else None
 
@@ -41,6 +42,21 @@ class Literals:
             schema = {"x-guidance": self.json_options, **schema}
         return "%json " + json.dumps(schema, ensure_ascii=False)
 
+    def fresh(self, prefix: str) -> str:
+        """A rule name not used before in this grammar."""
+        self._named += 1
+        return f"{prefix}_{self._named}"
+
+    def ending(self, regex: str, end: str) -> str:
+        """Text matching regex (Lark's /.../ body), then end: the regex stops at end's first
+        occurrence where end is text (a lazy lexeme), and cannot run into it where end is a
+        control token."""
+        if self._pattern and self._pattern.match(end):
+            return f"/{regex}/ {self(end)}"
+        name = self.fresh("text")
+        self.rules.append(f"{name}[lazy]: /{regex}/ {self(end)}")
+        return name
+
     def until(self, end: str, name: str) -> str:
         """A rule `name`: text up to end; lazy (the shortest) where end is text, as control tokens
         cannot be part of TEXT."""
@@ -55,3 +71,21 @@ def control_tokens(vocab, markup: str) -> dict[str, int]:
     """The vocabulary's control tokens that a format's markup is written with, by text."""
     ids = (vocab.token_types == TokenType.CONTROL).nonzero()[0]
     return {vocab.tokens[i]: int(i) for i in ids if len(vocab.tokens[i]) > 1 and vocab.tokens[i] in markup}
+
+
+def pattern_regex(pattern: str) -> str:
+    """A JSON schema's pattern as the body of a Lark /regex/ that the whole string must match: a
+    '/' escaped, and an unanchored pattern allowed anywhere in it (as JSON schema reads it)."""
+    out, escaped = [], False
+    for c in pattern:
+        out.append("\\/" if c == "/" and not escaped else c)
+        escaped = c == "\\" and not escaped
+    body = "".join(out)
+    start = body.startswith("^")
+    body = body[1:] if start else body
+    end = False
+    if body.endswith("$"):  # (an anchor, unless an odd run of backslashes escapes it)
+        end = (len(body) - 1 - len(body[:-1].rstrip("\\"))) % 2 == 0
+        body = body[:-1] if end else body
+    anywhere = "(.|\\n)*"
+    return ("" if start else anywhere) + "(" + body + ")" + ("" if end else anywhere)

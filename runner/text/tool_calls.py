@@ -19,7 +19,7 @@ import secrets
 import string
 from dataclasses import dataclass
 
-from .lark import TEXT_RULE, WS, Literals
+from .lark import TEXT_RULE, WS, Literals, pattern_regex
 from .reasoning import answer_opening, reasoning_head
 
 CHOICES = ("auto", "none", "required")  # OpenAI's tool_choice, besides one named function
@@ -303,12 +303,13 @@ class _Tagged(ToolFormat):
         """Lark for the arguments: the required ones, then each optional one or not, in the schema's order."""
         props = tool.parameters.get("properties") or {}
         required = set(tool.parameters.get("required") or ())
+        defs = _definitions(tool.parameters)
         end = lit(self.value_end)
         pieces = []
         for key, schema in props.items():
-            schema = schema if isinstance(schema, dict) else {}
+            schema = _resolved(schema, tool.parameters)
             value = _string_value(schema, lit, self.value_end) if schema.get("type") == "string" else \
-                f"{lit.json(schema)} {end}"
+                f"{lit.json({**schema, **defs})} {end}"
             pair = f"({lit(self.pair[0] + key + self.pair[1])} {value})"
             pieces.append(pair if key in required else pair + "?")
         return " ".join(pieces)
@@ -328,6 +329,28 @@ class _Tagged(ToolFormat):
         return args
 
 
+def _definitions(root: dict) -> dict:
+    """A schema's definitions, which a property's $ref points into (given along with it)."""
+    return {k: root[k] for k in ("$defs", "definitions") if isinstance(root.get(k), dict)}
+
+
+def _resolved(schema, root: dict) -> dict:
+    """A property's schema, a local $ref ("#/$defs/NAME") followed into the root's definitions."""
+    schema = schema if isinstance(schema, dict) else {}  # (true: any value)
+    for _ in range(32):  # (a chain of references, never a cycle)
+        ref = schema.get("$ref")
+        if not isinstance(ref, str) or not ref.startswith("#/"):
+            return schema
+        target = root
+        for part in ref[2:].split("/"):
+            target = target.get(part) if isinstance(target, dict) else None
+        if isinstance(target, (dict, bool)):  # (true: any value)
+            schema = {**(target if isinstance(target, dict) else {}), **{k: v for k, v in schema.items() if k != "$ref"}}
+        else:
+            raise ValueError(f"the $ref {ref!r} points to no definition")  # noqa: TRY004 (a request's mistake: a 400)
+    raise ValueError("a $ref chain too long (or a cycle)")
+
+
 def _string_value(schema: dict, lit, end: str) -> str:
     """Lark for a string argument written as its text, then the text `end`: one of its enum (or its
     const), its pattern, or its bounded length; any text without them."""
@@ -340,11 +363,10 @@ def _string_value(schema: dict, lit, end: str) -> str:
         raise ValueError("a string argument written as text cannot be held to a format, or to a pattern and "
                          "a length together")
     if "pattern" in schema:
-        pattern = str(schema["pattern"]).removeprefix("^").removesuffix("$")
-        return f"/{pattern.replace('/', chr(92) + '/')}/ {lit(end)}"
+        return lit.ending(pattern_regex(str(schema["pattern"])), end)
     if "minLength" in schema or "maxLength" in schema:
         low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
-        return f"/(.|\\n){{{low},{'' if high is None else int(high)}}}/ {lit(end)}"
+        return lit.ending(f"(.|\\n){{{low},{'' if high is None else int(high)}}}", end)
     return lit.until(end, "value_text")
 
 
@@ -382,6 +404,7 @@ class QwenXml(_Tagged):
     separator = "\n</tool_call>\n<tool_call>\n<function="
     pair, value_end = ("<parameter=", ">\n"), "\n</parameter>\n"
     extra_markup = "</function></parameter>"
+    value_pattern = r"<parameter=([^>\n]*)>\n?(.*?)\n?</parameter>"  # (the newlines around a value are markup)
 
     @property
     def start(self) -> str:
@@ -400,7 +423,7 @@ class QwenXml(_Tagged):
             tool = tools.get(name.strip())
             if tool is None:
                 return None
-            pairs = re.findall(r"<parameter=([^>\n]*)>\n?(.*?)\n?</parameter>", body, re.DOTALL)
+            pairs = re.findall(self.value_pattern, body, re.DOTALL)
             found.append((tool.name, self.typed(tool, pairs)))
         return found or None
 
@@ -411,6 +434,7 @@ class SeedXml(QwenXml):
     opening, closing = "<seed:tool_call>\n<function=", "\n</seed:tool_call>"
     separator = "\n</seed:tool_call>\n<seed:tool_call>\n<function="
     pair, value_end = ("<parameter=", ">"), "</parameter>\n"
+    value_pattern = r"<parameter=([^>\n]*)>(.*?)</parameter>"
 
     @property
     def start(self) -> str:
@@ -451,7 +475,7 @@ class Gemma4(ToolFormat):
         return name + _gemma_written(arguments)
 
     def item(self, tool, lit):
-        return f"{lit(tool.name)} {_gemma_value(tool.parameters, lit)}"
+        return f"{lit(tool.name)} {_gemma_value(tool.parameters, lit, tool.parameters)}"
 
     def parse_block(self, block, tools):
         found, pos = [], 0
@@ -490,7 +514,7 @@ def _gemma_read(text: str):
                 return None
             out.append(_dumps(text[pos + len(_QUOTE):end]))
             pos = end + len(_QUOTE)
-        elif m := re.match(r"([A-Za-z_][A-Za-z0-9_.-]*)\s*:", text[pos:]):  # (a bare key)
+        elif m := re.match(r"([^\s{}\[\],:<]+)\s*:", text[pos:]):  # (a bare key: only a key is followed by ':')
             out.append(_dumps(m.group(1)) + ":")
             pos += m.end()
         else:
@@ -502,20 +526,23 @@ def _gemma_read(text: str):
         return None
 
 
-def _gemma_value(schema, lit) -> str:
+def _gemma_value(schema, lit, root: dict) -> str:
     """Lark for a value of the schema in Gemma 4's call syntax: objects (keys in sorted order, the
     optional ones may be left out), arrays, strings between quotes (an enum's, a pattern's, or any
-    text), and what JSON writes alike (numbers, booleans, null)."""
-    schema = schema if isinstance(schema, dict) else {}  # (true: any value, which this syntax cannot hold to)
+    text), and what JSON writes alike (numbers, booleans, null). root: the tool's parameters, whose
+    definitions a $ref points into."""
+    schema = _resolved(schema, root)
     kind = schema.get("type")
     if kind == "object" or "properties" in schema:
         props = sorted((schema.get("properties") or {}).items())
-        required = set(schema.get("required") or ())
-        return f"{lit('{')} {_gemma_members(props, required, lit, False)} {lit('}')}"
+        members = _gemma_members(props, set(schema.get("required") or ()), lit, root)
+        return f"{lit('{')} {members} {lit('}')}"
     if kind == "array":
-        item, low, high = _gemma_value(schema.get("items", {"type": "string"}), lit), schema.get("minItems", 0), \
-            schema.get("maxItems")
-        more = f"({lit(',')} {item})" + ("*" if high is None else f"{{{max(low - 1, 0)},{max(int(high) - 1, 0)}}}")
+        low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
+        if high is not None and int(high) <= 0:
+            return f"{lit('[')} {lit(']')}"
+        item = _gemma_value(schema.get("items", {"type": "string"}), lit, root)
+        more = f"({lit(',')} {item}){{{max(low - 1, 0)},{'' if high is None else int(high) - 1}}}"
         listed = f"{item} {more}"
         return f"{lit('[')} {listed if low else f'({listed})?'} {lit(']')}"
     if kind == "string" or "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
@@ -525,15 +552,23 @@ def _gemma_value(schema, lit) -> str:
     raise ValueError(f"a parameter of type {kind!r} (or without one) cannot be written in Gemma 4's call syntax")
 
 
-def _gemma_members(props: list, required: set, lit, after: bool) -> str:
-    """The members from the first of props on, a comma before each but the first written."""
-    if not props:
-        return ""
-    (key, schema), rest = props[0], props[1:]
-    member = f"{lit((',' if after else '') + key + ':')} {_gemma_value(schema, lit)} {_gemma_members(rest, required, lit, True)}"
-    if key in required:
-        return f"({member})"
-    return f"(({member}) | ({_gemma_members(rest, required, lit, after) or lit('')}))" if rest else f"({member})?"
+def _gemma_members(props: list, required: set, lit, root: dict) -> str:
+    """Lark for an object's members in order, a comma before each but the first written: a rule
+    for each member and whether one came before it, so that each is written once."""
+    names: dict[tuple[int, bool], str] = {}
+
+    def rest(i: int, after: bool) -> str:
+        if i == len(props):
+            return ""
+        if (i, after) not in names:
+            names[i, after] = name = lit.fresh("members")
+            key, schema = props[i]
+            member = f"{lit((',' if after else '') + key + ':')} {_gemma_value(schema, lit, root)} {rest(i + 1, True)}"
+            skipped = rest(i + 1, after)
+            body = member if key in required else f"{member} | {skipped}" if skipped else f"({member})?"
+            lit.rules.append(f"{name}: {body}")
+        return names[i, after]
+    return rest(0, False)
 
 
 class Harmony(ToolFormat):
