@@ -67,7 +67,7 @@ class GenerationStats:
 
 def choose(sampler: Sampler, logits, history: list[int], matcher=None):
     """The sampler's choice, under a grammar's mask where there is a matcher (constraint.Matcher)."""
-    return sampler.choose(logits, history, matcher)
+    return sampler.choose(logits, history) if matcher is None else sampler.choose(logits, history, matcher)
 
 
 def prefill(model, cache, prompt: list[int], stats: GenerationStats, pin: int = 0):
