@@ -93,3 +93,35 @@ def test_a_long_but_honest_render_is_not_stopped():
     messages = [{"role": "user", "content": "word " * 190}] * 800  # a 190k-token conversation
     text = ChatTemplate(source, "long").render(messages, add_generation_prompt=False)
     assert text == "".join(f"user: {m['content']}\n" for m in messages)
+
+
+def test_gemma4s_thought_channel_comes_apart_and_a_grammar_follows_it(llama_cpp_source, tmp_path):
+    """Gemma 4 marks its thinking `<|channel>thought\\n...<channel|>` (its template writes it so):
+    the reply decoder gives that as reasoning, the channel's name dropped, and a chat reply's
+    grammar applies after it."""
+    from gguf_io import GGUFFile
+    from gguf_io.vocab import read_vocab
+    from runner.engine.constraint import Grammar, Matcher, reply_grammar
+    from runner.text.reasoning import ReplyDecoder, SplitReply, reasoning_format
+    from runner.text.tokenizer import Tokenizer
+
+    from .template_models import write_template_model
+    template = (llama_cpp_source / "models" / "templates" / "google-gemma-4-31B-it.jinja").read_text()
+    path = write_template_model(tmp_path / "gemma4.gguf", template, ("<|turn>", "<turn|>", "<|channel>", "<channel|>"))
+    tok = Tokenizer(read_vocab(GGUFFile(path)))
+    assert reasoning_format(tok.vocab) == "channel"
+
+    def text(s: str) -> list[int]:
+        return tok.encode(s, add_special=False, continuation=True)
+    ids = [tok.vocab.tokens.index("<|channel>"), *text("thought\nLet me see."), tok.vocab.tokens.index("<channel|>"),
+           *text('{"x": 3}')]
+    decoder, reply = ReplyDecoder(tok, "channel"), SplitReply()
+    for token in ids:
+        reply.add(decoder.part, decoder.push(token))
+    assert (reply.reasoning, reply.answer) == ("Let me see.", '{"x": 3}')
+    point = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"], "additionalProperties": False}
+    matcher = Matcher(reply_grammar(Grammar.json_schema(point), tok.vocab, "channel"), tok, len(tok.vocab.tokens))
+    for token in ids:
+        assert token in matcher, tok.token_bytes(token, render_special=True)
+        matcher.accept(token)
+    assert matcher.finished

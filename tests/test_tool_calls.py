@@ -133,7 +133,7 @@ def test_the_grammar_lets_only_calls_through(smollm_tokenizer, name, choice):
     tok = smollm_tokenizer
     think = choice == "think"  # (required, after a reasoning block)
     choice = "required" if think else choice
-    matcher = Matcher(Grammar.lark(fmt.grammar(TOOLS, choice, True, {}, think, JSON_OPTIONS)), tok,
+    matcher = Matcher(Grammar.lark(fmt.grammar(TOOLS, choice, True, {}, "think" if think else None, JSON_OPTIONS)), tok,
                       len(tok.vocab.tokens))
     rng = np.random.default_rng(sum(map(ord, name + choice)))
     # (harmony's calls come after its header; in auto mode, text then a call's opening)
@@ -183,8 +183,8 @@ def test_each_formats_grammar_holds_with_its_control_tokens(llama_cpp_source, tm
     tok = Tokenizer(read_vocab(GGUFFile(write_template_model(tmp_path / "m.gguf", source, FAMILIES[family][2]))))
     fmt = tool_format(source)[0]
     control = control_tokens(tok.vocab, fmt.markup)
-    for choice, think in (("auto", False), ("required", False), ("required", True)):
-        Matcher(Grammar.lark(fmt.grammar([*TOOLS, NOTE], choice, True, control, think, JSON_OPTIONS)), tok,
+    for choice, reasoning in (("auto", None), ("required", None), ("required", "think"), ("auto", "channel")):
+        Matcher(Grammar.lark(fmt.grammar([*TOOLS, NOTE], choice, True, control, reasoning, JSON_OPTIONS)), tok,
                 len(tok.vocab.tokens))
 
 
@@ -204,7 +204,7 @@ def test_a_call_as_the_family_writes_it_passes_its_grammar(smollm_tokenizer, nam
     token, completes it, and parses back to the same arguments."""
     fmt = next(f() for _, f in FORMATS if f().name == name)
     tok = smollm_tokenizer
-    matcher = Matcher(Grammar.lark(fmt.grammar([PYDANTIC], "required", False, {}, False, JSON_OPTIONS)), tok,
+    matcher = Matcher(Grammar.lark(fmt.grammar([PYDANTIC], "required", False, {}, None, JSON_OPTIONS)), tok,
                       len(tok.vocab.tokens))
     text = fmt.written([{"function": {"name": "book", "arguments": BOOKED}}])
     text = "<|channel|>commentary " + text if name == "harmony" else text
@@ -219,6 +219,6 @@ def test_a_call_as_the_family_writes_it_passes_its_grammar(smollm_tokenizer, nam
 
 def test_gemma4s_grammar_grows_with_its_members_not_their_subsets():
     many = Tool("many", "", {"type": "object", "properties": {f"p{i:02}": {"type": "integer"} for i in range(40)}})
-    lark = tool_format("<|tool_call>call:")[0].grammar([many], "required", False, {}, False, JSON_OPTIONS)
+    lark = tool_format("<|tool_call>call:")[0].grammar([many], "required", False, {}, None, JSON_OPTIONS)
     assert len(lark) < 40_000
     Grammar.lark(lark)

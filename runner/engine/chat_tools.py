@@ -39,9 +39,9 @@ class ChatTools:
         self.makes_system = bool(tools) and (self.format.system_tools or not self.own)
         if tools:
             control = control_tokens(tokenizer.vocab, self.format.markup)
-            think = reasoning_format(tokenizer.vocab) == "think"
+            reasoning = reasoning_format(tokenizer.vocab)
             try:
-                self.grammar = Grammar.lark(self.format.grammar(tools, "auto", True, control, think, JSON_OPTIONS))
+                self.grammar = Grammar.lark(self.format.grammar(tools, "auto", True, control, reasoning, JSON_OPTIONS))
             except ValueError as e:  # (a GrammarError, or an argument the format cannot hold to its schema)
                 raise GrammarError(f"--tools: {e}") from None
             # (the reply decoder gives those tokens as text, which the format's parser reads)

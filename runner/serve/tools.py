@@ -40,7 +40,7 @@ def read_tools(f: Fields, model) -> ToolUse | None:
     fmt, own = tool_format(model.template_source)
     control = model.control_tokens(fmt.markup)
     try:
-        grammar = Grammar.lark(fmt.grammar(tools, choice, parallel, control, think=model.reasoning == "think",
+        grammar = Grammar.lark(fmt.grammar(tools, choice, parallel, control, reasoning=model.reasoning,
                                            json_options=JSON_OPTIONS))
     except ValueError as e:  # (a GrammarError, or an argument the format cannot hold to its schema)
         raise bad(f"tools: {e}") from None

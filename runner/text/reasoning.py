@@ -1,10 +1,12 @@
 """A reply's reasoning apart from its answer, as the model's tokens mark them.
 
-Two formats, recognised by the vocabulary:
+Three formats, recognised by the vocabulary:
 - harmony (gpt-oss): messages `<|channel|>NAME<|message|>TEXT<|end|>`, each after
   `<|start|>ROLE`; the analysis channel is the reasoning, final (and commentary, a tool
   preamble) the answer; the header tokens between are markup.
 - think tags (Qwen 3, DeepSeek R1 and their kin): the text between `<think>` and `</think>`.
+- a thought channel (Gemma 4): `<|channel>thought\nTEXT<channel|>`, its first line the
+  channel's name.
 
 ReplyDecoder turns the generated ids into text as StreamDecoder does, and says which part each
 piece belongs to; the chat shows reasoning apart (or hides it) and keeps it beside the answer.
@@ -18,15 +20,18 @@ from .tokenizer import StreamDecoder
 REASONING, ANSWER = "reasoning", "answer"
 _HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")
 _THINK = ("<think>", "</think>")
+_CHANNEL = ("<|channel>", "<channel|>")
 
 
 def reasoning_format(vocab) -> str | None:
-    """"harmony", "think" or None: how the model's replies mark their reasoning."""
+    """"harmony", "think", "channel" or None: how the model's replies mark their reasoning."""
     tokens = set(vocab.tokens[:300_000])
     if all(t in tokens for t in _HARMONY):
         return "harmony"
     if all(t in tokens for t in _THINK):
         return "think"
+    if all(t in tokens for t in _CHANNEL):
+        return "channel"
     return None
 
 
@@ -37,6 +42,8 @@ def reasoning_head(fmt: str, lit) -> str:
     if fmt == "harmony":
         body = lit.until("<|end|>", "analysis_body")
         return f"({lit('<|channel|>analysis<|message|>')} {body} {lit('<|start|>assistant')})?"
+    if fmt == "channel":
+        return f"({lit('<|channel>')} {lit.until('<channel|>', 'thought_body')})?"
     return f"({lit('<think>')}? {lit.until('</think>', 'think_body')})?"
 
 
@@ -45,7 +52,7 @@ def answer_opening(fmt: str | None) -> str:
     return "<|channel|>final<|message|>" if fmt == "harmony" else ""
 
 
-REASONING_MARKUP = "".join(_HARMONY) + "".join(_THINK)  # (the control tokens reasoning_head may write)
+REASONING_MARKUP = "".join(_HARMONY) + "".join(_THINK) + "".join(_CHANNEL)  # (the control tokens reasoning_head may write)
 
 
 class ReplyDecoder(StreamDecoder):
@@ -60,7 +67,7 @@ class ReplyDecoder(StreamDecoder):
         super().__init__(tokenizer)
         self.format = fmt
         self._markers = {}
-        for text in (_HARMONY if fmt == "harmony" else _THINK if fmt == "think" else ()):
+        for text in {"harmony": _HARMONY, "think": _THINK, "channel": _CHANNEL}.get(fmt, ()):
             self._markers[tokenizer.vocab.tokens.index(text)] = text
         self._shown = shown or {}
         self._calls = shown is not None
@@ -73,6 +80,10 @@ class ReplyDecoder(StreamDecoder):
         marker = self._markers.get(token_id)
         if marker is None:
             text = self._shown.get(token_id) or super().push(token_id)
+            if self._state == "name":  # (a thought channel's first line names it)
+                if "\n" not in text:
+                    return ""
+                self._state, text = "content", text.split("\n", 1)[1]
             if self._state == "content":
                 return text
             self._header += text
@@ -81,8 +92,10 @@ class ReplyDecoder(StreamDecoder):
             return ""
         if marker == "<think>":
             self.part = REASONING
-        elif marker == "</think>":
-            self.part = ANSWER
+        elif marker in ("</think>", "<channel|>"):
+            self.part, self._state = ANSWER, "content"
+        elif marker == "<|channel>":
+            self.part, self._state = REASONING, "name"
         elif marker == "<|channel|>":
             self._state, self._channel = "channel", ""
         elif marker == "<|message|>":

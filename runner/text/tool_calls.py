@@ -20,7 +20,7 @@ import string
 from dataclasses import dataclass
 
 from .lark import TEXT_RULE, WS, Literals, pattern_regex
-from .reasoning import answer_opening, reasoning_head
+from .reasoning import REASONING_MARKUP, answer_opening, reasoning_head
 
 CHOICES = ("auto", "none", "required")  # OpenAI's tool_choice, besides one named function
 _ALNUM = string.ascii_letters + string.digits
@@ -84,7 +84,7 @@ class ToolFormat:
     @property
     def markup(self) -> str:
         """All the markup text the format writes (its control tokens are rendered as text)."""
-        return self.opening + self.separator + self.closing + self.extra_markup + "<think></think>"
+        return self.opening + self.separator + self.closing + self.extra_markup + REASONING_MARKUP
 
     @property
     def start(self) -> str:
@@ -92,18 +92,19 @@ class ToolFormat:
         return self.opening
 
     def grammar(self, tools: list[Tool], choice: str, parallel: bool, control: dict[str, int],
-                think: bool = False, json_options: dict | None = None) -> str:
+                reasoning: str | None = None, json_options: dict | None = None) -> str:
         """llguidance's Lark grammar of a reply: `choice` is "auto" (text, or text and then calls)
         or "required" (calls only; a named tool is `tools` of that one); `control`: the
-        vocabulary's control tokens by text, which the markup must be written with; `think`:
-        a reasoning block may come first; json_options: llguidance's settings for the arguments
+        vocabulary's control tokens by text, which the markup must be written with; `reasoning`:
+        how the model marks its reasoning (text/reasoning.py's formats), which may come first; json_options: llguidance's settings for the arguments
         (its "x-guidance": whitespace, leniency)."""
         lit = Literals(control, json_options)
         items = " | ".join(f"call_{i}" for i in range(len(tools)))
         rules = [f"call_{i}: {self.item(tool, lit)}" for i, tool in enumerate(tools)]
         more = f' ({lit(self.separator)} ({items}))*' if parallel and self.parallel else ""
         rules.append(f"calls: ({items}){more} {lit(self.closing)}")
-        head = f"{reasoning_head('think', lit)} {WS} " if think else ""  # (its tokens may be control, not TEXT)
+        # (its markup may be control tokens, which TEXT is not)
+        head = f"{reasoning_head(reasoning, lit)} {WS} " if reasoning in ("think", "channel") else ""
         if choice == "required":
             top = f"start: {head}{lit(self.opening)} calls"
         elif self.opening:
@@ -586,7 +587,7 @@ class Harmony(ToolFormat):
     def item(self, tool, lit):
         return f"{lit(tool.name + ' <|constrain|>json<|message|>')} {lit.json(tool.parameters)}"
 
-    def grammar(self, tools, choice, parallel, control, think=False, json_options=None):
+    def grammar(self, tools, choice, parallel, control, reasoning=None, json_options=None):
         lit = Literals(control, json_options)
         items = " | ".join(f"call_{i}" for i in range(len(tools)))
         rules = [f"call_{i}: {self.item(tool, lit)}" for i, tool in enumerate(tools)]
