@@ -760,8 +760,8 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
 @click.option("--save-kv", is_flag=True,
               help="/save also keeps the KV cache (FILE.kv.npz), so /load resumes without prefilling.")
 @click.option("--reasoning", type=click.Choice(["show", "hide"]), default="show", show_default=True,
-              help="A reasoning model's thinking (gpt-oss's analysis channel, <think> text): shown apart "
-                   "from the answer, or hidden.")
+              help="A reasoning model's thinking (gpt-oss's analysis channel, <think> text, Gemma 4's thought "
+                   "channel): shown apart from the answer, or hidden.")
 @click.option("--tools", "tools_file", metavar="FILE",
               help="Functions the model may call: a JSON list of OpenAI's tools ({\"type\": \"function\", "
                    "\"function\": {name, description, parameters}}) or of the bare functions. They go through "
