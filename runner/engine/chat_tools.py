@@ -10,7 +10,7 @@ from ..text.reasoning import ANSWER, reasoning_format
 from ..text.tool_calls import HeldText, Tool, ToolCall, tool_format, writes_calls
 from ..text.tool_messages import object_arguments, parse_tools, template_input
 from ..text.user_files import read_text
-from .constraint import JSON_OPTIONS, Grammar, GrammarError
+from .constraint import Grammar, GrammarError
 
 
 def read_tools(path: str) -> list[Tool]:
@@ -41,8 +41,8 @@ class ChatTools:
             control = control_tokens(tokenizer.vocab, self.format.markup)
             reasoning = reasoning_format(tokenizer.vocab)
             try:
-                self.grammar = Grammar.lark(self.format.grammar(tools, "auto", True, control, reasoning, JSON_OPTIONS))
-            except ValueError as e:  # (a GrammarError, or an argument the format cannot hold to its schema)
+                self.grammar = Grammar.tool_calls(self.format, tools, "auto", True, control, reasoning)
+            except GrammarError as e:
                 raise GrammarError(f"--tools: {e}") from None
             # (the reply decoder gives those tokens as text, which the format's parser reads)
             self.shown = {i: text for text, i in control.items()}

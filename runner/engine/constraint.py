@@ -89,6 +89,17 @@ class Grammar:
         tokens named by id (`<[id]>`) are checked against the vocabulary by the Matcher."""
         return cls._checked(kind, text)
 
+    @classmethod
+    def tool_calls(cls, fmt, tools: list, choice: str, parallel: bool, control: dict[str, int],
+                   reasoning: str | None) -> Grammar:
+        """A reply in a tool-call format (text/tool_calls.py's ToolFormat.grammar), the arguments'
+        schemas with ggrun's JSON settings; GrammarError where an argument cannot be held to its
+        schema."""
+        try:
+            return cls.lark(fmt.grammar(tools, choice, parallel, control, reasoning, JSON_OPTIONS))
+        except ValueError as e:  # (a GrammarError, or a schema feature the format's syntax cannot hold to)
+            raise GrammarError(str(e)) from None
+
     def after_reasoning(self, fmt: str | None, control: dict[str, int]) -> Grammar:
         """This grammar after a reasoning model's thinking (text/reasoning.py's formats, None:
         none): the reasoning comes first, free, then what this grammar allows (in harmony, as the
@@ -239,8 +250,9 @@ class TokenMask:
 
 class Matcher:
     """One sequence's place in a grammar: the tokens allowed next (as a TokenMask does: `token in
-    matcher`, count, only(), array()), fed each token handed out. `ends`: the ids that end this generation (its stop ids); the
-    grammar's end-of-generation tokens outside them are never allowed while the grammar can go on."""
+    matcher`, count, only(), array()), fed each token handed out. `ends`: the ids that end this
+    generation (its stop ids); the grammar's end-of-generation tokens outside them are never
+    allowed while the grammar can go on."""
 
     def __init__(self, grammar: Grammar, tokenizer, size: int, ends=None):
         import llguidance
@@ -250,10 +262,10 @@ class Matcher:
         eos = sorted(tokenizer.vocab.end_of_generation)
         ends = tokenizer.vocab.end_of_generation if ends is None else ends
         self._eos_ids = [t for t in eos if t < size]
-        self._eos = TokenMask(np.zeros(0, dtype=np.uint32), size)
+        words = np.zeros((size + 31) // 32, dtype=np.uint32)
         for t in self._eos_ids:
-            self._eos.words[t >> 5] |= np.uint32(1 << (t & 31))
-        self._eos.count = len(self._eos_ids)
+            words[t >> 5] |= np.uint32(1 << (t & 31))
+        self._eos = TokenMask(words, size)
         self._not_ends = [t for t in eos if t not in ends and t < size]
         self._eos_set = set(eos)
         self._state: tuple[TokenMask, bool] | None = None  # (the allowed tokens, finished) where they are known

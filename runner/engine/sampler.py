@@ -91,7 +91,8 @@ class Sampler:
         model_logits = logits
         n = logits.size
         packed = allowed is not None and not isinstance(allowed, np.ndarray)
-        if packed and o.temperature <= 0 and not self._penalized(history):
+        penalized = self._penalized(history)
+        if packed and o.temperature <= 0 and not penalized:
             best = int(np.argmax(logits))
             if best in allowed:  # (the best token allowed: the rest need not be masked)
                 return Choice(best, np.array([best]), np.zeros(1), model_logits)
@@ -102,7 +103,7 @@ class Sampler:
             if n == 1:
                 token = allowed.only() if packed else int(np.argmax(allowed))
                 return Choice(token, np.array([token]), np.zeros(1), model_logits)
-        if self._penalized(history):  # llama.cpp's penalties sampler
+        if penalized:  # llama.cpp's penalties sampler
             window = np.asarray(history[-o.repeat_last_n:] if o.repeat_last_n > 0 else history)
             recent, counts = np.unique(window, return_counts=True)
             logits = logits.astype(np.float64)  # (so that no penalty overflows to an infinity)

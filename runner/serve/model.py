@@ -71,13 +71,11 @@ class ServedModel:
         self.reasoning = reasoning_format(lm.tokenizer.vocab)  # how replies mark their reasoning (text/reasoning.py)
         self.template_source = (BUILTIN_TEMPLATES[self.template.name] if self.template.builtin
                                 else lm.tokenizer.vocab.chat_template)
-        self._control: dict[str, dict[str, int]] = {}
-
-    def control_tokens(self, markup: str) -> dict[str, int]:
-        """The vocabulary's control tokens whose text the markup (a tool-call format's) writes, by text."""
-        if markup not in self._control:
-            self._control[markup] = control_tokens(self.tokenizer.vocab, markup)
-        return self._control[markup]
+        # the template's tool-call format (own: its own, else Hermes described), whether it writes an
+        # assistant's calls, and the vocabulary's control tokens of the format's markup
+        self.tool_format, self.own_tool_format = tool_format(self.template_source)
+        self.writes_calls = writes_calls(self.template_source)
+        self.tool_control = control_tokens(lm.tokenizer.vocab, self.tool_format.markup)
 
     def chat_ids(self, messages: list[dict], variables: dict | None = None, tools=None) -> list[int]:
         """The tokens of a conversation through the chat template, ready for the reply; only the
@@ -96,9 +94,8 @@ class ServedModel:
         reserved = sorted(_TEMPLATE_OWN & set(variables))
         if reserved:
             raise bad(f"chat_template_kwargs may not set {reserved[0]!r}")
-        fmt, own = tool_format(self.template_source)
-        messages, extra = template_input(messages, tools.tools if tools is not None else [], fmt, own,
-                                         writes_calls(self.template_source))
+        messages, extra = template_input(messages, tools.tools if tools is not None else [], self.tool_format,
+                                         self.own_tool_format, self.writes_calls)
         variables = {**variables, **extra}
         try:
             return render_with_content_spans(self.template, messages, add_generation_prompt=True, **variables)

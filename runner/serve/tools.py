@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.constraint import JSON_OPTIONS, Grammar, GrammarError
-from ..text.tool_calls import CHOICES, HeldText, Tool, ToolCall, ToolFormat, tool_format
+from ..engine.constraint import Grammar, GrammarError
+from ..text.tool_calls import CHOICES, HeldText, Tool, ToolCall, ToolFormat
 from ..text.tool_messages import NAME, NO_PARAMETERS
 from .fields import Fields, bad, check_type, shown
 
@@ -37,14 +37,12 @@ def read_tools(f: Fields, model) -> ToolUse | None:
         return None
     if isinstance(choice, Tool):
         tools, choice = [choice], "required"
-    fmt, own = tool_format(model.template_source)
-    control = model.control_tokens(fmt.markup)
     try:
-        grammar = Grammar.lark(fmt.grammar(tools, choice, parallel, control, reasoning=model.reasoning,
-                                           json_options=JSON_OPTIONS))
-    except ValueError as e:  # (a GrammarError, or an argument the format cannot hold to its schema)
+        grammar = Grammar.tool_calls(model.tool_format, tools, choice, parallel, model.tool_control, model.reasoning)
+    except GrammarError as e:
         raise bad(f"tools: {e}") from None
-    return ToolUse(tools, choice, parallel, fmt, own, {i: t for t, i in control.items()}, grammar)
+    return ToolUse(tools, choice, parallel, model.tool_format, model.own_tool_format,
+                   {i: t for t, i in model.tool_control.items()}, grammar)
 
 
 def _tool(value, where: str) -> Tool:
