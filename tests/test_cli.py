@@ -117,8 +117,10 @@ def test_run_timings_break_down_the_start_up(smollm_path):
     assert "prompt of 5 tokens to first token" in stages and "first token at" in stages
     seconds = {name: float(value) for name, value in stages.items()}
     assert all(s >= 0 for s in seconds.values())
+    # each figure is rounded to the millisecond, so the printed parts may miss the printed total by half
+    # a millisecond each
     assert seconds["first token at"] == pytest.approx(sum(s for n, s in seconds.items() if n != "first token at"),
-                                                      abs=2e-3)
+                                                      abs=5e-4 * len(seconds) + 1e-9)
 
 
 def test_paused_gc_gives_the_collector_back_as_it_was():
