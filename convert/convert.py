@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +48,9 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True, s
     planned: list[tuple[str, tuple[int, ...], object]] = [
         (name, values.shape, lambda v=values: v) for name, values in hf.extra_tensors.items()]
     carried = _mxfp4_tensors(ckpt, hf)  # (and MXFP4 experts as the checkpoint holds them)
-    names = [n for n in ckpt.names() if not n.endswith(("_blocks", "_scales")) or n.rsplit("_", 1)[0] not in carried]
+    left_out = Counter(hf.left_out(n) for n in ckpt.names())  # (by part: None, the tensors converted)
+    names = [n for n in ckpt.names() if hf.left_out(n) is None
+             and (not n.endswith(("_blocks", "_scales")) or n.rsplit("_", 1)[0] not in carried)]
     for hf_name, parts in _stacked_experts(names, hf.n_expert).items():
         shape = hf.oriented_shape(hf_name, ckpt.shape(parts[0]) if parts[0] == hf_name
                                   else (len(parts), *ckpt.shape(parts[0])))
@@ -65,8 +68,9 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True, s
                             lambda n=name, h=parts, hn=hf_name: hf.transform(n, hf.orient(hn, _read(ckpt, h)))))
     if not any(p[0] == "token_embd.weight" for p in planned):
         raise ConversionError("the checkpoint has no token embedding (model.embed_tokens.weight)")
-    types = mix_types(file_type, {name: shape for name, shape, _ in planned}, hf.n_layer, hf.n_head, hf.n_head_kv,
-                      hf.n_expert)
+    kv_heads = hf.metadata["attention.head_count_kv"]  # (layer 0's, where given per layer)
+    types = mix_types(file_type, {name: shape for name, shape, _ in planned}, hf.n_layer, hf.n_head,
+                      kv_heads[0] if isinstance(kv_heads, list) else kv_heads, hf.n_expert)
     tensors = [PlannedTensor(name, shape, types[name], load) for name, shape, load in planned]
     tensors += [t for ts in carried.values() for t in ts]
 
@@ -74,7 +78,9 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True, s
     written_type = "MXFP4_MOE" if carried and FILE_TYPES[file_type][0] in FLOAT_TYPES else file_type
     general = general_metadata(folder.resolve(), tensors)  # (resolved: "." is named as the folder it is)
     metadata = model_metadata(folder.resolve().name, hf, written_type, tok, special, general)
-    return write_gguf(out, hf.arch.name, metadata, tensors, progress, split_max_size, list(folder.iterdir()))
+    summary = write_gguf(out, hf.arch.name, metadata, tensors, progress, split_max_size, list(folder.iterdir()))
+    summary.left_out = [f"{n} tensors of {part}" for part, n in left_out.items() if part]
+    return summary
 
 
 def _mxfp4_tensors(ckpt, hf: HFModel) -> dict[str, list[PlannedTensor]]:
@@ -187,7 +193,7 @@ def requantize(src: Path, out: Path, type_name: str, progress: bool = True, allo
     params = read_params(f)
     types = {name: t.type for name, t in f.tensors.items()} if copy else mix_types(
         file_type, {name: t.shape for name, t in f.tensors.items()},
-        params.n_layer, params.n_head, params.n_head_kv, params.n_expert)
+        params.n_layer, params.n_head, params.layer_kv_heads(0), params.n_expert)
     tensors = []
     for name in llama_quantize_order(f.tensors):  # written in that order too, as llama-quantize writes
         t, new_type = f.tensors[name], types[name]

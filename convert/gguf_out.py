@@ -43,6 +43,7 @@ class Summary:
     nbytes: int
     by_type: Counter = field(default_factory=Counter)
     parts: list[Path] = field(default_factory=list)  # the files written: [path], or a split model's parts
+    left_out: list[str] = field(default_factory=list)  # the checkpoint's parts left out: "2 tensors of ..."
 
     @property
     def bits_per_weight(self) -> float:
@@ -54,14 +55,15 @@ class Summary:
                 f"tensors: {types}",
                 f"size: {sum(os.path.getsize(p) for p in self.parts) / 2**20:.1f} MiB, "
                 f"{self.n_params / 1e6:.1f} M parameters, "
-                f"{self.bits_per_weight:.2f} bits per weight, {self.seconds:.1f} s"]
+                f"{self.bits_per_weight:.2f} bits per weight, {self.seconds:.1f} s"] + (
+                [f"left out: {'; '.join(self.left_out)}"] if self.left_out else [])
 
 
 def typed_value(value) -> tuple[object, GGUFValueType, GGUFValueType | None]:
     """GGUF value type for a plain Python value (ints are u32, floats f32, as llama.cpp writes;
-    a list of one such type is an array of it)."""
+    a list of one such type is an array of it, its ints i32 as gguf-py types an array's items)."""
     if isinstance(value, list) and value:
-        items = {typed_value(v)[1] for v in value}
+        items = {GGUFValueType.INT32 if t == GGUFValueType.UINT32 else t for t in (typed_value(v)[1] for v in value)}
         if len(items) == 1 and GGUFValueType.ARRAY not in items:
             return value, GGUFValueType.ARRAY, items.pop()
     if isinstance(value, bool):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gguf import MODEL_TENSOR
+from gguf import MODEL_TENSOR, TENSOR_NAMES
 
 from gguf_io.architectures import HF_MODEL_TYPES, Architecture
 
@@ -36,6 +36,11 @@ class HFModel:
 
     def __post_init__(self):
         self._names = self.arch.hf_names(self.n_layer)
+
+    def left_out(self, hf_name: str) -> str | None:
+        """What part of the model a checkpoint tensor the converter leaves out belongs to (the
+        architecture's left_out); None for the others."""
+        return next((part for prefix, part in self.arch.left_out if hf_name.startswith(prefix)), None)
 
     def gguf_name(self, hf_name: str) -> str | None:
         """GGUF tensor name for a checkpoint tensor; None for tensors llama.cpp drops."""
@@ -69,11 +74,19 @@ class HFModel:
         """Whether a checkpoint tensor is stacked experts held as [experts, in, out]."""
         return self.arch.experts_in_out and len(shape) == 3 and ".experts." in hf_name
 
+    def _squeezed(self, hf_name: str, shape: tuple[int, ...]) -> bool:
+        """Whether a checkpoint tensor is held [rows, 1, n] and written [rows, n]."""
+        return len(shape) == 3 and shape[1] == 1 and hf_name.endswith(self.arch.squeezed)
+
     def oriented_shape(self, hf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
         """A checkpoint tensor's shape as GGUF takes it (numpy order): [experts, out, in]."""
+        if self._squeezed(hf_name, shape):
+            return shape[0], shape[2]
         return (*shape[:-2], shape[-1], shape[-2]) if self._in_out(hf_name, shape) else shape
 
     def orient(self, hf_name: str, w: np.ndarray) -> np.ndarray:
+        if self._squeezed(hf_name, w.shape):
+            return w[:, 0]
         return w.swapaxes(-1, -2) if self._in_out(hf_name, w.shape) else w
 
     def gate_up_halves(self, w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
@@ -85,12 +98,46 @@ class HFModel:
         return tuple(np.split(w, 2, axis=axis))
 
     def transform(self, gguf_name: str, w: np.ndarray) -> np.ndarray:
-        if self.arch.norm_plus_one and gguf_name.endswith("norm.weight"):
+        tensor = self._tensor(gguf_name)
+        if self.arch.norm_plus_one and gguf_name.endswith("norm.weight") and tensor not in self.arch.plain_norms:
             w = w + np.float32(1.0)
+        if self.arch.gated_delta_net and tensor in _V_HEADS:
+            w = self._tiled_v_heads(tensor, w)
+        if self.arch.gated_delta_net and tensor == MODEL_TENSOR.SSM_A:
+            # (rounded from float64: torch's float32 exp, which llama.cpp's converter takes, is within
+            # one unit in the last place of it and mostly equal; numpy's float32 exp is further off)
+            w = (-np.exp(w.astype(np.float64))).astype(np.float32)
         if self.arch.permute_qk and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = self.n_head if "attn_q" in gguf_name else self.n_head_kv
             w = w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
         return w
+
+    def _tensor(self, gguf_name: str) -> MODEL_TENSOR | None:
+        """The tensor a GGUF name is one of (blk.3.ssm_a: SSM_A)."""
+        base = re.sub(r"\.(weight|bias)$", "", gguf_name)
+        layer = re.match(r"blk\.(\d+)\.", base)
+        bid = layer[1] if layer else None
+        return next((t for t in self.arch.tensors if TENSOR_NAMES[t].format(bid=bid) == base), None)
+
+    def _tiled_v_heads(self, tensor: MODEL_TENSOR, w: np.ndarray) -> np.ndarray:
+        """A gated DeltaNet tensor (oriented) with its value heads, grouped by key head in the
+        checkpoint (key head 0's, then 1's...), tiled (each key head's first value head, then each
+        one's second...); in the fused QKV projection and the convolution, only the V part."""
+        axis, per_head, after_qk = _V_HEADS[tensor]
+        n_k, n_v = self.metadata["ssm.group_count"], self.metadata["ssm.time_step_rank"]
+        size = self.metadata["ssm.inner_size"] // n_v if per_head else 1
+        start = 2 * n_k * self.metadata["ssm.state_size"] if after_qk else 0
+        w = np.moveaxis(w, axis, 0)
+        v = w[start:].reshape(n_k, n_v // n_k, size, *w.shape[1:]).swapaxes(0, 1).reshape(-1, *w.shape[1:])
+        return np.moveaxis(np.concatenate([w[:start], v]), 0, axis)
+
+
+# a gated DeltaNet's tensors that hold its value heads: tensor -> (the axis they lie along, whether a
+# head has head-size many entries there (else one), whether Q's and K's heads come first there)
+_V_HEADS = {MODEL_TENSOR.ATTN_QKV: (0, True, True), MODEL_TENSOR.SSM_CONV1D: (0, True, True),
+            MODEL_TENSOR.ATTN_GATE: (0, True, False), MODEL_TENSOR.SSM_OUT: (1, True, False),
+            MODEL_TENSOR.SSM_ALPHA: (0, False, False), MODEL_TENSOR.SSM_BETA: (0, False, False),
+            MODEL_TENSOR.SSM_A: (0, False, False), MODEL_TENSOR.SSM_DT: (0, False, False)}
 
 
 def load_json(path: Path, required: bool = True) -> dict:
@@ -119,13 +166,20 @@ def model_from_config(cfg: dict) -> HFModel:
         raise ConversionError(f"model_type {model_type!r} is not supported "
                               f"(supported: {', '.join(sorted(HF_MODEL_TYPES))})")
     arch = HF_MODEL_TYPES[model_type]
+    cfg.update({usual: cfg[alias] for alias, usual in arch.config_aliases if alias in cfg})
+    # (a mixture with no dense MLP may give no intermediate_size, as Qwen3.5's does: then llama.cpp's
+    # converter writes no feed_forward_length)
+    dense_ff = "intermediate_size" in cfg or not (cfg.get("num_local_experts") or cfg.get("num_experts"))
     try:
         n_layer, n_embd = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
-        n_head, n_ff = int(cfg["num_attention_heads"]), int(cfg["intermediate_size"])
+        n_head, n_ff = int(cfg["num_attention_heads"]), int(cfg["intermediate_size"]) if dense_ff else 0
         vocab_size = int(cfg["vocab_size"])
     except (KeyError, TypeError, ValueError) as e:
         raise ConversionError(f"config.json lacks a usable {e}") from None
     n_head_kv = int(cfg.get("num_key_value_heads") or n_head)
+    # (where the config leaves them out, transformers' defaults, which llama.cpp's converter reads)
+    if arch.ff_auto_adjust and cfg.get("block_auto_adjust_ff_dim", True):
+        n_ff = _adjusted_ff(n_ff, cfg.get("block_ffn_dim_multiplier", 1.0), int(cfg.get("block_multiple_of", 256)))
     head_dim = int(cfg.get("head_dim") or n_embd // n_head)
     rope = cfg.get("rope_parameters") or {}
     if isinstance(rope, dict) and "full_attention" in rope:  # per-layer-type parameters (Gemma 3)
@@ -144,12 +198,21 @@ def model_from_config(cfg: dict) -> HFModel:
         "context_length": int(cfg.get("max_position_embeddings", 2048)),
         "embedding_length": n_embd,
         "block_count": n_layer,
-        "feed_forward_length": n_ff,
+        **({"feed_forward_length": n_ff} if dense_ff else {}),
         "attention.head_count": n_head,
         "attention.head_count_kv": n_head_kv,
         "rope.freq_base": float(rope.get("rope_theta", cfg.get("rope_theta", arch.rope_theta_default))),
-        "attention.layer_norm_rms_epsilon": float(cfg.get("rms_norm_eps", 1e-6)),
+        "attention.layer_norm_rms_epsilon": float(cfg.get(arch.rms_eps_key, 1e-6)),
     }
+    if arch.conv_layer_type:
+        md["attention.head_count_kv"] = [0 if t == arch.conv_layer_type else n_head_kv
+                                         for t in _conv_layer_types(cfg, n_layer)]
+        md["shortconv.l_cache"] = int(cfg.get("conv_L_cache", 3))
+    if arch.gated_delta_net:
+        md.update(_delta_net(cfg, n_layer))
+    sections = scaling.get("mrope_section") or arch.rope_sections_default
+    if sections:  # (M-RoPE's: time, height, width and a fourth, 0 where not given)
+        md["rope.dimension_sections"] = [int(s) for s in [*sections, 0, 0, 0][:4]]
     if rope_type == "linear":
         md["rope.scaling.type"] = "linear"
         md["rope.scaling.factor"] = float(scaling["factor"])
@@ -265,6 +328,49 @@ def _experts(cfg: dict, md: dict, arch: Architecture) -> int:
     if shared:
         md["expert_shared_feed_forward_length"] = int(shared)
     return n_expert
+
+
+def _adjusted_ff(n_ff: int, multiplier: float | None, multiple_of: int) -> int:
+    """LFM2's MLP width from its intermediate_size: 2/3 of it, times the multiplier (truncated
+    each time), rounded up to a multiple of multiple_of (as llama.cpp's converter rounds it also
+    without a multiplier)."""
+    n_ff = int(2 * n_ff / 3)
+    if multiplier is not None:
+        n_ff = int(multiplier * n_ff)
+    return multiple_of * ((n_ff + multiple_of - 1) // multiple_of)
+
+
+def _delta_net(cfg: dict, n_layer: int) -> dict:
+    """A gated-DeltaNet hybrid's keys, as llama.cpp's converter writes them: the recurrent layers'
+    sizes, which layers are recurrent (where layer_types says), and the attention layers' interval."""
+    try:
+        n_k, n_v = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
+        md = {"ssm.conv_kernel": int(cfg["linear_conv_kernel_dim"]), "ssm.state_size": int(cfg["linear_key_head_dim"]),
+              "ssm.group_count": n_k, "ssm.time_step_rank": n_v,
+              "ssm.inner_size": int(cfg["linear_value_head_dim"]) * n_v}
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConversionError(f"config.json lacks a usable {e}") from None
+    if n_k <= 0 or n_v % n_k:
+        raise ConversionError(f"linear_num_value_heads ({n_v}) is not a multiple of linear_num_key_heads ({n_k})")
+    types = cfg.get("layer_types")
+    if types is not None:
+        if len(types) != n_layer:
+            raise ConversionError(f"layer_types has {len(types)} entries for {n_layer} layers")
+        md["attention.recurrent_layers"] = [t == "linear_attention" for t in types]
+    md["full_attention_interval"] = int(cfg.get("full_attention_interval", 4))
+    return md
+
+
+def _conv_layer_types(cfg: dict, n_layer: int) -> list[str]:
+    """A hybrid's layer types: layer_types, else (older LFM2 configs) "full_attention" at
+    full_attn_idxs and "conv" elsewhere, as transformers reads them."""
+    types = cfg.get("layer_types")
+    if types is None:
+        full = cfg.get("full_attn_idxs")
+        types = ["full_attention" if full is None or i in full else "conv" for i in range(n_layer)]
+    if len(types) != n_layer:
+        raise ConversionError(f"layer_types has {len(types)} entries for {n_layer} layers")
+    return list(types)
 
 
 # Granite's multipliers: config.json name -> GGUF key (as llama.cpp's converter renames them)

@@ -49,9 +49,10 @@ def use_more_bits(i_layer: int, n_layer: int) -> bool:
 def quantizable(name: str, shape: tuple[int, ...]) -> bool:
     """Whether llama-quantize quantizes the tensor: a matrix (ggml_n_dims: trailing 1s do not
     count) of weights, not a norm, nor a mixture's router, nor Gemma 4's per-layer projection
-    ("not too big")."""
+    ("not too big"), nor a hybrid's small convolution kernels (LFM2's, a gated DeltaNet's)."""
     return (len(ggml_dims(shape)) >= 2 and name.endswith("weight") and "_norm.weight" not in name
-            and "ffn_gate_inp.weight" not in name and "per_layer_model_proj" not in name)
+            and "ffn_gate_inp.weight" not in name and "per_layer_model_proj" not in name
+            and "shortconv.conv.weight" not in name and "ssm_conv1d" not in name)
 
 
 def _category(name: str) -> str:
@@ -165,6 +166,8 @@ def mix_types(file_type: str, shapes: dict[str, tuple[int, ...]], n_layer: int, 
               n_head_kv: int, n_expert: int = 0) -> dict[str, T]:
     """The type of every tensor of a file of `file_type`; shapes in GGML order (row length first)."""
     names = llama_quantize_order(shapes)
-    chooser = _TypeChooser(file_type, n_layer, n_head // max(n_head_kv, 1), "output.weight" not in shapes,
+    # (n_head_kv: layer 0's, as llama.cpp's n_gqa() reads it; 0, and then n_gqa 0, in a hybrid's
+    # recurrent layer)
+    chooser = _TypeChooser(file_type, n_layer, n_head // n_head_kv if n_head_kv else 0, "output.weight" not in shapes,
                            sum(_category(n) in ("attn_v", "attn_qkv") for n in names), n_expert)
     return {name: chooser.choose(name, shapes[name]) for name in names}

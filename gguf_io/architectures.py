@@ -64,15 +64,42 @@ class Architecture:
     # the final logits' and attention scores' softcaps where the file gives none (0: none): llama.cpp's
     # defaults for Gemma 2 and 4, which its converter leaves out where a config has no cap
     softcap_defaults: tuple[float, float] = (0.0, 0.0)
-    # checkpoint tensors (by name suffix) llama.cpp's converter renames: (suffix, tensor, GGUF suffix)
-    renamed: tuple[tuple[str, MODEL_TENSOR, str], ...] = ()
+    # checkpoint tensors (by name suffix) llama.cpp's converter renames: (suffix, tensor, GGUF suffix,
+    # None for a name without one)
+    renamed: tuple[tuple[str, MODEL_TENSOR, str | None], ...] = ()
+    rms_eps_key: str = "rms_norm_eps"  # config.json's name for the RMSNorm epsilon
+    # the layer_types value of short-convolution layers (LFM2's "conv"): llama.cpp's converter writes
+    # them 0 KV heads (head_count_kv per layer) and the kernel's length (shortconv.l_cache)
+    conv_layer_type: str | None = None
+    # feed_forward_length as the model sizes its MLP from intermediate_size where the config says
+    # block_auto_adjust_ff_dim: 2/3 of it, times block_ffn_dim_multiplier, rounded up to block_multiple_of
+    ff_auto_adjust: bool = False
+    # checkpoint tensors (by name suffix) held [rows, 1, n] that llama.cpp's converter writes 2-D
+    # (LFM2's convolution kernels, which its graph takes as [channels, kernel])
+    squeezed: tuple[str, ...] = ()
+    # config.json names the model's transformers config reads as the usual ones, winning over them
+    # (older LFM2 configs' block_ff_dim and tie_embedding), as llama.cpp's converter reads them through it
+    config_aliases: tuple[tuple[str, str], ...] = ()
+    # the norms norm_plus_one leaves as they are (Qwen3.5's gated DeltaNet norm, stored as its weight)
+    plain_norms: tuple[MODEL_TENSOR, ...] = ()
+    # gated DeltaNet layers (layer_types "linear_attention") among attention layers: llama.cpp's converter
+    # writes their sizes (ssm.*) and which layers they are, A as -exp(A_log), and their value heads, which
+    # the checkpoint groups by key head, tiled (each key head's first, then each one's second...) as
+    # llama.cpp's graph broadcasts the key heads over them
+    gated_delta_net: bool = False
+    # M-RoPE's rope.dimension_sections where the config gives no mrope_section (llama.cpp's loader
+    # requires them of Qwen3.5, and its converter writes its published [11, 11, 10])
+    rope_sections_default: tuple[int, ...] = ()
+    # checkpoint tensors (by name prefix) the converter leaves out, saying so: (prefix, what they are)
+    left_out: tuple[tuple[str, str], ...] = ()
 
-    def tensor_name(self, tensor: MODEL_TENSOR, layer: int | None = None, suffix: str = "weight") -> str:
+    def tensor_name(self, tensor: MODEL_TENSOR, layer: int | None = None, suffix: str | None = "weight") -> str:
         """The GGUF name of one of its tensors, e.g. blk.3.attn_q.weight."""
         if tensor not in self.tensors:
             raise KeyError(f"{self.name} has no {tensor.name} tensor")
         base = TENSOR_NAMES[tensor]
-        return f"{base.format(bid=layer) if layer is not None else base}.{suffix}"
+        base = base.format(bid=layer) if layer is not None else base
+        return base if suffix is None else f"{base}.{suffix}"  # (None: a name without one, as ssm_a's)
 
     @property
     def tensors(self) -> frozenset:
@@ -136,6 +163,37 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("gemma3", MODEL_ARCH.GEMMA3, ("gemma3", "gemma3_text"), partial_rope=True, swa_pattern=6,
                  rope_base_swa=10000.0, wide_query_scale_layers=62, norm_plus_one=True, tied_by_default=True,
                  rope_theta_default=1_000_000.0, writes_head_dims=True, sentencepiece_first=True, space_prefix=False),
+    # LFM2: short-convolution layers among attention layers (the recurrent ones have 0 KV heads)
+    Architecture("lfm2", MODEL_ARCH.LFM2, ("lfm2",), partial_rope=True, tied_by_default=True,
+                 rope_theta_default=1_000_000.0, writes_vocab_size=True, rms_eps_key="norm_eps",
+                 conv_layer_type="conv", ff_auto_adjust=True, squeezed=("conv.conv.weight",),
+                 config_aliases=(("block_ff_dim", "intermediate_size"), ("tie_embedding", "tie_word_embeddings"))),
+    # Qwen3.5: gated DeltaNet layers among gated attention layers; RoPE on a quarter of each head
+    # (M-RoPE's sections, which text positions make plain RoPE); its multimodal checkpoint's text model
+    # alone, as llama.cpp's converter writes it with --no-mtp (the vision tower goes to its mmproj file)
+    Architecture("qwen35", MODEL_ARCH.QWEN35, ("qwen3_5", "qwen3_5_text"), partial_rope=True, rotary_share=0.25,
+                 writes_rope_dims=True, writes_head_dims=True, norm_plus_one=True, plain_norms=(MODEL_TENSOR.SSM_NORM,),
+                 gated_delta_net=True, rope_sections_default=(11, 11, 10),
+                 renamed=(("linear_attn.A_log", MODEL_TENSOR.SSM_A, None),
+                          ("linear_attn.dt_bias", MODEL_TENSOR.SSM_DT, "bias")),
+                 squeezed=("linear_attn.conv1d.weight",),
+                 left_out=(("model.visual.", "the vision tower"),
+                           ("mtp.", "the multi-token prediction layer (llama.cpp's converter with --no-mtp)"))),
+    # Qwen3.5's mixture (35B-A3B): Qwen3.5's layers, each MLP a mixture of experts (renormalized) and a
+    # shared expert behind its sigmoid gate (ffn_gate_inp_shexp); the experts stacked from one tensor
+    # each, or, as Qwen publishes them, held fused: gate and up as one (E, 2I, H), gate rows first,
+    # which llama.cpp's converter writes apart (as ffn_gate_exps and ffn_up_exps), and down (E, H, I)
+    Architecture("qwen35moe", MODEL_ARCH.QWEN35MOE, ("qwen3_5_moe", "qwen3_5_moe_text"), partial_rope=True,
+                 rotary_share=0.25, writes_rope_dims=True, writes_head_dims=True, norm_plus_one=True,
+                 plain_norms=(MODEL_TENSOR.SSM_NORM,), gated_delta_net=True, rope_sections_default=(11, 11, 10),
+                 expert_weights_norm=True,
+                 fused_gate_up=(("mlp.experts.gate_up_proj", MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP,
+                                 "weight"),),
+                 renamed=(("linear_attn.A_log", MODEL_TENSOR.SSM_A, None),
+                          ("linear_attn.dt_bias", MODEL_TENSOR.SSM_DT, "bias")),
+                 squeezed=("linear_attn.conv1d.weight",),
+                 left_out=(("model.visual.", "the vision tower"),
+                           ("mtp.", "the multi-token prediction layer (llama.cpp's converter with --no-mtp)"))),
     # (its sliding pattern is always written, one flag per layer)
     Architecture("gemma4", MODEL_ARCH.GEMMA4, ("gemma4", "gemma4_text"), partial_rope=True, swa_pattern=6,
                  writes_swa_layers=True, tied_by_default=True, rope_theta_default=1_000_000.0, writes_head_dims=True,

@@ -67,6 +67,18 @@ class ModelParams:
     ff_by_layer: tuple[int, ...] = ()
     n_layer_kv: int = 0
     n_embd_per_layer: int = 0
+    # hybrids: which layers are recurrent (a state per sequence instead of a KV cache), and LFM2's
+    # short convolution's kernel length (0: none)
+    recurrent_layers: tuple[bool, ...] = ()
+    conv_kernel: int = 0
+    # a gated DeltaNet's (Qwen3.5, Qwen3-Next): its convolution's kernel length (0: no such layers),
+    # the key heads' size and count (state_size, group_count), the value heads' count
+    # (time_step_rank) and their total width (inner_size)
+    ssm_conv_kernel: int = 0
+    ssm_state: int = 0
+    ssm_groups: int = 0
+    ssm_heads: int = 0
+    ssm_inner: int = 0
 
     @property
     def kv_dim(self) -> int:
@@ -84,6 +96,15 @@ class ModelParams:
 
     def layer_rope_dim(self, i: int) -> int:
         return self.rope_dim_swa if self.rope_dim_swa and self.layer_windows[i] else self.rope_dim
+
+    def recurrent(self, i: int) -> bool:
+        return bool(self.recurrent_layers) and self.recurrent_layers[i]
+
+    def cache_layer(self, i: int) -> int:
+        """The KV cache layer that attention layer i attends over: caches are kept for the layers
+        with K and V of their own, in order, and not for recurrent layers."""
+        source = self.kv_source(i)
+        return sum(1 for j in range(source) if not self.recurrent(j) and self.kv_source(j) == j)
 
     def layer_ff(self, i: int) -> int:
         return self.ff_by_layer[i] if self.ff_by_layer else self.n_ff
@@ -128,16 +149,16 @@ def _block_count(f: GGUFFile, key: str) -> int:
 
 
 def _per_layer(f: GGUFFile, key: str, n_layer: int, default=_REQUIRED, uniform: bool = False,
-               hi: int = MAX_WIDTH) -> tuple[int, ...]:
+               hi: int = MAX_WIDTH, lo: int = 1) -> tuple[int, ...]:
     """A count given once or per layer (Gemma 4's KV heads and feed-forward widths): one value per
-    layer, each 1..hi; uniform: ggrun needs the same value in every layer."""
+    layer, each lo..hi; uniform: ggrun needs the same value in every layer."""
     value = f.get(key, default)
     if isinstance(value, np.ndarray):
         values = tuple(int(v) for v in f.get_numbers(key, size=n_layer, integer=True))
     else:
         values = (f.get_int(key, default, lo=1, hi=hi),) * n_layer
-    if not all(1 <= v <= hi for v in values):
-        f.refuse(key, value, f"must be 1..{hi} in every layer")
+    if not all(lo <= v <= hi for v in values):
+        f.refuse(key, value, f"must be {lo}..{hi} in every layer")
     if uniform and len(set(values)) > 1:
         f.refuse(key, value, "differs by layer, which ggrun does not support")
     return values
@@ -150,6 +171,20 @@ def _sliding_layers(f: GGUFFile, key: str, default: int, n_layer: int) -> tuple[
         return tuple(bool(v) for v in f.get_numbers(key, size=n_layer))
     n = f.get_int(key, default, hi=MAX_LAYERS)
     return tuple(n == 0 or i % n < n - 1 for i in range(n_layer))
+
+
+def _recurrent_layers(f: GGUFFile, key, n_layer: int, ssm: dict) -> tuple[bool, ...]:
+    """Which layers of a gated-DeltaNet hybrid are recurrent: one flag per layer, or every layer but
+    each full_attention_interval-th (llama.cpp's default 4); with the state's sizes checked."""
+    if not (ssm["ssm_state"] and ssm["ssm_groups"] and ssm["ssm_heads"] and ssm["ssm_heads"] % ssm["ssm_groups"] == 0
+            and ssm["ssm_inner"] % ssm["ssm_heads"] == 0 and 1 < ssm["ssm_conv_kernel"] <= 64):
+        f.refuse(key(Keys.SSM.TIME_STEP_RANK), ssm["ssm_heads"],
+                 f"does not fit the other ssm sizes ({', '.join(f'{k} {v}' for k, v in ssm.items())})")
+    flags = key("{arch}.attention.recurrent_layers")
+    if isinstance(f.get(flags), np.ndarray):
+        return tuple(bool(v) for v in f.get_numbers(flags, size=n_layer))
+    interval = f.get_int(key(Keys.LLM.FULL_ATTENTION_INTERVAL), 4, lo=1, hi=MAX_LAYERS)
+    return tuple((i + 1) % interval != 0 for i in range(n_layer))
 
 
 def _rope_dims(f: GGUFFile, key: str, default: int, head_dim: int, arch) -> int:
@@ -208,14 +243,28 @@ def read_params(f: GGUFFile) -> ModelParams:
     n_layer = _block_count(f, key(Keys.LLM.BLOCK_COUNT))
     n_embd = get_int(Keys.LLM.EMBEDDING_LENGTH, lo=1)
     n_head = _per_layer(f, key(Keys.Attention.HEAD_COUNT), n_layer, uniform=True, hi=MAX_HEADS)[0]
-    kv_heads = _per_layer(f, key(Keys.Attention.HEAD_COUNT_KV), n_layer, n_head)
-    ff_lengths = _per_layer(f, key(Keys.LLM.FEED_FORWARD_LENGTH), n_layer)
-    bad_kv = next((k for k in kv_heads if n_head % k), None)
+    # a hybrid's recurrent layers have no KV heads (LFM2's convolutions)
+    conv_kernel = get_int(Keys.ShortConv.L_CACHE, 0, hi=64)
+    if conv_kernel == 1:
+        f.refuse(key(Keys.ShortConv.L_CACHE), conv_kernel, "must be at least 2 (a kernel that sees earlier tokens)")
+    kv_heads = _per_layer(f, key(Keys.Attention.HEAD_COUNT_KV), n_layer, n_head, lo=0 if conv_kernel else 1)
+    ssm = {name: get_int(k, 0) for name, k in (("ssm_conv_kernel", Keys.SSM.CONV_KERNEL),
+                                              ("ssm_state", Keys.SSM.STATE_SIZE), ("ssm_groups", Keys.SSM.GROUP_COUNT),
+                                              ("ssm_heads", Keys.SSM.TIME_STEP_RANK), ("ssm_inner", Keys.SSM.INNER_SIZE))}
+    recurrent_layers = (tuple(k == 0 for k in kv_heads) if conv_kernel else
+                        _recurrent_layers(f, key, n_layer, ssm) if ssm["ssm_conv_kernel"] else ())
+    # (a mixture whose every layer has experts may have no dense width: Qwen3.5-MoE's files)
+    if f.get(key(Keys.LLM.FEED_FORWARD_LENGTH)) is None and get_int(Keys.LLM.EXPERT_COUNT, 0, hi=MAX_EXPERTS):
+        ff_lengths = (0,) * n_layer
+    else:
+        ff_lengths = _per_layer(f, key(Keys.LLM.FEED_FORWARD_LENGTH), n_layer)
+    bad_kv = next((k for k in kv_heads if k and n_head % k), None)
     if bad_kv is not None:
         f.refuse(key(Keys.Attention.HEAD_COUNT_KV), f.get(key(Keys.Attention.HEAD_COUNT_KV)),
                  f"does not divide the {n_head} query heads")
-    # (layer 0's where they differ by layer, as llama.cpp's quantizer reads them)
-    n_head_kv, n_ff = kv_heads[0], ff_lengths[0]
+    # (layer 0's where they differ by layer, as llama.cpp's quantizer reads them; an attention
+    # layer's in a hybrid)
+    n_head_kv, n_ff = next((k for k in kv_heads if k), n_head), ff_lengths[0]
     kv_heads_by_layer = kv_heads if len(set(kv_heads)) > 1 else ()
     ff_by_layer = ff_lengths if len(set(ff_lengths)) > 1 else ()
     if n_head > n_embd and f.get(key(Keys.Attention.KEY_LENGTH)) is None:
@@ -247,6 +296,9 @@ def read_params(f: GGUFFile) -> ModelParams:
     if n_expert and not 0 < n_expert_used <= n_expert:
         raise GGUFError(f"{f.path.name}: {n_expert_used} experts used of {n_expert}")
     n_ff_exp = (get_int(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, 0) or n_ff) if n_expert else 0
+    if n_expert and not n_ff_exp:
+        raise GGUFError(f"{f.path.name}: neither {key(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)} nor "
+                        f"{key(Keys.LLM.FEED_FORWARD_LENGTH)} gives the experts' width")
     gating = get_int(Keys.LLM.EXPERT_GATING_FUNC, arch.expert_gating if arch else 1)
     if gating not in _GATING:
         raise GGUFError(f"{f.path.name}: expert gating function {gating} is not supported")
@@ -299,6 +351,9 @@ def read_params(f: GGUFFile) -> ModelParams:
         ff_by_layer=ff_by_layer,
         n_layer_kv=n_layer - n_shared_kv if n_shared_kv else 0,
         n_embd_per_layer=get_int(Keys.LLM.EMBD_LENGTH_PER_LAYER_INP, 0),
+        recurrent_layers=recurrent_layers,
+        conv_kernel=conv_kernel,
+        **ssm,
     )
     _check_widths(f, params, key)
     orphan = next((i for i in range(n_layer) if params.kv_source(i) < 0), None)

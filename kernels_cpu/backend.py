@@ -25,6 +25,7 @@ from .type_sets import WeightTypes
 class CpuBackend:
     name = "cpu"
     few_tokens = FEW_TOKENS
+    replays_states = True  # (a recorded pass binds the recurrent states of the cache it replays over)
     supported_types = SUPPORTED_TYPES
     kv_types = tuple(ELEMENTS)
     kv_block = SLOT_CHUNK  # (attention's jobs: one that sees none of its slots skips them)
@@ -207,6 +208,33 @@ class CpuBackend:
 
     def read_bandwidth(self):
         return read_bandwidth()
+
+    def new_state(self, shape):
+        return np.zeros(shape, dtype=np.float32)
+
+    def read_state(self, state):
+        return state.copy()
+
+    def write_state(self, state, values):
+        state[...] = values
+
+    def unary(self, x, kind):
+        x = np.ascontiguousarray(x)
+        out = np.empty_like(x)
+        ops.unary(x.reshape(-1), ops.UNARY[kind], out.reshape(-1))
+        return self._record(Recorder.unary, x, ops.UNARY[kind], out=out)
+
+    def delta_rule(self, q, k, v, decay, beta, state):
+        q, k, v, decay, beta = map(np.ascontiguousarray, (q, k, v, decay, beta))
+        out = np.empty_like(v)
+        ops.delta_rule(q, k, v, decay, beta, state, out)
+        return self._record(Recorder.delta_rule, q, k, v, decay, beta, state, out=out)
+
+    def short_conv(self, x, kernel, state):
+        x = np.ascontiguousarray(x)
+        out = np.empty_like(x)
+        ops.short_conv(x, kernel, state, out)
+        return self._record(Recorder.short_conv, x, kernel, state, out=out)
 
     def new_kv(self, n_kv, key_dim, value_dim, slots, kv_type):
         return new_cache(n_kv, key_dim, value_dim, slots, kv_type)

@@ -114,3 +114,69 @@ def clamped_swiglu(gate, up, alpha, limit):
             x = min(g[i], limit)
             y = min(max(u[i], -limit), limit)
             g[i] = x / (np.float32(1.0) + exp_f32(-alpha * x)) * (y + np.float32(1.0))
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def short_conv(x, kernel, state, out):
+    """A causal depthwise convolution over time with its history: out[t, c] = sum over j of
+    kernel[c, j] * (state then x)[t + j, c], x and out (tokens, channels), kernel (channels, K),
+    state (K - 1, channels) the inputs before x, left as the last K - 1 inputs after it."""
+    n, taps = x.shape[0], kernel.shape[1]
+    history = state.shape[0]
+    for t in range(n):
+        for c in range(x.shape[1]):
+            acc = np.float32(0.0)
+            for j in range(taps):
+                at = t + j - history  # (negative: a row of the state)
+                acc += kernel[c, j] * (state[history + at, c] if at < 0 else x[at, c])
+            out[t, c] = acc
+    if n >= history:
+        state[:, :] = x[n - history:, :]
+    else:  # (fewer new rows than the history holds: it shifts)
+        for r in range(history - n):
+            state[r, :] = state[r + n, :]
+        state[history - n:, :] = x
+
+
+SILU, SIGMOID, SOFTPLUS = 0, 1, 2  # unary's kinds
+UNARY = {"silu": SILU, "sigmoid": SIGMOID, "softplus": SOFTPLUS}
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def unary(x, kind, out):
+    """out = silu(x), sigmoid(x) or softplus(x) (ggml's: x itself above 20), x and out 1-d."""
+    one = np.float32(1.0)
+    for i in range(x.shape[0]):
+        v = x[i]
+        if kind == SILU:
+            out[i] = v / (one + exp_f32(-v))
+        elif kind == SIGMOID:
+            out[i] = one / (one + exp_f32(-v))
+        else:
+            out[i] = v if v > np.float32(20.0) else np.float32(math.log(one + math.exp(v)))
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def delta_rule(q, k, v, decay, beta, state, out):
+    """The gated delta rule, token after token: for each value head h (over key head h % key
+    heads), S = exp(decay[t, h]) S; S += k (beta[t, h] (v - S^T k))^T; out[t, h] = S^T q; with
+    q, k (tokens, key heads, d_k), v and out (tokens, value heads, d_v), state S (value heads,
+    d_k, d_v) carried in place."""
+    n_k, d_k, d_v = q.shape[1], q.shape[2], v.shape[2]
+    recalled = np.empty(d_v, dtype=np.float32)
+    for t in range(q.shape[0]):
+        for h in range(v.shape[1]):
+            s, kh, qh = state[h], k[t, h % n_k], q[t, h % n_k]
+            g = np.float32(math.exp(decay[t, h]))
+            recalled[:] = 0
+            for i in range(d_k):
+                for j in range(d_v):
+                    s[i, j] *= g
+                    recalled[j] += s[i, j] * kh[i]
+            for j in range(d_v):
+                recalled[j] = (v[t, h, j] - recalled[j]) * beta[t, h]
+            out[t, h, :] = 0
+            for i in range(d_k):
+                for j in range(d_v):
+                    s[i, j] += kh[i] * recalled[j]
+                    out[t, h, j] += s[i, j] * qh[i]

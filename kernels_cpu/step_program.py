@@ -59,6 +59,9 @@ class Op(IntEnum):
     CLAMPED_SWIGLU = 18  # gate = gpt-oss's clamped swiglu(gate, up)
     MULTIPLY = 19    # out = a * b (routing weights by per-expert factors: Gemma 4)
     COLUMNS = 20     # out = columns first.. of x (one matrix's products of a stack, for several tokens)
+    UNARY = 21       # out = silu, sigmoid or softplus of x
+    SHORT_CONV = 22  # out = a causal depthwise convolution of x over time, with a recurrent state
+    DELTA_RULE = 23  # out = the gated delta rule over q, k, v, decay and beta, with a recurrent state
 
 
 # What an operand names, which the recorder checks as it writes a row:
@@ -70,6 +73,7 @@ KINDS = {
     "tasks": "an index into the program's task table",
     "input": "one of the step's inputs (token ids, positions, slots)",
     "cache": "a row of the program's cache table",
+    "state": "a row of the program's state table (a recurrent layer's state)",
     "count": "a size",
     "flag": "0 or 1",
     "formats": "the rounding formats of a product stack's weight types",
@@ -115,11 +119,17 @@ ExpertRows, _ = _operation("ExpertRows", table="f32", ids="i32", out="f32", expe
                            n="count")
 ClampedSwiglu, ClampedSwigluParams = _operation("ClampedSwiglu", ("alpha", "limit"), **Gated.kinds)
 Columns, _ = _operation("Columns", x="f32", out="f32", rows="count", stride="count", first="count", width="count")
+Unary, _ = _operation("Unary", x="f32", out="f32", n="count", kind="count")
+ShortConv, _ = _operation("ShortConv", x="f32", kernel="f32", out="f32", state="state", tokens="count",
+                          channels="count", taps="count")
+DeltaRule, _ = _operation("DeltaRule", q="f32", k="f32", v="f32", decay="f32", beta="f32", out="f32", state="state",
+                          tokens="count", key_heads="count", value_heads="count", key_dim="count", value_dim="count")
 OPERANDS = {Op.EMBED: Embed, Op.SCALE: Scale, Op.ADD: Add, Op.RMS_NORM: RmsNorm, Op.PRODUCTS: Products,
             Op.ROPE_TABLE: RopeTable, Op.ROPE: Rope, Op.STORE_KV: StoreKv, Op.ATTENTION: Attention,
             Op.SILU_MUL: Gated, Op.GELU_MUL: Gated, Op.SOFTCAP: Softcap, Op.ROUTE: Route,
             Op.EXPERT_PRODUCTS: ExpertProducts, Op.COMBINE: Combine, Op.SIGMOID_GATE: SigmoidGate,
-            Op.EXPERT_ROWS: ExpertRows, Op.CLAMPED_SWIGLU: ClampedSwiglu, Op.MULTIPLY: Add, Op.COLUMNS: Columns}
+            Op.EXPERT_ROWS: ExpertRows, Op.CLAMPED_SWIGLU: ClampedSwiglu, Op.MULTIPLY: Add, Op.COLUMNS: Columns,
+            Op.UNARY: Unary, Op.SHORT_CONV: ShortConv, Op.DELTA_RULE: DeltaRule}
 ARGS = max(len(operands) for operands in OPERANDS.values())
 PARAMS = max(len(operands.params) for operands in OPERANDS.values())
 # columns of a program's cache table: keys (kv heads, tiles, dim, tile) and values (kv heads, slots, dim)
@@ -130,6 +140,7 @@ CACHE_COLUMNS = 8
 _VALID = {"f32": lambda r, v: v in r._memory, "f64": lambda r, v: v in r._memory, "i32": lambda r, v: v in r._memory,
           "matrix": lambda r, v: 0 <= v < len(r.mats), "tasks": lambda r, v: 0 <= v <= r.n_tasks,
           "input": lambda r, v: 0 <= v < len(r.inputs), "cache": lambda r, v: 0 <= v < len(r.cache_layers),
+          "state": lambda r, v: 0 <= v < len(r.state_layers),
           "count": lambda r, v: v >= 0, "flag": lambda r, v: v in (0, 1), "formats": lambda r, v: v >= 0}
 
 
@@ -196,12 +207,51 @@ def _mixture_op_impl(tag, op, a, f, mats, rounding, streams):
     return run
 
 
+# A hybrid's recurrent layers' operations, behind a tag of their own as a mixture's are.
+RECURRENT_OPS = (Op.UNARY, Op.SHORT_CONV, Op.DELTA_RULE)
+
+
+def recurrent_tag(has_recurrent: bool) -> np.ndarray:
+    """An empty array whose type says whether a program runs RECURRENT_OPS (fixed when it compiles)."""
+    return np.empty(0, dtype=np.dtype([("recurrent" if has_recurrent else "attention", np.uint8)]))
+
+
+def _recurrent_op(tag, op, a, states):
+    """Runs program row (op, a) if it is one of RECURRENT_OPS (and the tag says recurrent)."""
+
+
+@overload(_recurrent_op)
+def _recurrent_op_impl(tag, op, a, states):
+    if "recurrent" not in tag.dtype.fields:
+        return lambda tag, op, a, states: None
+
+    def run(tag, op, a, states):
+        if op == Op.UNARY:
+            n = a[Unary.N]
+            ops.unary(_f32(a[Unary.X], (n,)), a[Unary.KIND], _f32(a[Unary.OUT], (n,)))
+        elif op == Op.SHORT_CONV:
+            shape, taps = (a[ShortConv.TOKENS], a[ShortConv.CHANNELS]), a[ShortConv.TAPS]
+            ops.short_conv(_f32(a[ShortConv.X], shape), _f32(a[ShortConv.KERNEL], (shape[1], taps)),
+                           _f32(states[a[ShortConv.STATE]], (taps - 1, shape[1])), _f32(a[ShortConv.OUT], shape))
+        elif op == Op.DELTA_RULE:
+            tokens, d_k, d_v = a[DeltaRule.TOKENS], a[DeltaRule.KEY_DIM], a[DeltaRule.VALUE_DIM]
+            keys, values = (tokens, a[DeltaRule.KEY_HEADS], d_k), (tokens, a[DeltaRule.VALUE_HEADS], d_v)
+            gates = (tokens, a[DeltaRule.VALUE_HEADS])
+            ops.delta_rule(_f32(a[DeltaRule.Q], keys), _f32(a[DeltaRule.K], keys), _f32(a[DeltaRule.V], values),
+                           _f32(a[DeltaRule.DECAY], gates), _f32(a[DeltaRule.BETA], gates),
+                           _f32(states[a[DeltaRule.STATE]], (a[DeltaRule.VALUE_HEADS], d_k, d_v)),
+                           _f32(a[DeltaRule.OUT], values))
+    return run
+
+
 @njit(cache=True)
-def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, streams, group_tags, mixture):
+def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, streams, group_tags, mixture,
+                states, recurrent):
     """One replay of a recorded step; kv_like (empty) has the cache's element type, rounding
     (activations.rounding_kind) says how the products round activations, streams how they read
     the weights (cpu_features.memory_streams), group_tags the queries per KV head of attention
-    (intrinsics.rows_tag), mixture (mixture_tag) whether it runs a mixture's operations."""
+    (intrinsics.rows_tag), mixture (mixture_tag) whether it runs a mixture's operations; states
+    the addresses of the recurrent states it updates, recurrent (recurrent_tag) whether it does."""
     for i in range(code.shape[0]):
         op, a, f = code[i, 0], code[i, 1:], params[i]
         if op == Op.EMBED:
@@ -280,6 +330,8 @@ def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, st
             shape = (a[ClampedSwiglu.ROWS], a[ClampedSwiglu.WIDTH])
             ops.clamped_swiglu(_f32(a[ClampedSwiglu.GATE], shape), _f32(a[ClampedSwiglu.UP], shape),
                                np.float32(f[ClampedSwigluParams.ALPHA]), np.float32(f[ClampedSwigluParams.LIMIT]))
+        elif op in RECURRENT_OPS:
+            _recurrent_op(recurrent, op, a, states)
         else:
             _mixture_op(mixture, op, a, f, mats, rounding, streams)
 
@@ -343,9 +395,11 @@ _SHAPE_ONLY = frozenset({np.shape, np.ndim, np.size, np.reshape, np.result_type,
 class Recorder:
     """Writes down a step's operations while the backend runs them eagerly (see module doc)."""
 
-    def __init__(self, batch, constants, precise, cache_keys: list):
+    def __init__(self, batch, constants, precise, cache_keys: list, cache_states: list = ()):
         self.precise = precise      # how the products round activations (the backend's choice)
         self.cache_keys = cache_keys  # the pass's cache's key buffers, per layer
+        self.cache_states = list(cache_states)  # the pass's cache's recurrent states
+        self.state_layers: list = []  # the state table's rows: the state each binds
         self.rows: list = []
         self.failed: str | None = None
         self.constants = constants  # id -> the weight vectors the backend loaded
@@ -432,6 +486,16 @@ class Recorder:
             self.kv_dtype = keys.dtype
             self.cache_layers.append(layer)
         return index
+
+    def state(self, array) -> int:
+        """The state table's row of one of the cache's recurrent states."""
+        index = next((i for i, s in enumerate(self.cache_states) if s is array), None)
+        if index is None:
+            self.fail("a state that is not one of the pass's cache's")
+            return 0
+        if index not in self.state_layers:
+            self.state_layers.append(index)
+        return self.state_layers.index(index)
 
     def add(self, op: Op, **named):
         """A row of the program: op with its operands and parameters by name (OPERANDS[op]), each
@@ -555,6 +619,20 @@ class Recorder:
         self.add(Op.COMBINE, y=self.address(y, y.size), weights=self.address(weights, weights.size),
                  out=self.address(out, out.size), tokens=tokens, k=k, n=out.shape[1])
 
+    def unary(self, x, kind, out):
+        self.add(Op.UNARY, x=self.address(x, x.size), out=self.address(out, out.size), n=out.size, kind=kind)
+
+    def short_conv(self, x, kernel, state, out):
+        self.add(Op.SHORT_CONV, x=self.address(x, x.size), kernel=self.address(kernel, kernel.size),
+                 out=self.address(out, out.size), state=self.state(state), tokens=x.shape[0], channels=x.shape[1],
+                 taps=kernel.shape[1])
+
+    def delta_rule(self, q, k, v, decay, beta, state, out):
+        self.add(Op.DELTA_RULE, q=self.address(q, q.size), k=self.address(k, k.size), v=self.address(v, v.size),
+                 decay=self.address(decay, decay.size), beta=self.address(beta, beta.size),
+                 out=self.address(out, out.size), state=self.state(state), tokens=q.shape[0], key_heads=q.shape[1],
+                 value_heads=v.shape[1], key_dim=q.shape[2], value_dim=v.shape[2])
+
     def sigmoid_gate(self, x, g):
         rows, width = x.shape
         self.add(Op.SIGMOID_GATE, x=self.address(x, x.size), g=self.address(g, rows), rows=rows, width=width)
@@ -617,6 +695,9 @@ class StepProgram:
         groups = r.groups or [1]
         self.group_tags = (rows_tag(groups[0]), rows_tag(groups[-1]))
         self.mixture = mixture_tag(bool(np.isin(self.code[:, 0], MIXTURE_OPS).any()))
+        self.recurrent = recurrent_tag(bool(np.isin(self.code[:, 0], RECURRENT_OPS).any()))
+        self.state_layers = r.state_layers
+        self.states = np.zeros(len(r.state_layers), dtype=np.int64)  # their addresses, bound at each replay
         self.inputs = r.inputs
         self.keep = list(r.keep.values())  # the memory the program names by address
         self.output = output
@@ -634,7 +715,7 @@ class StepProgram:
             row[:] = [keys.ctypes.data, *keys.shape, values.ctypes.data, *values.shape[1:]]
         self._bound = [weakref.ref(keys) for keys, _ in buffers]
 
-    def replay(self, batch, cache_keys: list, cache_values: list) -> np.ndarray:
+    def replay(self, batch, cache_keys: list, cache_values: list, cache_states: list = ()) -> np.ndarray:
         arrays = []
         for name, j, dtype in self.inputs:
             array = getattr(batch, name) if j is None else getattr(batch, name)[j]
@@ -644,9 +725,14 @@ class StepProgram:
         if self.id_limit is not None:
             check_row_ids(batch.ids, self.id_limit)
         self.bind(cache_keys, cache_values)
+        for row, index in enumerate(self.state_layers):  # (each sequence's own: bound at every replay)
+            state = cache_states[index]
+            if state.dtype != np.float32 or not state.flags.c_contiguous:
+                raise ValueError("a recurrent state that is not contiguous float32")
+            self.states[row] = state.ctypes.data
         inputs = np.array([(a.ctypes.data, a.shape[0]) for a in arrays], dtype=np.int64)
         run_program(self.code, self.params, self.mats, self.tasks, self.caches, inputs, self.kv_like, self.rounding,
-                    memory_streams(), self.group_tags, self.mixture)
+                    memory_streams(), self.group_tags, self.mixture, self.states, self.recurrent)
         return self.output.copy()
 
 
@@ -660,20 +746,24 @@ def run_step(backend, compute, batch, programs: dict, shape, memory):
     it, silently. (Its model's code is the same over every cache, so one check per backend and
     shape tells.)"""
     program = programs.get(shape, False)
+    states = getattr(memory, "states", ())
     if program is None:  # recorded once and found not replayable
         return compute(batch)
     if program is not False:
-        replayed = program.replay(batch, memory.keys, memory.values)
-        checked = (len(batch.ids), *replayed.shape)
+        checked = (len(batch.ids), *program.output.shape)
         if checked in backend.replay_checked:
-            return replayed
+            return program.replay(batch, memory.keys, memory.values, states)
+        before = [s.copy() for s in states]  # (the eager pass that checks the replay starts where it did)
+        replayed = program.replay(batch, memory.keys, memory.values, states)
+        for state, kept in zip(states, before):
+            state[...] = kept
         eager = np.array(compute(batch))
         if np.array_equal(replayed, eager):
             backend.replay_checked.add(checked)
         else:
             programs[shape] = None
         return eager
-    recorder = Recorder(batch, backend.constants, backend.precise, memory.keys)
+    recorder = Recorder(batch, backend.constants, backend.precise, memory.keys, states)
     backend.recorder = recorder
     try:
         output = compute(batch)

@@ -22,6 +22,7 @@ from .step_graph import MIN_SLOTS, replay_step
 
 class TorchBackend:
     few_tokens = 1  # (one-token steps run the row dots; more tokens dequantize tiles)
+    replays_states = False  # (a CUDA graph replays over the buffers it was recorded on: one sequence's states)
     supported_types = frozenset(QUANT_TYPES)  # (tests/test_structure.py: DEQUANTIZE covers them)
     kv_types = tuple(kv_layout.ELEMENTS)
     kv_block = MIN_SLOTS  # (its attention reads every slot up to the last: any block size serves)
@@ -150,6 +151,24 @@ class TorchBackend:
 
     def softcap(self, x, cap):
         return ops.softcap(x, cap)
+
+    def new_state(self, shape):
+        return torch.zeros(shape, dtype=torch.float32, device=self.device)
+
+    def read_state(self, state):
+        return np.array(self.to_numpy(state))  # (a copy)
+
+    def write_state(self, state, values):
+        state.copy_(self._tensor(values, np.float32))
+
+    def unary(self, x, kind):
+        return ops.UNARY[kind](x)
+
+    def delta_rule(self, q, k, v, decay, beta, state):
+        return ops.delta_rule(q, k, v, decay, beta, state)
+
+    def short_conv(self, x, kernel, state):
+        return ops.short_conv(x, kernel, state)
 
     def read_bandwidth(self) -> float:
         """Device-to-device copy bandwidth, bytes read plus bytes written per second (as CUDA's

@@ -82,6 +82,34 @@ def softcap(x, cap: float):
     return torch.tanh(x / cap) * cap
 
 
+def short_conv(x, kernel, state):
+    """kernels_cpu.ops.short_conv's causal depthwise convolution, its state (K - 1, channels) updated
+    in place to the last K - 1 inputs."""
+    history = state.shape[0]
+    rows = torch.cat([state, x])
+    out = torch.nn.functional.conv1d(rows.t()[None], kernel[:, None, :], groups=kernel.shape[0])[0].t()
+    state.copy_(rows[rows.shape[0] - history:])
+    return out
+
+
+UNARY = {"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid,
+         "softplus": lambda x: torch.where(x > 20, x, torch.log1p(torch.exp(x)))}
+
+
+def delta_rule(q, k, v, decay, beta, state):
+    """kernels_cpu.ops.delta_rule's gated delta rule, token after token, its state updated in place."""
+    repeat = v.shape[1] // q.shape[1]
+    q, k = q.repeat(1, repeat, 1), k.repeat(1, repeat, 1)  # (value head h reads key head h % key heads)
+    out = torch.empty_like(v)
+    for t in range(q.shape[0]):
+        state.mul_(torch.exp(decay[t])[:, None, None])
+        recalled = torch.einsum("hij,hi->hj", state, k[t])
+        delta = (v[t] - recalled) * beta[t][:, None]
+        state.add_(k[t][:, :, None] * delta[:, None, :])
+        out[t] = torch.einsum("hij,hi->hj", state, q[t])
+    return out
+
+
 # the smallest sum renormalized expert weights divide by (llama.cpp clamps to float16's smallest normal)
 MIN_WEIGHT_SUM = 6.103515625e-5
 

@@ -76,6 +76,14 @@ def moe_folders(llama_cpp_source, tmp_path_factory):
     return {arch: moe_folder(arch, root / arch, llama_cpp_source) for arch in MOE_CONFIGS}
 
 
+@pytest.fixture(scope="session")
+def hybrid_folders(llama_cpp_source, tmp_path_factory):
+    """Small Hugging Face hybrids (hf_folders.HYBRID_CONFIGS), by model_type."""
+    from .hf_folders import HYBRID_CONFIGS, hybrid_folder
+    root = tmp_path_factory.mktemp("hybrid")
+    return {arch: hybrid_folder(arch, root / arch, llama_cpp_source) for arch in HYBRID_CONFIGS}
+
+
 def hf_logits_function(gguf_path):
     """transformers loading the GGUF, dequantized to fp32: ids -> logits (T, vocab). The oracle."""
     torch = pytest.importorskip("torch")

@@ -186,6 +186,32 @@ def random_folder(arch: str, folder: Path, llama_cpp_source: Path) -> Path:
     return folder
 
 
+def _draw_weights(model) -> None:
+    """Every parameter from a fixed numpy generator (not transformers' initialization, which differs
+    by machine): vectors near 1, matrices small; a DeltaNet's A_log near -3, so that its decays are
+    near 1 and its state carries far."""
+    import torch
+    rng = np.random.default_rng(0)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            values = rng.standard_normal(p.shape, dtype=np.float32)
+            values = values * 0.3 + 1.0 if p.dim() == 1 else values * 0.1
+            p.copy_(torch.from_numpy(values - 4.0 if name.endswith("A_log") else values))
+
+
+def converted_files(folders: dict, root: Path) -> dict:
+    """Each folder converted by ggrun to F32, and to Q4_K_M with its exact values (F32 again), by key."""
+    from convert.convert import convert_hf, requantize
+    files = {}
+    for key, folder in folders.items():
+        f32, q4, widened = (root / f"{key}-{t}.gguf" for t in ("f32", "q4_k_m", "q4_k_m-f32"))
+        convert_hf(folder, f32, "F32", progress=False)
+        requantize(f32, q4, "Q4_K_M", progress=False)
+        requantize(q4, widened, "F32", progress=False)
+        files[key] = f32, q4, widened
+    return files
+
+
 # Small mixtures of experts, 8 experts (4 for Mixtral) so that llama-quantize's 8-expert rules show
 MOE_CONFIGS = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(head_dim=64, num_experts=8, num_experts_per_tok=2,
@@ -226,7 +252,6 @@ def moe_folder(model_type: str, folder: Path, llama_cpp_source: Path) -> Path:
     weights drawn from a fixed numpy generator (not transformers' initialization), so that the
     folder is the same on every machine and llama.cpp's references
     (tests/data/llama_cpp_moe_mixes.json) hold."""
-    import torch
     import transformers as tf
     config_name, model_name, extra = MOE_CONFIGS[model_type]
     common = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
@@ -234,16 +259,55 @@ def moe_folder(model_type: str, folder: Path, llama_cpp_source: Path) -> Path:
                   tie_word_embeddings=False)
     config = getattr(tf, config_name)(**{**common, **extra})
     model = getattr(tf, model_name)(config).eval()
-    rng = np.random.default_rng(0)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            values = rng.standard_normal(p.shape, dtype=np.float32)
-            p.copy_(torch.from_numpy(values * 0.3 + 1.0 if p.dim() == 1 else values * 0.1))
+    _draw_weights(model)
     model.save_pretrained(folder)
     if model_type == "gemma4_text":
         gemma4_tokenizer(llama_cpp_source, folder, config.vocab_size)
     else:
         gpt2_tokenizer(llama_cpp_source, folder)
+    return folder
+
+
+# Small hybrids, their recurrent layers among attention layers, with GPT-2's tokenizer
+HYBRID_CONFIGS = {
+    # LFM2: short-convolution layers first and last, attention between (tied embeddings, as published);
+    # its MLPs 2/3 of intermediate_size wide, rounded up to 256: 768
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", dict(
+        layer_types=["conv", "full_attention", "conv", "conv", "full_attention", "conv"], conv_L_cache=3,
+        conv_bias=False, norm_eps=1e-5, tie_word_embeddings=True, intermediate_size=1024)),
+    # Qwen3.5: three DeltaNet layers, then gated attention, twice; two value heads per key head,
+    # RoPE on a quarter of each attention head (multimodal sections, as published)
+    "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(
+        layer_types=["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"],
+        head_dim=64, linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
+        linear_num_key_heads=2, linear_num_value_heads=4, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25,
+                             mrope_section=[4, 2, 2], mrope_interleaved=True))),
+    # Qwen3.5's mixture (35B-A3B): the same layers, every MLP 8 experts (2 chosen, renormalized) beside
+    # a shared expert behind its own sigmoid gate (transformers saves the experts one matrix each;
+    # Qwen publishes them fused, as test_convert builds from this folder)
+    "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", dict(
+        layer_types=["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"],
+        head_dim=64, linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
+        linear_num_key_heads=2, linear_num_value_heads=4, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=128, shared_expert_intermediate_size=256, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25,
+                             mrope_section=[4, 2, 2], mrope_interleaved=True))),
+}
+
+
+def hybrid_folder(model_type: str, folder: Path, llama_cpp_source: Path) -> Path:
+    """A small hybrid of model_type (HYBRID_CONFIGS), its weights drawn from a fixed numpy generator,
+    so that the folder is the same on every machine."""
+    import transformers as tf
+    config_name, model_name, extra = HYBRID_CONFIGS[model_type]
+    common = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=512, vocab_size=GPT2_VOCAB, num_hidden_layers=len(extra["layer_types"]))
+    config = getattr(tf, config_name)(**{**common, **extra})
+    model = getattr(tf, model_name)(config).eval()
+    _draw_weights(model)
+    model.save_pretrained(folder)
+    gpt2_tokenizer(llama_cpp_source, folder)
     return folder
 
 
@@ -253,8 +317,8 @@ def mxfp4_folder(src: Path, folder: Path) -> Path:
     the outputs; the blocks are llama.cpp's quantizer's (via ggrun's, equal to it)."""
     import json
 
-    from safetensors.numpy import load_file, save_file
     from gguf import GGMLQuantizationType
+    from safetensors.numpy import load_file, save_file
 
     from convert.quants import quantize
     shutil.copytree(src, folder)

@@ -13,9 +13,10 @@ from pathlib import Path
 PERPLEXITY_TEXT = (Path(__file__).parent / "data" / "declaration_of_independence.txt").read_text()[:6000]
 
 
-def convert_with_llama_cpp(source: Path, folder: Path, out: Path) -> Path:
-    """folder converted by convert_hf_to_gguf.py --outtype f32 into out."""
-    subprocess.run([sys.executable, source / "convert_hf_to_gguf.py", folder, "--outtype", "f32", "--outfile", out],
+def convert_with_llama_cpp(source: Path, folder: Path, out: Path, *options: str) -> Path:
+    """folder converted by convert_hf_to_gguf.py --outtype f32 (and options) into out."""
+    subprocess.run([sys.executable, source / "convert_hf_to_gguf.py", folder, "--outtype", "f32", *options,
+                    "--outfile", out],
                    check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(source / "gguf-py")})
     return out
 

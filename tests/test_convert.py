@@ -18,7 +18,7 @@ from convert.mixes import mix_types
 from gguf_io import GGUFFile, read_params, read_vocab
 
 from .gguf_copy import rewritten
-from .hf_folders import MOE_CONFIGS, RANDOM_ARCHS, transformers_logits
+from .hf_folders import HYBRID_CONFIGS, MOE_CONFIGS, RANDOM_ARCHS, transformers_logits
 from .llama_cpp import PERPLEXITY_TEXT, convert_with_llama_cpp, llama_cpp_perplexity
 
 pytest.importorskip("transformers")
@@ -156,6 +156,227 @@ def _typed_metadata(path) -> dict:
     """key -> (type, array item type, value as a plain Python value)."""
     f = GGUFFile(path)
     return {k: (mv.type, mv.item_type, np.asarray(f.get(k)).tolist()) for k, mv in f.metadata.items()}
+
+
+# convert_hf_to_gguf.py's options for a hybrid: Qwen3.5's text model without its multi-token prediction
+# layer (which the converter otherwise asks of the checkpoint, and transformers' checkpoints lack)
+LLAMA_CPP_OPTIONS = {"qwen3_5_text": ("--no-mtp",), "qwen3_5_moe_text": ("--no-mtp",)}
+# model types whose folders transformers reads with its own tokenizer class whatever
+# tokenizer_config.json names (its MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS): Qwen3.5-MoE's, where
+# the random folders' GPT-2 tokenizer would become a Qwen3_5Tokenizer, whose pre-tokenizer llama.cpp's
+# converter knows by no hash with GPT-2's vocabulary. Their reference is converted with transformers
+# reading the class the folder names, as it does for qwen3_5_text's (ggrun reads tokenizer.json alike
+# either way).
+_TOKENIZER_CLASS_OVERRIDDEN = ("qwen3_5_moe_text",)
+_AS_NAMED = """
+import runpy, sys
+from transformers.models.auto import tokenization_auto
+tokenization_auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS.difference_update(sys.argv[1].split(","))
+sys.argv = sys.argv[2:]
+sys.path.insert(0, str(__import__("pathlib").Path(sys.argv[0]).parent))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _convert_hybrid_with_llama_cpp(source: Path, folder: Path, out: Path, arch: str) -> Path:
+    """folder (of hybrid_folders[arch]) converted by convert_hf_to_gguf.py --outtype f32 with
+    LLAMA_CPP_OPTIONS[arch]; transformers reading its tokenizer as tokenizer_config.json names it."""
+    import os
+    import subprocess
+    import sys
+    if arch not in _TOKENIZER_CLASS_OVERRIDDEN:
+        return convert_with_llama_cpp(source, folder, out, *LLAMA_CPP_OPTIONS.get(arch, ()))
+    subprocess.run([sys.executable, "-c", _AS_NAMED, ",".join(_TOKENIZER_CLASS_OVERRIDDEN),
+                    source / "convert_hf_to_gguf.py", folder, "--outtype", "f32", *LLAMA_CPP_OPTIONS.get(arch, ()),
+                    "--outfile", out],
+                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(source / "gguf-py")})
+    return out
+
+
+@pytest.mark.parametrize("arch", list(HYBRID_CONFIGS))
+def test_hybrids_convert_and_quantize_as_llama_cpp_does(hybrid_folders, llama_cpp_source, llama_cpp_tools, tmp_path,
+                                                        arch):
+    """A hybrid at F32 and Q4_K_M, tensor by tensor and key by key with their types, as
+    convert_hf_to_gguf.py and llama-quantize (b11434) write it; and llama.cpp's F32 file requantized
+    to Q4_K_M as llama-quantize writes it, in its order. LFM2 (short convolutions among attention
+    layers): the KV heads per layer, 0 in a convolution layer, as an i32 array; the MLP width as the
+    model sizes it; the convolution kernels 2-D, kept F32. Qwen3.5 (gated DeltaNet layers among
+    gated attention layers): the value heads tiled, A as -exp(A_log), norms stored as w + 1 but the
+    DeltaNet's, the ssm sizes, recurrent layers and M-RoPE sections; the small DeltaNet tensors
+    kept F32, its fused QKV counted with attn_v in Q4_K_M. Qwen3.5-MoE (the same layers, each MLP a
+    mixture beside a shared expert): the experts stacked, the shared expert's gate, the expert sizes."""
+    import subprocess
+
+    from .test_mixes import tensor_digests
+    folder = hybrid_folders[arch]
+    theirs, theirs_q4 = tmp_path / "theirs-f32.gguf", tmp_path / "theirs-q4.gguf"
+    _convert_hybrid_with_llama_cpp(llama_cpp_source, folder, theirs, arch)
+    subprocess.run([llama_cpp_tools / "llama-quantize", theirs, theirs_q4, "Q4_K_M"], check=True, capture_output=True)
+    for file_type, reference in (("F32", theirs), ("Q4_K_M", theirs_q4)):
+        ours = tmp_path / f"ours-{file_type}.gguf"
+        convert_hf(folder, ours, file_type, progress=False)
+        assert sorted(tensor_digests(ours)) == sorted(tensor_digests(reference)), file_type
+        assert _typed_metadata(ours) == _typed_metadata(reference), file_type
+    requantized = tmp_path / "requantized.gguf"
+    requantize(theirs, requantized, "Q4_K_M", progress=False)
+    assert tensor_digests(requantized) == tensor_digests(theirs_q4)
+    assert _typed_metadata(requantized) == _typed_metadata(theirs_q4)
+
+
+def test_lfm2_layers_from_full_attn_idxs_as_transformers_reads_them(hybrid_folders):
+    """An LFM2 config that gives its attention layers as full_attn_idxs, without layer_types (as
+    older ones do), converts to the same hyperparameters; transformers reads the same layers from it."""
+    import transformers
+
+    from convert.hf_model import model_from_config
+    cfg = json.loads((hybrid_folders["lfm2"] / "config.json").read_text())
+    older = {k: v for k, v in cfg.items() if k != "layer_types"}
+    older["full_attn_idxs"] = [i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"]
+    assert transformers.Lfm2Config(**older).layer_types == cfg["layer_types"]
+    assert model_from_config(older).metadata == model_from_config(cfg).metadata
+
+
+def test_lfm2_config_names_as_transformers_reads_them(hybrid_folders):
+    """LiquidAI's LFM2 config.json names the MLP width block_ff_dim and the tied embeddings
+    tie_embedding: transformers reads them as intermediate_size and tie_word_embeddings, winning over
+    those (and llama.cpp's converter through it), and so does ggrun's."""
+    import transformers
+
+    from convert.hf_model import model_from_config
+    cfg = json.loads((hybrid_folders["lfm2"] / "config.json").read_text())
+    published = {k: v for k, v in cfg.items() if k not in ("intermediate_size", "tie_word_embeddings")}
+    published.update(block_ff_dim=cfg["intermediate_size"], tie_embedding=False)
+    read = transformers.Lfm2Config(**published)
+    assert (read.intermediate_size, read.tie_word_embeddings) == (cfg["intermediate_size"], False)
+    ours = model_from_config(published)
+    assert ours.metadata == model_from_config(cfg).metadata and not ours.tied
+    both = {**cfg, "block_ff_dim": 2048, "tie_embedding": False}
+    read = transformers.Lfm2Config(**both)
+    assert (read.intermediate_size, read.tie_word_embeddings) == (2048, False)
+    ours = model_from_config(both)
+    assert ours.metadata == model_from_config({**cfg, "intermediate_size": 2048}).metadata and not ours.tied
+
+
+def test_qwen35_multimodal_checkpoint_converts_its_text_model(hybrid_folders, llama_cpp_source, tmp_path):
+    """A Qwen3.5 checkpoint as Qwen publishes it (Qwen3_5ForConditionalGeneration: the text model
+    under model.language_model, a vision tower, a multi-token prediction layer) converts to its text
+    model alone, as convert_hf_to_gguf.py --no-mtp writes it (the vision tower goes to its mmproj
+    file), and the summary says what the file leaves out. (The reference is llama.cpp's file of the
+    text model's own folder: it writes this folder's alike, but only where transformers lets it read
+    GPT-2's tokenizer, which transformers 5 replaces by Qwen3.5's own in a qwen3_5 folder.)"""
+    from safetensors.numpy import load_file, save_file
+
+    from .test_mixes import tensor_digests
+    text = hybrid_folders["qwen3_5_text"]
+    folder = shutil.copytree(text, tmp_path / text.name)  # (named as the text model: general.name)
+    text_config = json.loads((text / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "text_config": text_config,
+        "vision_config": {"model_type": "qwen3_5_vision", "depth": 1, "hidden_size": 64, "intermediate_size": 128,
+                          "num_heads": 2, "out_hidden_size": text_config["hidden_size"]}}))
+    weights = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
+               for k, v in load_file(text / "model.safetensors").items()}
+    rng = np.random.default_rng(0)
+    for name, shape in (("model.visual.patch_embed.proj.weight", (64, 3, 2, 16, 16)),
+                        ("model.visual.blocks.0.attn.qkv.weight", (192, 64)), ("mtp.fc.weight", (256, 512)),
+                        ("mtp.layers.0.input_layernorm.weight", (256,)), ("mtp.norm.weight", (256,))):
+        weights[name] = rng.standard_normal(shape, dtype=np.float32)
+    save_file(weights, folder / "model.safetensors")
+    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    convert_with_llama_cpp(llama_cpp_source, text, theirs, *LLAMA_CPP_OPTIONS["qwen3_5_text"])
+    summary = convert_hf(folder, ours, "F32", progress=False)
+    assert sorted(tensor_digests(ours)) == sorted(tensor_digests(theirs))
+    assert _typed_metadata(ours) == _typed_metadata(theirs)
+    assert summary.lines()[-1] == ("left out: 2 tensors of the vision tower; 3 tensors of the multi-token "
+                                   "prediction layer (llama.cpp's converter with --no-mtp)")
+
+
+def test_qwen35_moe_experts_as_published_convert_as_llama_cpp_does(hybrid_folders, llama_cpp_source, tmp_path):
+    """Qwen publishes Qwen3.5-MoE's experts as two tensors a layer (transformers' own layout), not one
+    a matrix each as transformers saves them: mlp.experts.gate_up_proj (experts, 2 x expert width,
+    hidden: each expert's gate rows, then its up rows) and mlp.experts.down_proj (experts, hidden,
+    expert width); and its config gives no intermediate_size (the model has no dense MLP). That
+    folder converts to the same tensors (gate and up apart, as llama.cpp writes them) and to the
+    keys convert_hf_to_gguf.py writes of it: no feed_forward_length."""
+    import re
+
+    from safetensors.numpy import load_file, save_file
+
+    from .test_mixes import tensor_digests
+    src = hybrid_folders["qwen3_5_moe_text"]
+    folder = shutil.copytree(src, tmp_path / src.name)
+    weights, experts = load_file(src / "model.safetensors"), {}
+    for name in [n for n in weights if ".mlp.experts." in n]:
+        m = re.fullmatch(r"(.*\.mlp\.experts)\.(\d+)\.(\w+)_proj\.weight", name)
+        experts.setdefault(m[1], {}).setdefault(m[3], {})[int(m[2])] = weights.pop(name)
+    for base, parts in experts.items():
+        stacked = {part: np.stack([w[e] for e in sorted(w)]) for part, w in parts.items()}
+        weights[f"{base}.gate_up_proj"] = np.concatenate([stacked["gate"], stacked["up"]], axis=1)
+        weights[f"{base}.down_proj"] = stacked["down"]
+    save_file(weights, folder / "model.safetensors")
+    config = json.loads((src / "config.json").read_text())
+    del config["intermediate_size"]
+    (folder / "config.json").write_text(json.dumps(config))
+    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    _convert_hybrid_with_llama_cpp(llama_cpp_source, folder, theirs, "qwen3_5_moe_text")
+    convert_hf(folder, ours, "F32", progress=False)
+    assert sorted(tensor_digests(ours)) == sorted(tensor_digests(theirs))
+    assert _typed_metadata(ours) == _typed_metadata(theirs)
+    assert "qwen35moe.feed_forward_length" not in _typed_metadata(ours)
+    assert "blk.0.ffn_gate_exps.weight" in GGUFFile(ours).tensors
+
+
+# convert.random_model's Qwen3.5 shapes scaled down: tiny sizes, the same tensors and keys
+_TINY_QWEN35 = dict(n_layer=4, n_embd=256, n_head=2, n_head_kv=1, vocab_size=512, head_dim=64, linear_k_heads=2,
+                    linear_head_dim=32, context_length=64)
+
+
+@pytest.mark.parametrize("shape_name, model_type", [("qwen35-2b", "qwen3_5_text"),
+                                                    ("qwen35-35b-a3b", "qwen3_5_moe_text")])
+def test_random_qwen35_shapes_are_converted_ones_and_compute(hybrid_folders, tmp_path, shape_name, model_type):
+    """convert.random_model's Qwen3.5-2B and Qwen3.5-MoE shapes (--shape), scaled down: each layer
+    has the tensors, by name and dimensions, that a converted checkpoint's layer of its kind
+    (DeltaNet or attention) has, the file the converted one's keys (but the dense MLP width, which
+    Qwen's MoE config does not give); ggrun loads it and computes finite logits."""
+    from dataclasses import replace
+
+    from convert.random_model import SHAPES, write_random_llama
+    from runner.engine.load import LoadOptions, load_model
+    big = SHAPES[shape_name]
+    tiny = replace(big, **_TINY_QWEN35, n_ff=512 if big.n_ff else 0, linear_v_heads=2 * big.linear_v_heads // 16,
+                   **(dict(n_expert=8, n_expert_used=2, n_ff_exp=64, n_ff_shexp=128) if big.n_expert else {}))
+    path, converted = tmp_path / "random.gguf", tmp_path / "converted.gguf"
+    write_random_llama(path, tiny, "Q4_K_M", progress=False, tiled=False)
+    convert_hf(hybrid_folders[model_type], converted, "F32", progress=False)
+    ours, theirs = GGUFFile(path), GGUFFile(converted)
+
+    def layers(f, recurrent):
+        kinds = f.get(f"{f.architecture}.attention.recurrent_layers")
+        return [{n.split(".", 2)[2]: len(t.shape) for n, t in f.tensors.items() if n.startswith(f"blk.{i}.")}
+                for i in range(len(kinds)) if kinds[i] == recurrent]
+    for recurrent in (True, False):  # (every layer of a kind alike, in both files)
+        want = layers(theirs, recurrent)[0]
+        assert all(layer == want for layer in layers(ours, recurrent) + layers(theirs, recurrent)), recurrent
+    assert {n for n in ours.tensors if not n.startswith("blk.")} == (
+        {"token_embd.weight", "output_norm.weight"} | (set() if big.tied else {"output.weight"}))
+    hyper = [{k for k in f.metadata if k.startswith(f.architecture)} for f in (ours, theirs)]
+    assert hyper[0] ^ hyper[1] == (set() if big.n_ff else {f"{ours.architecture}.feed_forward_length"})
+    lm = load_model(path, LoadOptions())
+    assert np.isfinite(lm.model.forward([1, 2, 3], lm.model.new_cache(16))).all()
+
+
+def test_qwen35_tokenizer_converts_with_its_pre_tokenizer(hybrid_folders, tmp_path):
+    """Qwen 3.5's tokenizer.json (as transformers writes a Qwen3_5Tokenizer) splits text as
+    llama.cpp's qwen35 pre-tokenizer does, which its converter names by the vocabulary's hash."""
+    import transformers
+
+    from convert.hf_tokenizer import read_tokenizer
+    from gguf_io.architectures import ARCHITECTURES
+    folder = hybrid_folders["qwen3_5_text"]
+    transformers.Qwen3_5Tokenizer.from_pretrained(folder).save_pretrained(tmp_path)
+    tok, _ = read_tokenizer(tmp_path, json.loads((folder / "config.json").read_text())["vocab_size"],
+                            ARCHITECTURES["qwen35"])
+    assert tok.pre == "qwen35"
 
 
 # SmolLM2 as a Hub download holds it: a model card, generation settings, its Hub id in config.json

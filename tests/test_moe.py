@@ -14,7 +14,7 @@ from kernels_cpu.experts import GATING, route
 from kernels_cpu.step_program import Op
 from runner.engine.load import LoadOptions, load_model
 
-from .hf_folders import GPT2_VOCAB, MOE_CONFIGS, transformers_logits
+from .hf_folders import GPT2_VOCAB, MOE_CONFIGS, converted_files, transformers_logits
 from .llama_cpp import PERPLEXITY_TEXT, convert_with_llama_cpp, llama_cpp_perplexity
 from .test_kernels import _random_k_blocks
 
@@ -148,15 +148,7 @@ def test_torch_mixture_ops_match_the_cpu_kernels():
 @pytest.fixture(scope="module")
 def moe_files(moe_folders, tmp_path_factory):
     """Each mixture converted by ggrun to F32, and to Q4_K_M with its exact values (F32 again)."""
-    root = tmp_path_factory.mktemp("moe-gguf")
-    files = {}
-    for arch, folder in moe_folders.items():
-        f32, q4, widened = (root / f"{arch}-{t}.gguf" for t in ("f32", "q4_k_m", "q4_k_m-f32"))
-        convert_hf(folder, f32, "F32", progress=False)
-        requantize(f32, q4, "Q4_K_M", progress=False)
-        requantize(q4, widened, "F32", progress=False)
-        files[arch] = f32, q4, widened
-    return files
+    return converted_files(moe_folders, tmp_path_factory.mktemp("moe-gguf"))
 
 
 def _prefill_and_steps(lm, ids):

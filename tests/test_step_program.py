@@ -201,13 +201,15 @@ def test_program_rows_take_named_operands_of_their_kind(smollm):
 
 def test_every_operation_is_declared_replayed_and_recorded():
     """Each Op has its operands (OPERANDS), a branch in the replay (run_program's, or the mixture's
-    operations it calls, which are MIXTURE_OPS) and a Recorder method that writes it."""
+    or the recurrent layers' operations it calls, which are MIXTURE_OPS and RECURRENT_OPS) and a
+    Recorder method that writes it."""
     from kernels_cpu import step_program as sp
-    mixture = inspect.getsource(sp._mixture_op_impl)
-    replay = inspect.getsource(sp.run_program.py_func) + mixture
+    mixture, recurrent = inspect.getsource(sp._mixture_op_impl), inspect.getsource(sp._recurrent_op_impl)
+    replay = inspect.getsource(sp.run_program.py_func) + mixture + recurrent
     recorder = [inspect.getsource(f) for _, f in inspect.getmembers(sp.Recorder, inspect.isfunction)]
     for op in sp.Op:
         assert op in sp.OPERANDS, f"{op.name} has no operands"
         assert re.search(rf"op == Op\.{op.name}\b", replay), f"{op.name} is not replayed"
         assert any(re.search(rf"\bOp\.{op.name}\b", source) for source in recorder), f"no Recorder method writes {op.name}"
     assert {op for op in sp.Op if re.search(rf"op == Op\.{op.name}\b", mixture)} == set(sp.MIXTURE_OPS)
+    assert {op for op in sp.Op if re.search(rf"op == Op\.{op.name}\b", recurrent)} == set(sp.RECURRENT_OPS)

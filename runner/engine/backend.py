@@ -31,7 +31,8 @@ class Backend(Protocol):
         """compute(batch with its arrays on the device). `memory` marks a pass of at most few_tokens
         tokens that computes the same every time up to the batch's values, which the backend may
         record once per shape and replay: memory is what holds the buffers of the pass's cache (per
-        layer `keys` and `values` lists, and its `kv_type`: a KVCache, or a SequenceCache's pool),
+        layer `keys` and `values` lists, its `kv_type` and a hybrid's recurrent `states`: a KVCache,
+        or a SequenceCache's pool, or a hybrid's sequence's view of it),
         owner the model that computes it (two models on one backend never share a recording), and
         all_logits whether it returns the logits of every token or of the last. The backend keeps
         its recordings itself, each for as long as what it is kept by lives: the CPU a step program
@@ -90,6 +91,29 @@ class Backend(Protocol):
     def rms_norm(self, x, weight, eps: float) -> Any: ...
     def rope(self, x, positions, n_rot: int, base: float, pos_scale: float, neox: bool, freq_factors,
              magnitude: float = 1.0) -> None: ...
+    def new_state(self, shape) -> Any:
+        """A zeroed float32 array of a recurrent layer's state (recurrent_state.py)."""
+
+    def read_state(self, state) -> Any:
+        """A host copy of a state array."""
+
+    def write_state(self, state, values) -> None:
+        """Host values (of the state's shape) into a state array."""
+
+    def unary(self, x, kind: str) -> Any:
+        """silu(x), sigmoid(x) or softplus(x) (x itself above 20, as ggml's), elementwise, by kind."""
+
+    def delta_rule(self, q, k, v, decay, beta, state) -> Any:
+        """The gated delta rule, token after token: for value head h (over key head h % key heads),
+        S = exp(decay[t, h]) S, then S += k (beta[t, h] (v - S^T k))^T, out[t, h] = S^T q; q, k (T,
+        key heads, d_k), v and out (T, value heads, d_v), decay and beta (T, value heads), the state
+        S (value heads, d_k, d_v) float32, updated in place."""
+
+    def short_conv(self, x, kernel, state) -> Any:
+        """A causal depthwise convolution of x (T, channels) over time: out[t, c] = sum over j of
+        kernel[c, j] * (state then x)[t + j, c], kernel (channels, K), state (K - 1, channels) the
+        inputs before x, which it leaves holding the last K - 1 inputs."""
+
     def read_bandwidth(self) -> float:
         """Bytes per second the device reads from its memory: the ceiling of a decode step."""
 

@@ -156,6 +156,8 @@ class Batcher:
         if not draft:
             return self._decode([seq])
         last = seq.next_token
+        if cache.recurrent is not None:  # (rejected drafts: the recurrent state goes back over them)
+            cache.recurrent.undo = True
         rows = checked(self.lm.model.forward([last] + draft, cache, all_logits=True))
         try:
             ready = verify(seq.sampler, rows, draft, history, seq.matcher)

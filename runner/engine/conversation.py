@@ -144,7 +144,7 @@ class ChatSession:
         keep = pinned
         while keep < min(len(ids) - 1, len(self.tokens)) and ids[keep] == self.tokens[keep]:
             keep += 1
-        return keep
+        return keep if self.cache.truncation_keeps(keep) else None  # (a recurrent state may not go back)
 
     def send(self, user_text: str, on_text=None) -> str:
         """One turn: returns the reply's answer (also the partial one, when interrupted); the text

@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from .kv_state import KVState, check_fits
+from .recurrent_state import RecurrentState
 
 # Leading tokens pinned when nothing else is (no BOS, no system prompt): attention leans on the
 # first token as a sink, and a window that loses it degrades fast (as StreamingLLM observed, and
@@ -69,10 +70,10 @@ class Batch:
 
 class KVCache:
     def __init__(self, backend, n_ctx: int, layer_windows: list[int], head_shapes: list[tuple[int, int, int]],
-                 max_batch: int, kv_type: str, ring: bool = False):
+                 max_batch: int, kv_type: str, ring: bool = False, recurrent: RecurrentState | None = None):
         """One cache layer per entry of layer_windows, with its (KV heads, key size, value size)
-        from head_shapes."""
-        self.backend = backend
+        from head_shapes; a hybrid model's recurrent layers' state beside them (recurrent)."""
+        self.backend, self.recurrent = backend, recurrent
         self.n_ctx, self.max_batch, self.ring = n_ctx, max_batch, ring
         self.kv_type, self.head_shapes = kv_type, [tuple(map(int, s)) for s in head_shapes]
         self.windowed = [w > 0 for w in layer_windows]
@@ -101,6 +102,11 @@ class KVCache:
     def memory(self) -> KVCache:
         """What holds the buffers that passes over this cache read and write (Backend.run)."""
         return self
+
+    @property
+    def states(self) -> list:
+        """The recurrent states a pass updates (a hybrid's), in a fixed order."""
+        return [] if self.recurrent is None else list(self.recurrent.arrays.values())
 
     def _slots(self, kind, positions: np.ndarray) -> np.ndarray:
         if kind[0] == "window":
@@ -146,6 +152,8 @@ class KVCache:
                 if self.undo_overwrites and len(taken):
                     self._overwritten_slots[k] = (taken, table[taken].copy())
             table[slots[-1]] = positions
+        if self.recurrent is not None:
+            self.recurrent.begin(self.used, n_tokens)
         self.used += n_tokens
         # filled slots come first: attention reads only those
         key_positions = tuple(self.positions[kind][:min(self.used, kind[1])] for kind in self.kind_list)
@@ -204,7 +212,10 @@ class KVCache:
     def truncation_keeps(self, n: int) -> bool:
         """Whether truncate(n) leaves a cache that continues as one that stopped at n: each
         sliding-window layer, which keeps only window + max_batch slots, still holds the window
-        before position n (the tokens past n may have overwritten it)."""
+        before position n (the tokens past n may have overwritten it), and the recurrent state
+        can go back to n."""
+        if self.recurrent is not None and not self.recurrent.can_return_to(n):
+            return False
         for kind in self.kind_list:
             if kind[0] == "window" and kind[1] < self.n_ctx:
                 needed = np.arange(max(0, n - (kind[1] - self.max_batch)), n)
@@ -219,6 +230,8 @@ class KVCache:
         fewer tokens until it fills again. Into the pinned prefix, the prefix shrinks."""
         if not 0 <= n <= self.used:
             raise ValueError(f"cannot truncate a cache of {self.used} tokens to {n}")
+        if self.recurrent is not None:  # (first: it refuses what it cannot do, before anything changes)
+            self.recurrent.return_to(n)
         self._put_back_overwritten(n)
         if n < self.pinned:
             for i in self._pinned:  # back as first written, then shortened
@@ -253,7 +266,7 @@ class KVCache:
         return {"layers": len(self.keys), "n_ctx": self.n_ctx, "ring": self.ring, "kv_type": self.kv_type,
                 "head_shapes": [list(shape) for shape in self.head_shapes],
                 "capacities": list(self.capacity), "kinds": [list(kind) for kind in self.kind_list],
-                "max_batch": self.max_batch}
+                "max_batch": self.max_batch, **({} if self.recurrent is None else {"recurrent": self.recurrent.shape()})}
 
     def snapshot(self, note: dict | None = None) -> KVState:
         """The whole state, copied out (to restore later, or save to disk). note: the caller's."""
@@ -264,7 +277,8 @@ class KVCache:
                        keys=[k for k, _ in rows], values=[v for _, v in rows],
                        pinned_keys={i: k.copy() for i, (k, _) in self._pinned.items()},
                        pinned_values={i: v.copy() for i, (_, v) in self._pinned.items()},
-                       rotated_to=dict(self._rotated_to), note=dict(note or {}))
+                       rotated_to=dict(self._rotated_to), note=dict(note or {}),
+                       recurrent={} if self.recurrent is None else self.recurrent.export())
 
     def restore(self, state: KVState) -> None:
         """Back to a snapshot of a cache of the same shape; a state that does not fit raises
@@ -279,3 +293,5 @@ class KVCache:
         self._overwritten_slots, self._overwritten_rows = {}, {}
         self._pinned = {i: (state.pinned_keys[i].copy(), state.pinned_values[i].copy()) for i in state.pinned_keys}
         self._rotated_to = dict(state.rotated_to)
+        if self.recurrent is not None:
+            self.recurrent.load(state.recurrent, state.used)

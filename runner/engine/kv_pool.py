@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
 from .kv_cache import Batch, ContextFullError
+from .recurrent_state import RecurrentState
 
 
 class PoolExhausted(RuntimeError):
@@ -156,6 +158,15 @@ def common_prefix(a, b) -> int:
     return n
 
 
+@dataclass(frozen=True, eq=False)
+class SequenceMemory:
+    """The pool's buffers with one hybrid sequence's recurrent states (SequenceCache.memory)."""
+    keys: list
+    values: list
+    kv_type: str
+    states: list
+
+
 class SequenceCache:
     """One sequence's block table over a KVPool: the cache that Decoder.forward and forward_lanes
     run it against (KVCache's interface, without a ring). Made afresh for each sequence."""
@@ -164,8 +175,11 @@ class SequenceCache:
     rotates_pinned = False
     undo_overwrites = False  # (nothing is overwritten here: truncate forgets alone)
 
-    def __init__(self, pool: KVPool, n_ctx: int, max_batch: int):
-        self.pool, self.n_ctx, self.max_batch = pool, n_ctx, max_batch
+    def __init__(self, pool: KVPool, n_ctx: int, max_batch: int, recurrent: RecurrentState | None = None):
+        """recurrent: a hybrid model's recurrent state of the sequence, beside its blocks."""
+        self.pool, self.n_ctx, self.max_batch, self.recurrent = pool, n_ctx, max_batch, recurrent
+        if recurrent is not None:
+            self._memory = SequenceMemory(pool.keys, pool.values, pool.kv_type, list(recurrent.arrays.values()))
         self.keys, self.values = pool.keys, pool.values
         self.table: list[int] = []   # its blocks, in the order of the positions they hold
         self.tokens: list[int] = []  # the token at each position it holds
@@ -183,7 +197,8 @@ class SequenceCache:
         all. Returns how many prompt tokens need no prefill, or None, changing nothing, where the
         pool lacks the blocks now."""
         pool, size = self.pool, self.pool.block
-        limit = len(ids) - 1 if reuse else 0
+        # (a recurrent state is not kept per block: a hybrid's sequence prefills its whole prompt)
+        limit = len(ids) - 1 if reuse and self.recurrent is None else 0
         found, parent = [], 0
         while (len(found) + 1) * size <= limit and (block := pool.lookup(parent, ids[len(found) * size:
                                                                                 (len(found) + 1) * size])) is not None:
@@ -240,13 +255,13 @@ class SequenceCache:
         pass
 
     def truncation_keeps(self, n: int) -> bool:
-        return True
+        return self.recurrent is None or self.recurrent.can_return_to(n)
 
     @property
-    def memory(self) -> KVPool:
+    def memory(self) -> KVPool | SequenceMemory:
         """What holds the buffers of the sequence's passes (KVCache.memory): the pool, whose
-        sequences share what a backend records over it."""
-        return self.pool
+        sequences share what a backend records over it; with the sequence's own recurrent states."""
+        return self.pool if self.recurrent is None else self._memory
 
     def reserve(self, tokens) -> Batch:
         """Claim slots for the next tokens (blocks as they are reached): the batch that a forward
@@ -258,6 +273,8 @@ class SequenceCache:
             raise ValueError(f"a batch of {n_tokens} tokens exceeds what the cache takes at once")
         while len(self.table) * size < self.used + n_tokens:
             self.table.append(self._take())
+        if self.recurrent is not None:
+            self.recurrent.begin(self.used, n_tokens)
         positions = np.arange(self.used, self.used + n_tokens, dtype=np.int32)
         slots = self._slots(positions)
         self._key_positions[slots] = positions
@@ -282,6 +299,8 @@ class SequenceCache:
         a registered block it cuts into becomes its own again (a copy, where others hold it)."""
         if not 0 <= n <= self.used:
             raise ValueError(f"cannot truncate a cache of {self.used} tokens to {n}")
+        if self.recurrent is not None:  # (first: it refuses what it cannot do, before anything changes)
+            self.recurrent.return_to(n)
         pool, size = self.pool, self.pool.block
         self._key_positions[self._slots(np.arange(n, self.used))] = -1
         keep = -(-n // size)

@@ -9,7 +9,7 @@ again before any is written in.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +38,7 @@ class KVState:
     pinned_values: dict
     rotated_to: dict            # global layer -> the shift its pinned keys sit at
     note: dict                  # the caller's (what model and conversation the state belongs to)
+    recurrent: dict = field(default_factory=dict)  # a hybrid's recurrent layers' state arrays, by name
 
     def save(self, path: Path) -> None:
         header = {"format": FORMAT, "shape": self.shape, "used": self.used, "pinned": self.pinned,
@@ -49,6 +50,7 @@ class KVState:
         arrays |= {f"values_{i}": a for i, a in enumerate(self.values)}
         arrays |= {f"pinned_keys_{i}": a for i, a in self.pinned_keys.items()}
         arrays |= {f"pinned_values_{i}": a for i, a in self.pinned_values.items()}
+        arrays |= {f"recurrent_{name}": a for name, a in self.recurrent.items()}
         with atomic_output(path) as tmp, open(tmp, "wb") as f:
             np.savez(f, **arrays)
 
@@ -89,6 +91,8 @@ class KVState:
         state.values = [arrays[f"values_{i}"] for i in range(len(cache.keys))]
         state.pinned_keys = {i: arrays[f"pinned_keys_{i}"] for i in state.rotated_to}
         state.pinned_values = {i: arrays[f"pinned_values_{i}"] for i in state.rotated_to}
+        state.recurrent = {name.removeprefix("recurrent_"): a for name, a in arrays.items()
+                           if name.startswith("recurrent_")}
         check_fits(state, cache)
         return state
 
@@ -134,6 +138,8 @@ def expected_arrays(state: KVState, cache) -> dict[str, tuple[np.dtype, tuple[in
         n_kv, key_dim, value_dim = cache.head_shapes[i]
         arrays[f"pinned_keys_{i}"] = (np.dtype(np.float32), (state.pinned, n_kv, key_dim))
         arrays[f"pinned_values_{i}"] = (np.dtype(np.float32), (state.pinned, n_kv, value_dim))
+    if cache.recurrent is not None:
+        arrays |= {f"recurrent_{name}": expected for name, expected in cache.recurrent.expected().items()}
     return arrays
 
 
@@ -144,6 +150,7 @@ def check_fits(state: KVState, cache) -> None:
     given |= {f"keys_{i}": a for i, a in enumerate(state.keys)} | {f"values_{i}": a for i, a in enumerate(state.values)}
     given |= {f"pinned_keys_{i}": a for i, a in state.pinned_keys.items()}
     given |= {f"pinned_values_{i}": a for i, a in state.pinned_values.items()}
+    given |= {f"recurrent_{name}": a for name, a in state.recurrent.items()}
     expected = expected_arrays(state, cache)
     if set(given) != set(expected):
         raise KVStateError("the saved KV state's arrays do not match its layers")

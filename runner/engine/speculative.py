@@ -103,10 +103,16 @@ class DraftModel:
 
     def propose(self, sequence: list[int], n: int, n_min: int) -> list[int]:
         common = min(common_prefix(self.tokens, sequence), len(sequence) - 1)  # (the last token runs again: its logits start the draft)
+        recurrent = self.cache.recurrent
+        if recurrent is not None and not self.cache.truncation_keeps(common):
+            # (a recurrent state goes back only to where it was marked, before the last drafts)
+            common = recurrent.marked if 0 <= recurrent.marked <= common else 0
         self.cache.truncate(common)
         self.tokens = self.tokens[:common]
         draft = []
         logits = self._forward(sequence[common:])
+        if recurrent is not None:
+            recurrent.mark()
         while len(draft) < n:
             token = int(np.argmax(logits))
             if len(draft) >= n_min and self.p_min > 0 and 1 / np.exp(logits - logits[token]).sum() < self.p_min:
@@ -206,6 +212,8 @@ def generate_speculative(model, cache, prompt: list[int], sampler: Sampler, max_
     draft_min = min(draft_min, draft_max)
     spec.draft_max = max(spec.draft_max, draft_max)
     cache.undo_overwrites = True  # (a rejected draft gives back the ring slots it took)
+    if cache.recurrent is not None:  # (and the recurrent state goes back over it)
+        cache.recurrent.undo = True
     start = time.perf_counter()
     logits = prefill(model, cache, prompt, stats, pin)
     sequence = list(history or []) + list(prompt)

@@ -106,7 +106,11 @@ class WeightLoader:
         """A one-value tensor (Gemma 4's layer output scale) as a host float; None where absent."""
         return float(self._host_values(tensor, (1,), layer, "weight")[0]) if self.has(tensor, layer) else None
 
+    def small_table(self, tensor: MODEL_TENSOR, n: int, rows: int, layer: int, suffix: str = "weight"):
+        """A small table of `rows` vectors of n (GGML shape [n, rows]: a mixture's per-expert biases,
+        a convolution's kernel per channel) as float32 (rows, n), decoded whatever its type."""
+        return self._decoded(tensor, (n, rows), layer, suffix)
+
     def optional_table(self, tensor: MODEL_TENSOR, n: int, rows: int, layer: int, suffix: str = "bias"):
-        """A small table of `rows` vectors of n (GGML shape [n, rows]: a mixture's per-expert
-        biases) as float32 (rows, n); None where the file does not have it."""
-        return self._decoded(tensor, (n, rows), layer, suffix) if self.has(tensor, layer, suffix) else None
+        """small_table(...), or None where the file does not have it."""
+        return self.small_table(tensor, n, rows, layer, suffix) if self.has(tensor, layer, suffix) else None

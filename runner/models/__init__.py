@@ -7,11 +7,13 @@ from .gemma3 import Gemma3
 from .gemma4 import Gemma4
 from .glm4 import GLM4
 from .gpt_oss import GptOss
+from .lfm2 import LFM2
 from .llama import Llama
 from .olmo2 import OLMo2
 from .olmoe import OLMoE
 from .phi3 import Phi3
 from .qwen import Qwen2, Qwen3
+from .qwen35 import Qwen35
 from .seed_oss import SeedOSS
 from .smollm3 import SmolLM3
 
@@ -20,4 +22,5 @@ from .smollm3 import SmolLM3
 MODELS = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3, "gemma3": Gemma3, "qwen2moe": Qwen2, "qwen3moe": Qwen3,
           "olmoe": OLMoE, "olmo2": OLMo2, "smollm3": SmolLM3, "ernie4_5": Llama, "granite": Llama, "granitemoe": Llama,
           "phi3": Phi3, "gemma2": Gemma2, "glm4": GLM4, "exaone4": EXAONE4, "seed_oss": SeedOSS,
-          "mistral3": Llama, "gpt-oss": GptOss, "gemma4": Gemma4}
+          "mistral3": Llama, "gpt-oss": GptOss, "gemma4": Gemma4,
+          "lfm2": LFM2, "qwen35": Qwen35, "qwen35moe": Qwen35}

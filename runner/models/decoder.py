@@ -18,6 +18,7 @@ from gguf import MODEL_TENSOR as T
 from gguf_io import ModelParams
 from runner.engine.kv_cache import Batch, KVCache
 from runner.engine.kv_pool import KVPool, SequenceCache
+from runner.engine.recurrent_state import RecurrentState
 from runner.engine.weights import WeightLoader
 
 # Tokens per forward pass: longer prompts are run in slices of this size (llama.cpp's ubatch).
@@ -84,8 +85,9 @@ class MixtureOfExperts:
 class Layer:
     """One block's weights. Its branches' norms (RMSNorm; None where the architecture has none):
     before attention and the feed-forward (the Llama family), on their outputs before these join
-    the residual stream (OLMo 2, EXAONE 4), or both (Gemma 2 and 3, GLM-4)."""
-    attn: Attention
+    the residual stream (OLMo 2, EXAONE 4), or both (Gemma 2 and 3, GLM-4). A hybrid's recurrent
+    layer has its model's recurrent block where the others have attention."""
+    attn: Attention | object
     ffn: FeedForward | MixtureOfExperts
     attn_norm: object = None
     ffn_norm: object = None
@@ -136,6 +138,7 @@ class Decoder:
     pre_norms = True        # RMSNorm before attention and before the feed-forward
     post_norms = False      # RMSNorm on each branch's output, before it joins the residual stream
     ffn_norm_tensor = T.FFN_NORM  # the pre-feed-forward norm (gguf names it differently by architecture)
+    output_norm_tensor = T.OUTPUT_NORM  # the final norm (LFM2's is token_embd_norm)
     rope_neox = False       # rotary pairing: (i, i + d/2) when True, (2i, 2i + 1) when False
     embed_scale = False     # multiply embeddings by sqrt(hidden size)
     extra_attention_tensors: tuple[str, ...] = ()  # required, of _ATTENTION_EXTRAS' ("bq", "q_norm", ...)
@@ -151,6 +154,9 @@ class Decoder:
     value_norm = False      # RMSNorm (without weight) on each value head (Gemma 4)
     values_from_keys = False  # a layer without V attends over its K projection as values too (Gemma 4)
     query_scale = 0.0       # the scores' scale whatever the file says (Gemma 4's 1; 0: the file's, or 1/sqrt(head))
+    # each query head comes with a gate of its output, sigmoid(gate) * out, projected beside it
+    # (Qwen3.5, Qwen3-Next: per head, the query's head_dim rows, then the gate's)
+    output_gate = False
 
     def __init__(self, params: ModelParams, weights: WeightLoader, backend):
         self.params, self.backend = params, backend
@@ -158,7 +164,7 @@ class Decoder:
         # (an embedding that is not also the output is only looked up: a table, read in place)
         untied = weights.has(T.OUTPUT)
         self.tok_embd = (weights.table if untied else weights.matrix)(T.TOKEN_EMBD, p.n_embd, p.vocab_size)
-        self.output_norm = weights.vector(T.OUTPUT_NORM, p.n_embd)
+        self.output_norm = weights.vector(self.output_norm_tensor, p.n_embd)
         self.output = weights.matrix(T.OUTPUT, p.n_embd, p.vocab_size) if untied else self.tok_embd
         # RoPE frequency factors, by whether the context is longer than the trained one: one table
         # for both (Llama 3's), or LongRoPE's short and long tables (Phi-3), or none
@@ -170,19 +176,31 @@ class Decoder:
             self.rope_factors = tuple(yarn if f is None else f * yarn for f in self.rope_factors)
         self._ones = {}  # (the weight of weightless norms, by width)
         self.layers = [self.load_layer(weights, i) for i in range(p.n_layer)]
+        # the attention layers with K and V of their own, in the order of their cache layers
+        self.cache_owners = [layer.attn for i, layer in enumerate(self.layers)
+                             if not p.recurrent(i) and p.kv_source(i) == i]
 
     def load_layer(self, weights: WeightLoader, i: int) -> Layer:
         n = self.params.n_embd
 
         def norm(tensor, present: bool):
             return weights.vector(tensor, n, i) if present else None
-        return Layer(self.load_attention(weights, i), self.load_feed_forward(weights, i),
+        mixer = self.load_recurrent(weights, i) if self.params.recurrent(i) else self.load_attention(weights, i)
+        return Layer(mixer, self.load_feed_forward(weights, i),
                      attn_norm=norm(T.ATTN_NORM, self.pre_norms), ffn_norm=norm(self.ffn_norm_tensor, self.pre_norms),
                      post_attn_norm=norm(T.ATTN_POST_NORM, self.post_norms),
                      post_ffn_norm=norm(T.FFN_POST_NORM, self.post_norms))
 
+    def load_recurrent(self, weights: WeightLoader, i: int):
+        """A hybrid's recurrent layer i's block (its model file says what it is)."""
+        raise NotImplementedError(f"{self.params.arch} has no recurrent layers")
+
     def block(self, layer: Layer, x, batch: Batch, cache: KVCache, i: int):
-        a = self.attention(layer.attn, self.norm(x, layer.attn_norm), batch, cache, i)
+        h = self.norm(x, layer.attn_norm)
+        if self.params.recurrent(i):
+            a = self.recurrent(layer.attn, h, cache, i)
+        else:
+            a = self.attention(layer.attn, h, batch, cache, i)
         x = x + self.branch(a, layer.post_attn_norm)
         return x + self.branch(self.feed_forward_branch(layer, x), layer.post_ffn_norm)
 
@@ -237,8 +255,8 @@ class Decoder:
         else:
             wv = (weights.matrix(T.ATTN_V, p.n_embd, v_dim, i)
                   if weights.has(T.ATTN_V, i) or not self.values_from_keys else None)
-            projections = (weights.matrix(T.ATTN_Q, p.n_embd, q_dim, i), weights.matrix(T.ATTN_K, p.n_embd, kv_dim, i),
-                           wv, None)
+            projections = (weights.matrix(T.ATTN_Q, p.n_embd, q_dim * (2 if self.output_gate else 1), i),
+                           weights.matrix(T.ATTN_K, p.n_embd, kv_dim, i), wv, None)
         wq, wk, wv, wqkv = projections
         return Attention(wq, wk, wv, weights.matrix(T.ATTN_OUT, p.n_head * value_dim, p.n_embd, i), wqkv,
                          value_norm=self.ones(value_dim) if self.value_norm and owns_kv else None,
@@ -246,7 +264,7 @@ class Decoder:
                          rope_base=p.rope_base_swa if window else p.rope_base,
                          rope_scale=1.0 if window else p.rope_scale, rotates=self.rotates(i), window=window,
                          n_kv_head=n_kv, head_dim=head_dim, value_dim=value_dim, rope_dim=p.layer_rope_dim(i),
-                         rope_factors=self.layer_rope_factors(i), kv_layer=p.kv_source(i), **extras)
+                         rope_factors=self.layer_rope_factors(i), kv_layer=p.cache_layer(i), **extras)
 
     def layer_rope_factors(self, i: int) -> tuple:
         """Layer i's RoPE frequency divisors within and past the trained context."""
@@ -292,24 +310,25 @@ class Decoder:
                                 router_bias=weights.optional_vector(T.FFN_GATE_INP, e, i, "bias"), **biases,
                                 expert_scales=weights.optional_per_expert(T.FFN_DOWN_EXP, e, i, "scale"))
 
-    def _own_kv(self) -> list[Attention]:
-        """The attention of every layer with K and V of its own."""
-        return [layer.attn for i, layer in enumerate(self.layers) if layer.attn.kv_layer == i]
-
     def new_cache(self, n_ctx: int, ring: bool = False) -> KVCache:
-        """A cache of every layer with K and V of its own."""
-        own = self._own_kv()
+        """A cache of every layer with K and V of its own, and a hybrid's recurrent state."""
+        own = self.cache_owners
         shapes = [(a.n_kv_head, a.head_dim, a.value_dim) for a in own]
-        return KVCache(self.backend, n_ctx, [a.window for a in own], shapes, MAX_BATCH, ring=ring, kv_type=self.kv_type)
+        return KVCache(self.backend, n_ctx, [a.window for a in own], shapes, MAX_BATCH, ring=ring, kv_type=self.kv_type,
+                       recurrent=self.new_recurrent_state())
+
+    def new_recurrent_state(self) -> RecurrentState | None:
+        """A sequence's state of the recurrent layers (None: the model has none)."""
+        return None
 
     def new_kv_pool(self, n_tokens: int) -> KVPool:
         """A paged cache for at least n_tokens tokens, which sequences share (runner/engine/kv_pool.py)."""
-        shapes = [(a.n_kv_head, a.head_dim, a.value_dim) for a in self._own_kv()]
+        shapes = [(a.n_kv_head, a.head_dim, a.value_dim) for a in self.cache_owners]
         return KVPool(self.backend, n_tokens, shapes, self.kv_type)
 
     def sequence_cache(self, pool: KVPool, n_ctx: int) -> SequenceCache:
         """A sequence's view of the pool, with a context of n_ctx tokens."""
-        return SequenceCache(pool, n_ctx, MAX_BATCH)
+        return SequenceCache(pool, n_ctx, MAX_BATCH, recurrent=self.new_recurrent_state())
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False):
         """Run tokens at the cache's next positions; logits of the last token (vocab,) or of all (T, vocab)."""
@@ -325,13 +344,17 @@ class Decoder:
     def _forward_batch(self, tokens, cache: KVCache, all_logits: bool):
         batch = cache.reserve(tokens)
         # (the ring's pinned keys move outside the pass, so that the pass may replay)
-        cache.move_pinned(lambda i: self.key_rotation(self.layers[i].attn, cache))
+        cache.move_pinned(lambda i: self.key_rotation(self.cache_owners[i], cache))
         # A decode step, or a pass of a few tokens that returns the logits of each (a verified
         # draft), is the same computation every time, up to the batch's values, so a backend may
         # record it once and replay it (a short prompt's pass, which comes once, is not worth
         # recording); not where queries get a temperature other than 1 (a recorded step has none).
+        # A hybrid's pass replays where the backend binds its states, and not where the states keep
+        # what each pass fed them (undo: a replay runs no Python).
+        recurrent = cache.recurrent
         replayable = ((len(tokens) == 1 or all_logits and len(tokens) <= self.backend.few_tokens)
-                      and self.query_temperature(batch.positions) is None)
+                      and self.query_temperature(batch.positions) is None
+                      and (recurrent is None or self.backend.replays_states and not recurrent.undo))
         compute = partial(self._compute, cache=cache, all_logits=all_logits)
         memory = cache.memory if replayable else None
         return self.backend.to_numpy(self.backend.run(compute, batch, memory, self, all_logits))
@@ -349,7 +372,7 @@ class Decoder:
         batches = []
         for lane, cache in zip(tokens, caches):
             batches.append(cache.reserve(lane))
-            cache.move_pinned(lambda i, c=cache: self.key_rotation(self.layers[i].attn, c))
+            cache.move_pinned(lambda i, c=cache: self.key_rotation(self.cache_owners[i], c))
         starts = tuple(np.cumsum([0, *map(len, tokens)]).tolist())
         joint = batches[0].replace(ids=np.concatenate([b.ids for b in batches]),
                                    positions=np.concatenate([b.positions for b in batches]))
@@ -379,6 +402,14 @@ class Decoder:
             x = self.block(layer, x, batch, cache, i)
         return x
 
+    def each_sequence(self, cache: KVCache | Lanes, n: int, compute):
+        """compute(rows, cache) of each sequence's rows of a pass of n: the lanes' one by one,
+        concatenated (what a recurrent layer's state computes: each sequence's own), or all rows
+        with the cache."""
+        if not isinstance(cache, Lanes):
+            return compute(slice(0, n), cache)
+        return self.backend.concat([compute(rows, lane_cache) for rows, _, lane_cache in cache.rows()])
+
     def attention(self, a: Attention, h, batch: Batch, cache: KVCache, i: int):
         """Self-attention of h (T, n_embd) through layer i's cache (or the earlier layer's it
         shares), output projection included."""
@@ -396,6 +427,11 @@ class Decoder:
         else:
             q, k, v = be.matmuls([a.wq, a.wk, a.wv], h)
         q = q if a.bq is None else q + a.bq
+        gate = None
+        if self.output_gate:  # (each head's query, then its gate)
+            q, gate = (x.reshape(n, heads * a.head_dim)
+                       for x in be.split(q.reshape(n * heads, 2 * a.head_dim), [a.head_dim, a.head_dim]))
+            gate = be.unary(gate, "sigmoid")
         norm_width = a.head_dim if self.qk_norm_per_head else None  # (None: a row's whole projection)
         if a.q_norm is not None:
             q = be.rms_norm(q.reshape(-1, norm_width or q.shape[1]), a.q_norm, p.rms_eps)
@@ -413,7 +449,8 @@ class Decoder:
         else:
             out = be.concat([self.attend(a, q[rows], None if k is None else k[rows], None if v is None else v[rows],
                                          lane_batch, lane_cache, i) for rows, lane_batch, lane_cache in lanes])
-        out = be.matmul(a.wo, out.reshape(n, heads * a.value_dim))
+        out = out.reshape(n, heads * a.value_dim)
+        out = be.matmul(a.wo, out if gate is None else out * gate)
         return out if a.bo is None else out + a.bo
 
     def attend(self, a: Attention, q, k, v, batch: Batch, cache: KVCache, i: int):
@@ -428,7 +465,7 @@ class Decoder:
         if k is None:
             keys, values, key_pos = cache.read(a.kv_layer, batch)
         else:
-            keys, values, key_pos = cache.store(i, k, v, batch)
+            keys, values, key_pos = cache.store(a.kv_layer, k, v, batch)
         scale = self.query_scale or p.attention_scale or 1.0 / math.sqrt(a.head_dim)
         return be.attention(q, keys, values, batch.positions, key_pos, scale, a.window, p.attn_softcap, a.sinks)
 

@@ -49,7 +49,7 @@ PRE_TOKENIZERS: dict[str, list[str]] = {
     "gemma4": [r"[^\n]+|[\n]+"],  # (the gemma4 tokenizer model's own: whole lines and runs of newlines)
 }
 ALIASES = {
-    "llama-bpe": "llama3", "llama-v3": "llama3", "falcon3": "llama3", "pixtral": "llama3",
+    "llama-bpe": "llama3", "llama-v3": "llama3", "falcon3": "llama3", "pixtral": "llama3", "lfm2": "llama3",
     "gpt-2": "gpt2", "mpt": "gpt2", "olmo": "gpt2", "jais": "gpt2", "phi-2": "gpt2",
     "starcoder": "smollm", "refact": "smollm", "command-r": "smollm", "codeshell": "smollm",
     "exaone": "smollm", "minerva-7b": "smollm",

@@ -1,0 +1,208 @@
+"""Hybrid models, whose recurrent layers carry a state per sequence beside the attention layers'
+KV cache (runner/engine/recurrent_state.py): LFM2's short convolutions, Qwen3.5's gated DeltaNet.
+Whole models against
+transformers in fp32, through one prefill, one-token steps and prefills split anywhere; the
+state going back into a verify pass, saved and restored, per sequence in a batch; llama.cpp's
+perplexity on ggrun's files."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from kernels_cpu.step_program import Op
+from runner.engine.batching import Batcher
+from runner.engine.generate import generate
+from runner.engine.kv_state import KVState
+from runner.engine.load import LoadOptions, load_model
+from runner.engine.sampler import Sampler, SamplingOptions
+from runner.engine.speculative import (
+    SpeculationStats,
+    generate_speculative,
+    make_drafter,
+)
+
+from .hf_folders import HYBRID_CONFIGS, converted_files, transformers_logits
+from .llama_cpp import PERPLEXITY_TEXT, llama_cpp_perplexity
+
+GREEDY = SamplingOptions(temperature=0)
+SPLITS = (1, 2, 3, 7, 8, 40, 41)  # (passes of one token, a few, and many, at odd places)
+
+
+@pytest.fixture(scope="module")
+def hybrid_files(hybrid_folders, tmp_path_factory):
+    """Each hybrid converted by ggrun to F32, and to Q4_K_M with its exact values (F32 again)."""
+    return converted_files(hybrid_folders, tmp_path_factory.mktemp("hybrid-gguf"))
+
+
+def _three_ways(lm, ids):
+    """All-position logits of one prefill, of one-token steps, and of prefills split at SPLITS."""
+    model = lm.model
+    prefill = model.forward(ids, model.new_cache(128), all_logits=True)
+    cache = model.new_cache(128)
+    steps = np.array([model.forward([t], cache) for t in ids])
+    cache, bounds = model.new_cache(128), [0, *(s for s in SPLITS if s < len(ids)), len(ids)]
+    split = np.concatenate([model.forward(ids[a:b], cache, all_logits=True) for a, b in itertools.pairwise(bounds)])
+    return prefill, steps, split
+
+
+@pytest.mark.parametrize("device", ["cpu", "torch-cpu"])
+@pytest.mark.parametrize("arch", list(HYBRID_CONFIGS))
+def test_hybrids_match_transformers(hybrid_folders, hybrid_files, arch, device):
+    if device == "torch-cpu":
+        pytest.importorskip("torch")
+    lm = load_model(hybrid_files[arch][0], LoadOptions(kv_type="f32", device=device))
+    ids = np.random.default_rng(1).integers(0, lm.params.vocab_size, 64).tolist()
+    want = transformers_logits(hybrid_folders[arch], ids)
+    for got in _three_ways(lm, ids):
+        assert np.array_equal(got.argmax(1), want.argmax(1))
+        assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
+    if device == "cpu":  # the steps replayed a recorded program that runs the recurrent layers inside it
+        program = lm.backend.recorded_program(lm.model, lm.model.kv_type, 1, False)
+        assert Op.SHORT_CONV in program.code[:, 0] and lm.backend.replay_checked
+        assert (Op.DELTA_RULE in program.code[:, 0]) == arch.startswith("qwen")
+
+
+@pytest.mark.parametrize("arch", list(HYBRID_CONFIGS))
+def test_quantized_hybrids_compute_their_exact_values(hybrid_files, arch):
+    """Q4_K_M on the precise path against the same weights widened to F32 (within 2%: in eight
+    layers of a mixture, an expert chosen otherwise by a rounding moves a few logits that much)."""
+    _, q4, widened = hybrid_files[arch]
+    ids = np.random.default_rng(3).integers(0, 50257, 24).tolist()
+    exact = load_model(widened, LoadOptions(kv_type="f32"))
+    exact = exact.model.forward(ids, exact.model.new_cache(64), all_logits=True)
+    for got in _three_ways(load_model(q4, LoadOptions(kv_type="f32", precise=True)), ids):
+        assert np.abs(got - exact).max() < 2e-2 * np.abs(exact).max()
+
+
+@pytest.fixture(scope="module")
+def hybrids(hybrid_files):
+    return {arch: load_model(files[0], LoadOptions(kv_type="f32")) for arch, files in hybrid_files.items()}
+
+
+@pytest.mark.parametrize("device", ["cpu", "torch-cpu"])
+@pytest.mark.parametrize("arch", list(HYBRID_CONFIGS))
+def test_the_state_goes_back_into_its_last_pass_only(hybrids, hybrid_files, arch, device):
+    """A truncation inside the last pass leaves the state that pass had there (the next logits as
+    a cache that stopped there); further back it is refused, changing nothing, but to the start."""
+    if device == "torch-cpu":
+        pytest.importorskip("torch")
+    lm = hybrids[arch] if device == "cpu" else load_model(hybrid_files[arch][0], LoadOptions(kv_type="f32", device=device))
+    model, ids = lm.model, list(range(100, 130))
+    stopped = model.new_cache(64)
+    model.forward(ids[:16], stopped)
+    model.forward(ids[16:20], stopped)
+    want = model.forward([7], stopped)
+    cache = model.new_cache(64)
+    cache.recurrent.undo = True  # (as speculative decoding asks)
+    model.forward(ids[:16], cache)
+    model.forward(ids[16:24], cache)
+    assert cache.truncation_keeps(20) and not cache.truncation_keeps(10)
+    with pytest.raises(ValueError, match="cannot go back to position 10"):
+        cache.truncate(10)
+    assert cache.used == 24
+    cache.truncate(20)
+    assert np.abs(model.forward([7], cache) - want).max() <= 1e-5 * np.abs(want).max()
+    cache.truncate(0)
+    fresh = model.new_cache(64)
+    assert np.array_equal(model.forward(ids[:5], cache), model.forward(ids[:5], fresh))
+
+
+class PartlyRight:
+    """Drafts of 1 to 6 tokens of the plain continuation, the last one wrong: the target's state
+    goes back over a rejected token after every depth of accepted ones."""
+
+    def __init__(self, prompt: list[int], continuation: list[int]):
+        self.n_prompt, self.continuation = len(prompt), continuation
+
+    def propose(self, sequence, n, n_min):
+        done = len(sequence) - self.n_prompt
+        draft = list(self.continuation[done:done + min(n, 1 + done % 6)])
+        return draft[:-1] + [draft[-1] + 1] if draft else []
+
+
+@pytest.mark.parametrize("arch", list(HYBRID_CONFIGS))
+def test_greedy_speculation_on_a_hybrid_is_plain_decoding(hybrids, arch, monkeypatch, tmp_path):
+    """Token for token plain decoding, the target's state rolled back over rejected drafts (of a
+    hybrid draft model, itself going back to where its drafts began, and of drafts right up to a
+    point), the cache left as plain decoding leaves it."""
+    monkeypatch.setenv("GGRUN_CACHE_DIR", str(tmp_path))
+    lm = hybrids[arch]
+    model = lm.model
+    prompt = [1] + list(range(300, 320)) * 2
+    plain = model.new_cache(256)
+    want = list(generate(model, plain, prompt, Sampler(GREEDY), 40, stop_ids=()))
+    after = model.forward([7], plain)
+    for drafter in (make_drafter(lm, "self:Q4_0", 0, 256, False, 0.0,
+                                 lambda path: load_model(path, LoadOptions(kv_type="f32"))),
+                    PartlyRight(prompt, want)):
+        spec, cache = SpeculationStats(), model.new_cache(256)
+        got = list(generate_speculative(model, cache, prompt, Sampler(GREEDY), 40, (), drafter, draft_max=6,
+                                        spec=spec))
+        assert got == want
+        assert spec.proposed > spec.accepted
+        assert np.abs(model.forward([7], cache) - after).max() <= 1e-4 * np.abs(after).max()
+    assert spec.accepted > 10
+
+
+@pytest.mark.parametrize("arch", list(HYBRID_CONFIGS))
+def test_a_hybrids_state_saves_and_restores(hybrids, arch, tmp_path):
+    model, ids = hybrids[arch].model, list(range(200, 240))
+    cache = model.new_cache(64)
+    model.forward(ids, cache)
+    cache.snapshot().save(tmp_path / "state.npz")
+    want = model.forward([5, 6], cache, all_logits=True)
+    fresh = model.new_cache(64)
+    fresh.restore(KVState.load(tmp_path / "state.npz", fresh))
+    assert np.array_equal(model.forward([5, 6], fresh, all_logits=True), want)
+
+
+@pytest.mark.parametrize("arch", list(HYBRID_CONFIGS))
+def test_hybrid_sequences_batch_as_they_run_alone(hybrids, arch):
+    lm = hybrids[arch]
+    prompts = [list(range(10, 30)), list(range(500, 507)), [1, 2, 3] * 9]
+    want = [list(generate(lm.model, lm.model.new_cache(128), p, Sampler(GREEDY), 12, stop_ids=()))
+            for p in prompts]
+    batcher = Batcher(lm, slots=3, n_ctx=128)
+    seqs = [batcher.add(p, Sampler(GREEDY), 12, stop_ids=()) for p in prompts]
+    seqs.append(batcher.add(prompts[0], Sampler(GREEDY), 12, stop_ids=()))  # (the same prompt again: not reused)
+    while batcher.step():
+        pass
+    assert [s.tokens for s in seqs] == want + want[:1]
+
+
+@pytest.mark.parametrize("arch", list(HYBRID_CONFIGS))
+def test_llama_cpp_computes_ggruns_hybrid_files_alike(hybrid_files, llama_cpp_tools, tmp_path, arch):
+    """llama.cpp loads ggrun's converted file and its perplexity on a text is ggrun's (both exact).
+    (Qwen3.5-MoE's within 0.2%: llama.cpp's perplexity of this random mixture, near 8e6, is 0.09% above
+    ggrun's from the first chunk on, where ggrun's logits equal transformers' within 1e-4; the dense
+    models agree within 0.01%.)"""
+    from runner.measure.perplexity import perplexity
+    (tmp_path / "text.txt").write_text(PERPLEXITY_TEXT)
+    theirs = llama_cpp_perplexity(llama_cpp_tools, hybrid_files[arch][0], tmp_path / "text.txt")
+    ours = perplexity(load_model(hybrid_files[arch][0], LoadOptions(kv_type="f32")), PERPLEXITY_TEXT, 128,
+                      progress=False).ppl
+    assert abs(ours / theirs - 1) < (2e-3 if "moe" in arch else 1e-4), (ours, theirs)
+
+
+def test_a_hybrid_chat_resumes_from_its_saved_state_and_outlives_its_context(hybrids, tmp_path):
+    """/save and /load keep the recurrent state with the KV cache; a chat goes on past its context
+    (attention layers ring, recurrent layers carry their state on)."""
+    from runner.engine.conversation import ChatSession, kv_path
+    from runner.terminal.chat_repl import command
+    lfm2 = hybrids["lfm2"]
+    session = ChatSession(lfm2, 96, GREEDY, "Be brief.", max_reply=8)
+    session.save_kv = True
+    session.send("Name a colour.")
+    saved, said = tmp_path / "talk.json", []
+    command(session, f"/save {saved}", said.append)
+    assert kv_path(saved).exists()
+    want = session.send("And another?")
+    resumed = ChatSession(lfm2, 96, GREEDY, None, max_reply=8)
+    command(resumed, f"/load {saved}", said.append)
+    assert "nothing prefilled" in said[1]
+    assert resumed.send("And another?") == want
+    for turn in range(8):
+        resumed.send(f"Turn {turn}: one more, please.")
+    assert resumed.cache.evicted > 0 and resumed.cache.used > 96
