@@ -54,13 +54,10 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True, s
     for hf_name, parts in _stacked_experts(names, hf.n_expert).items():
         shape = hf.oriented_shape(hf_name, ckpt.shape(parts[0]) if parts[0] == hf_name
                                   else (len(parts), *ckpt.shape(parts[0])))
-        halves = hf.fused_halves(hf_name)
-        if halves:  # (a bias's values, else a matrix's rows)
-            axis = -1 if halves[0].endswith(".bias") else -2
-            half = list(shape)
-            half[axis] //= 2
-            planned += [(name, tuple(reversed(half)), lambda h=parts, n=hf_name, a=axis, j=j:
-                         hf.gate_up_halves(hf.orient(n, _read(ckpt, h)), a)[j]) for j, name in enumerate(halves)]
+        fused = hf.fused_parts(hf_name, shape)
+        if fused:
+            planned += [(name, tuple(reversed(part)), lambda h=parts, n=hf_name, j=j:
+                         hf.split_fused(n, hf.orient(n, _read(ckpt, h)))[j]) for j, (name, part) in enumerate(fused)]
             continue
         name = hf.gguf_name(hf_name)
         if name is not None:
@@ -94,8 +91,7 @@ def _mxfp4_tensors(ckpt, hf: HFModel) -> dict[str, list[PlannedTensor]]:
         if len(shape) != 4 or shape[-1] != 16 or scales_shape != shape[:-1]:
             raise ConversionError(f"{blocks_name}: MXFP4 blocks must be [experts, rows, blocks, 16] with "
                                   f"[experts, rows, blocks] scales beside them")
-        halves = hf.fused_halves(base)
-        names = halves or (hf.gguf_name(base),)
+        names = [name for name, _ in hf.fused_parts(base, shape)] or [hf.gguf_name(base)]
         n_rows = shape[1] // len(names)
         carried[base] = [PlannedTensor(name, (shape[2] * 32, n_rows, shape[0]), T.MXFP4,
                                        lambda b=base, j=j, n=len(names): _ggml_mxfp4(ckpt, b)[:, j::n], quantized=True)

@@ -61,14 +61,39 @@ class HFModel:
             raise ConversionError(f"tensor {hf_name!r} is not part of a supported {self.arch.name} checkpoint")
         return name if name.endswith((".weight", ".bias")) else name + ".weight"
 
-    def fused_halves(self, hf_name: str) -> tuple[str, str] | None:
-        """The GGUF names of the gate and up halves of a checkpoint tensor holding both, where the
-        architecture declares one; else None."""
+    def fused_parts(self, hf_name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
+        """The GGUF names and (oriented) shapes of the tensors a checkpoint tensor of this (oriented)
+        shape holds together, where the architecture declares such a tensor: gate and up (halves of
+        its rows, or of a bias's values), or Qwen3-Next's Q, K, V and z; else none."""
         layer = re.search(r"layers\.(\d+)\.", hf_name)
+        if layer is None:
+            return []
+        if self.arch.delta_net_heads_grouped and hf_name.endswith(_FUSED_QKVZ):
+            value_dim = self.metadata["ssm.inner_size"]
+            return [(self.arch.tensor_name(t, int(layer[1])), (rows, *shape[1:])) for t, rows in
+                    ((MODEL_TENSOR.ATTN_QKV, shape[0] - value_dim), (MODEL_TENSOR.ATTN_GATE, value_dim))]
         for suffix, gate, up, gguf_suffix in self.arch.fused_gate_up:
-            if hf_name.endswith(suffix) and layer:
-                return tuple(self.arch.tensor_name(t, int(layer[1]), gguf_suffix) for t in (gate, up))
-        return None
+            if hf_name.endswith(suffix):
+                half = list(shape)
+                half[-1 if gguf_suffix == "bias" else -2] //= 2
+                return [(self.arch.tensor_name(t, int(layer[1]), gguf_suffix), tuple(half)) for t in (gate, up)]
+        return []
+
+    def split_fused(self, hf_name: str, w: np.ndarray) -> list[np.ndarray]:
+        """A checkpoint tensor (oriented) that fused_parts names the parts of, as those parts."""
+        if self.arch.delta_net_heads_grouped and hf_name.endswith(_FUSED_QKVZ):
+            return self._qkv_z(w)
+        return self.gate_up_halves(w, -1 if self.fused_parts(hf_name, w.shape)[0][0].endswith(".bias") else -2)
+
+    def _qkv_z(self, w: np.ndarray) -> list[np.ndarray]:
+        """Qwen3-Next's fused projection, per key head its q, k, v and z rows, as every head's q,
+        then k, then v (attn_qkv), and z (attn_gate)."""
+        md = self.metadata
+        n_k, d_k = md["ssm.group_count"], md["ssm.state_size"]
+        v_rows = md["ssm.inner_size"] // n_k  # (a key head's value heads)
+        per_head = w.reshape(n_k, -1, w.shape[-1])
+        q, k, v, z = np.split(per_head, np.cumsum([d_k, d_k, v_rows]), axis=1)
+        return [np.concatenate([x.reshape(-1, w.shape[-1]) for x in (q, k, v)]), z.reshape(-1, w.shape[-1])]
 
     def _in_out(self, hf_name: str, shape: tuple[int, ...]) -> bool:
         """Whether a checkpoint tensor is stacked experts held as [experts, in, out]."""
@@ -101,7 +126,7 @@ class HFModel:
         tensor = self._tensor(gguf_name)
         if self.arch.norm_plus_one and gguf_name.endswith("norm.weight") and tensor not in self.arch.plain_norms:
             w = w + np.float32(1.0)
-        if self.arch.gated_delta_net and tensor in _V_HEADS:
+        if self.arch.gated_delta_net and not self.arch.delta_net_heads_grouped and tensor in _V_HEADS:
             w = self._tiled_v_heads(tensor, w)
         if self.arch.gated_delta_net and tensor == MODEL_TENSOR.SSM_A:
             # (rounded from float64: torch's float32 exp, which llama.cpp's converter takes, is within
@@ -132,6 +157,7 @@ class HFModel:
         return np.moveaxis(np.concatenate([w[:start], v]), 0, axis)
 
 
+_FUSED_QKVZ = "linear_attn.in_proj_qkvz.weight"  # (Qwen3-Next's)
 # a gated DeltaNet's tensors that hold its value heads: tensor -> (the axis they lie along, whether a
 # head has head-size many entries there (else one), whether Q's and K's heads come first there)
 _V_HEADS = {MODEL_TENSOR.ATTN_QKV: (0, True, True), MODEL_TENSOR.SSM_CONV1D: (0, True, True),

@@ -87,6 +87,10 @@ class Architecture:
     # the checkpoint groups by key head, tiled (each key head's first, then each one's second...) as
     # llama.cpp's graph broadcasts the key heads over them
     gated_delta_net: bool = False
+    # ... except where llama.cpp's graph repeats each key head over its value heads, which stay grouped
+    # (Qwen3-Next), and Q, K, V and the output gate z come fused, per key head its q, k, v and z
+    # (written as attn_qkv, every head's q, then k, then v, and attn_gate, z)
+    delta_net_heads_grouped: bool = False
     # M-RoPE's rope.dimension_sections where the config gives no mrope_section (llama.cpp's loader
     # requires them of Qwen3.5, and its converter writes its published [11, 11, 10])
     rope_sections_default: tuple[int, ...] = ()
@@ -194,6 +198,15 @@ ARCHITECTURES = {a.name: a for a in (
                  squeezed=("linear_attn.conv1d.weight",),
                  left_out=(("model.visual.", "the vision tower"),
                            ("mtp.", "the multi-token prediction layer (llama.cpp's converter with --no-mtp)"))),
+    # Qwen3-Next: Qwen3.5-MoE's layers in their earlier layout (value heads grouped by key head, fused
+    # projections: see delta_net_heads_grouped, and b and a as one, ssm_ba), with plain NeoX RoPE
+    Architecture("qwen3next", MODEL_ARCH.QWEN3NEXT, ("qwen3_next",), partial_rope=True, rotary_share=0.25,
+                 writes_rope_dims=True, norm_plus_one=True, plain_norms=(MODEL_TENSOR.SSM_NORM,),
+                 gated_delta_net=True, delta_net_heads_grouped=True, expert_weights_norm=True,
+                 renamed=(("linear_attn.A_log", MODEL_TENSOR.SSM_A, None),
+                          ("linear_attn.dt_bias", MODEL_TENSOR.SSM_DT, "bias")),
+                 squeezed=("linear_attn.conv1d.weight",),
+                 left_out=(("mtp.", "the multi-token prediction layer (llama.cpp's converter with --no-mtp)"),)),
     # (its sliding pattern is always written, one flag per layer)
     Architecture("gemma4", MODEL_ARCH.GEMMA4, ("gemma4", "gemma4_text"), partial_rope=True, swa_pattern=6,
                  writes_swa_layers=True, tied_by_default=True, rope_theta_default=1_000_000.0, writes_head_dims=True,

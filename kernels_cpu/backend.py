@@ -224,11 +224,11 @@ class CpuBackend:
         ops.unary(x.reshape(-1), ops.UNARY[kind], out.reshape(-1))
         return self._record(Recorder.unary, x, ops.UNARY[kind], out=out)
 
-    def delta_rule(self, q, k, v, decay, beta, state):
+    def delta_rule(self, q, k, v, decay, beta, state, grouped=False):
         q, k, v, decay, beta = map(np.ascontiguousarray, (q, k, v, decay, beta))
         out = np.empty_like(v)
-        ops.delta_rule(q, k, v, decay, beta, state, out)
-        return self._record(Recorder.delta_rule, q, k, v, decay, beta, state, out=out)
+        ops.delta_rule(q, k, v, decay, beta, grouped, state, out)
+        return self._record(Recorder.delta_rule, q, k, v, decay, beta, state, grouped, out=out)
 
     def short_conv(self, x, kernel, state):
         x = np.ascontiguousarray(x)

@@ -157,21 +157,23 @@ def unary(x, kind, out):
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def delta_rule(q, k, v, decay, beta, state, out):
+def delta_rule(q, k, v, decay, beta, grouped, state, out):
     """The gated delta rule, token after token: for each value head h (over key head h % key
-    heads), S = exp(decay[t, h]) S; S += k (beta[t, h] (v - S^T k))^T; out[t, h] = S^T q; with
-    q, k (tokens, key heads, d_k), v and out (tokens, value heads, d_v), state S (value heads,
-    d_k, d_v) carried in place."""
+    heads, or h // (value heads / key heads) where grouped), S = exp(decay[t, h]) S;
+    S += k (beta[t, h] (v - S^T k))^T; out[t, h] = S^T q; with q, k (tokens, key heads, d_k), v and
+    out (tokens, value heads, d_v), state S (value heads, d_k, d_v) carried in place."""
     n_k, d_k, d_v = q.shape[1], q.shape[2], v.shape[2]
+    per_key = v.shape[1] // n_k
     recalled = np.empty(d_v, dtype=np.float32)
     for t in range(q.shape[0]):
         for h in range(v.shape[1]):
-            s, kh, qh = state[h], k[t, h % n_k], q[t, h % n_k]
-            g = np.float32(math.exp(decay[t, h]))
+            g = h // per_key if grouped else h % n_k
+            s, kh, qh = state[h], k[t, g], q[t, g]
+            rate = np.float32(math.exp(decay[t, h]))
             recalled[:] = 0
             for i in range(d_k):
                 for j in range(d_v):
-                    s[i, j] *= g
+                    s[i, j] *= rate
                     recalled[j] += s[i, j] * kh[i]
             for j in range(d_v):
                 recalled[j] = (v[t, h, j] - recalled[j]) * beta[t, h]

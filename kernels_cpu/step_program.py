@@ -123,7 +123,8 @@ Unary, _ = _operation("Unary", x="f32", out="f32", n="count", kind="count")
 ShortConv, _ = _operation("ShortConv", x="f32", kernel="f32", out="f32", state="state", tokens="count",
                           channels="count", taps="count")
 DeltaRule, _ = _operation("DeltaRule", q="f32", k="f32", v="f32", decay="f32", beta="f32", out="f32", state="state",
-                          tokens="count", key_heads="count", value_heads="count", key_dim="count", value_dim="count")
+                          tokens="count", key_heads="count", value_heads="count", key_dim="count", value_dim="count",
+                          grouped="flag")
 OPERANDS = {Op.EMBED: Embed, Op.SCALE: Scale, Op.ADD: Add, Op.RMS_NORM: RmsNorm, Op.PRODUCTS: Products,
             Op.ROPE_TABLE: RopeTable, Op.ROPE: Rope, Op.STORE_KV: StoreKv, Op.ATTENTION: Attention,
             Op.SILU_MUL: Gated, Op.GELU_MUL: Gated, Op.SOFTCAP: Softcap, Op.ROUTE: Route,
@@ -238,7 +239,7 @@ def _recurrent_op_impl(tag, op, a, states):
             keys, values = (tokens, a[DeltaRule.KEY_HEADS], d_k), (tokens, a[DeltaRule.VALUE_HEADS], d_v)
             gates = (tokens, a[DeltaRule.VALUE_HEADS])
             ops.delta_rule(_f32(a[DeltaRule.Q], keys), _f32(a[DeltaRule.K], keys), _f32(a[DeltaRule.V], values),
-                           _f32(a[DeltaRule.DECAY], gates), _f32(a[DeltaRule.BETA], gates),
+                           _f32(a[DeltaRule.DECAY], gates), _f32(a[DeltaRule.BETA], gates), a[DeltaRule.GROUPED],
                            _f32(states[a[DeltaRule.STATE]], (a[DeltaRule.VALUE_HEADS], d_k, d_v)),
                            _f32(a[DeltaRule.OUT], values))
     return run
@@ -627,11 +628,11 @@ class Recorder:
                  out=self.address(out, out.size), state=self.state(state), tokens=x.shape[0], channels=x.shape[1],
                  taps=kernel.shape[1])
 
-    def delta_rule(self, q, k, v, decay, beta, state, out):
+    def delta_rule(self, q, k, v, decay, beta, state, grouped, out):
         self.add(Op.DELTA_RULE, q=self.address(q, q.size), k=self.address(k, k.size), v=self.address(v, v.size),
                  decay=self.address(decay, decay.size), beta=self.address(beta, beta.size),
                  out=self.address(out, out.size), state=self.state(state), tokens=q.shape[0], key_heads=q.shape[1],
-                 value_heads=v.shape[1], key_dim=q.shape[2], value_dim=v.shape[2])
+                 value_heads=v.shape[1], key_dim=q.shape[2], value_dim=v.shape[2], grouped=int(grouped))
 
     def sigmoid_gate(self, x, g):
         rows, width = x.shape

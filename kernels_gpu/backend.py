@@ -164,8 +164,8 @@ class TorchBackend:
     def unary(self, x, kind):
         return ops.UNARY[kind](x)
 
-    def delta_rule(self, q, k, v, decay, beta, state):
-        return ops.delta_rule(q, k, v, decay, beta, state)
+    def delta_rule(self, q, k, v, decay, beta, state, grouped=False):
+        return ops.delta_rule(q, k, v, decay, beta, state, grouped)
 
     def short_conv(self, x, kernel, state):
         return ops.short_conv(x, kernel, state)

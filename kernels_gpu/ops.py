@@ -6,6 +6,7 @@ so a decode step built of these ops can be captured in a CUDA graph.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
@@ -96,10 +97,12 @@ UNARY = {"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid,
          "softplus": lambda x: torch.where(x > 20, x, torch.log1p(torch.exp(x)))}
 
 
-def delta_rule(q, k, v, decay, beta, state):
+def delta_rule(q, k, v, decay, beta, state, grouped=False):
     """kernels_cpu.ops.delta_rule's gated delta rule, token after token, its state updated in place."""
     repeat = v.shape[1] // q.shape[1]
-    q, k = q.repeat(1, repeat, 1), k.repeat(1, repeat, 1)  # (value head h reads key head h % key heads)
+    # (value head h reads key head h // repeat where grouped, else h % key heads)
+    spread = partial(torch.repeat_interleave, repeats=repeat, dim=1) if grouped else lambda x: x.repeat(1, repeat, 1)
+    q, k = spread(q), spread(k)
     out = torch.empty_like(v)
     for t in range(q.shape[0]):
         state.mul_(torch.exp(decay[t])[:, None, None])

@@ -293,6 +293,14 @@ HYBRID_CONFIGS = {
         moe_intermediate_size=128, shared_expert_intermediate_size=256, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25,
                              mrope_section=[4, 2, 2], mrope_interleaved=True))),
+    # Qwen3-Next: Qwen3.5-MoE's layers in their earlier layout (value heads grouped by key head, fused
+    # projections), one attention layer after three DeltaNet layers
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", dict(
+        layer_types=["linear_attention"] * 3 + ["full_attention"], head_dim=64, linear_conv_kernel_dim=4,
+        linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=256,
+        tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25))),
 }
 
 

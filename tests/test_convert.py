@@ -160,7 +160,7 @@ def _typed_metadata(path) -> dict:
 
 # convert_hf_to_gguf.py's options for a hybrid: Qwen3.5's text model without its multi-token prediction
 # layer (which the converter otherwise asks of the checkpoint, and transformers' checkpoints lack)
-LLAMA_CPP_OPTIONS = {"qwen3_5_text": ("--no-mtp",), "qwen3_5_moe_text": ("--no-mtp",)}
+LLAMA_CPP_OPTIONS = {"qwen3_5_text": ("--no-mtp",), "qwen3_5_moe_text": ("--no-mtp",), "qwen3_next": ("--no-mtp",)}
 # model types whose folders transformers reads with its own tokenizer class whatever
 # tokenizer_config.json names (its MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS): Qwen3.5-MoE's, where
 # the random folders' GPT-2 tokenizer would become a Qwen3_5Tokenizer, whose pre-tokenizer llama.cpp's

@@ -1,6 +1,6 @@
 """Hybrid models, whose recurrent layers carry a state per sequence beside the attention layers'
-KV cache (runner/engine/recurrent_state.py): LFM2's short convolutions, Qwen3.5's gated DeltaNet.
-Whole models against
+KV cache (runner/engine/recurrent_state.py): LFM2's short convolutions, the gated DeltaNet of
+Qwen3.5 and Qwen3-Next. Whole models against
 transformers in fp32, through one prefill, one-token steps and prefills split anywhere; the
 state going back into a verify pass, saved and restored, per sequence in a batch; llama.cpp's
 perplexity on ggrun's files."""
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from kernels_cpu.step_program import Op
+from runner.engine.backend import make_backend
 from runner.engine.batching import Batcher
 from runner.engine.generate import generate
 from runner.engine.kv_state import KVState
@@ -74,6 +75,38 @@ def test_quantized_hybrids_compute_their_exact_values(hybrid_files, arch):
     exact = exact.model.forward(ids, exact.model.new_cache(64), all_logits=True)
     for got in _three_ways(load_model(q4, LoadOptions(kv_type="f32", precise=True)), ids):
         assert np.abs(got - exact).max() < 2e-2 * np.abs(exact).max()
+
+
+def _delta_rule_reference(q, k, v, decay, beta, state, grouped):
+    """The gated delta rule in float64, value head h over key head h // (value heads / key heads)
+    where grouped (Qwen3-Next), else h % key heads (Qwen3.5)."""
+    per_key, s, out = v.shape[1] // q.shape[1], state.astype(np.float64), np.zeros(v.shape)
+    for t in range(q.shape[0]):
+        for h in range(v.shape[1]):
+            g = h // per_key if grouped else h % q.shape[1]
+            s[h] *= np.exp(decay[t, h])
+            s[h] += np.outer(k[t, g], (v[t, h] - s[h].T @ k[t, g]) * beta[t, h])
+            out[t, h] = s[h].T @ q[t, g]
+    return out, s
+
+
+@pytest.mark.parametrize("device", ["cpu", "torch-cpu"])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_delta_rule_reads_each_value_heads_key_head(device, grouped):
+    """backend.delta_rule on either layout of the value heads, its state carried in place."""
+    if device == "torch-cpu":
+        pytest.importorskip("torch")
+    be, rng = make_backend(device), np.random.default_rng(5)
+    q, k = (rng.standard_normal((5, 2, 8)).astype(np.float32) / 3 for _ in range(2))
+    v = rng.standard_normal((5, 6, 4)).astype(np.float32)
+    decay, beta = -rng.random((5, 6)).astype(np.float32), rng.random((5, 6)).astype(np.float32)
+    start = rng.standard_normal((6, 8, 4)).astype(np.float32)
+    want, want_state = _delta_rule_reference(q, k, v, decay, beta, start, grouped)
+    state = be.new_state(start.shape)
+    be.write_state(state, start)
+    got = be.to_numpy(be.delta_rule(*map(be.asarray, (q, k, v, decay, beta)), state, grouped))
+    assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
+    assert np.abs(be.read_state(state) - want_state).max() < 1e-5 * np.abs(want_state).max()
 
 
 @pytest.fixture(scope="module")

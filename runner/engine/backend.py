@@ -103,8 +103,9 @@ class Backend(Protocol):
     def unary(self, x, kind: str) -> Any:
         """silu(x), sigmoid(x) or softplus(x) (x itself above 20, as ggml's), elementwise, by kind."""
 
-    def delta_rule(self, q, k, v, decay, beta, state) -> Any:
-        """The gated delta rule, token after token: for value head h (over key head h % key heads),
+    def delta_rule(self, q, k, v, decay, beta, state, grouped: bool = False) -> Any:
+        """The gated delta rule, token after token: for value head h (over key head h % key heads,
+        or h // (value heads / key heads) where grouped: each key head's value heads together),
         S = exp(decay[t, h]) S, then S += k (beta[t, h] (v - S^T k))^T, out[t, h] = S^T q; q, k (T,
         key heads, d_k), v and out (T, value heads, d_v), decay and beta (T, value heads), the state
         S (value heads, d_k, d_v) float32, updated in place."""

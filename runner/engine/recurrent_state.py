@@ -30,7 +30,7 @@ class RecurrentState:
         self.pass_start = 0  # the position of the last pass's first token
         self.pass_end = 0
         self._before: dict[tuple, np.ndarray] = {}  # (layer, kind) -> the state before the last pass (host)
-        self._fed: dict[tuple, tuple] = {}          # (layer, kind) -> what the last pass fed it
+        self._fed: dict[tuple, tuple] = {}          # (layer, kind) -> what the last pass fed it, and how
         self.marked, self._marked = -1, {}          # a position mark() kept the state of (-1: none), that state
 
     def begin(self, start: int, n_tokens: int) -> None:
@@ -38,10 +38,10 @@ class RecurrentState:
         self.pass_start, self.pass_end = start, start + n_tokens
         self._before, self._fed = {}, {}
 
-    def _feed(self, key: tuple, *inputs):
+    def _feed(self, key: tuple, *inputs, **options):
         if self.undo:
             self._before[key] = self.backend.read_state(self.arrays[key])
-            self._fed[key] = inputs
+            self._fed[key] = inputs, options
         return self.arrays[key]
 
     def conv_history(self, layer: int, x):
@@ -49,9 +49,10 @@ class RecurrentState:
         reads and updates in place."""
         return self._feed((layer, CONV), x)
 
-    def delta_state(self, layer: int, q, k, v, decay, beta):
-        """The layer's DeltaNet state, which the pass's delta rule over these updates in place."""
-        return self._feed((layer, DELTA), q, k, v, decay, beta)
+    def delta_state(self, layer: int, q, k, v, decay, beta, grouped: bool = False):
+        """The layer's DeltaNet state, which the pass's delta rule over these (backend.delta_rule's
+        arguments) updates in place."""
+        return self._feed((layer, DELTA), q, k, v, decay, beta, grouped=grouped)
 
     def mark(self) -> None:
         """Keep a copy of the state as it is now, to come back to (one mark at a time)."""
@@ -76,12 +77,13 @@ class RecurrentState:
             if n == 0:
                 self.backend.write_state(state, np.zeros(self.shapes[layer, kind], dtype=np.float32))
             elif kind == CONV:
-                fed = np.concatenate([self._before[layer, kind], self.backend.to_numpy(self._fed[layer, kind][0])])
+                fed = np.concatenate([self._before[layer, kind], self.backend.to_numpy(self._fed[layer, kind][0][0])])
                 self.backend.write_state(state, fed[m:m + self.shapes[layer, kind][0]])
             else:
                 self.backend.write_state(state, self._before[layer, kind])
                 if m:
-                    self.backend.delta_rule(*(x[:m] for x in self._fed[layer, kind]), state)
+                    inputs, options = self._fed[layer, kind]
+                    self.backend.delta_rule(*(x[:m] for x in inputs), state, **options)
         self._left_at(n)
 
     def _left_at(self, n: int) -> None:

@@ -13,7 +13,7 @@ from .olmo2 import OLMo2
 from .olmoe import OLMoE
 from .phi3 import Phi3
 from .qwen import Qwen2, Qwen3
-from .qwen35 import Qwen35
+from .qwen35 import Qwen3Next, Qwen35
 from .seed_oss import SeedOSS
 from .smollm3 import SmolLM3
 
@@ -23,4 +23,4 @@ MODELS = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3, "gemma3": Gemma3, "qwe
           "olmoe": OLMoE, "olmo2": OLMo2, "smollm3": SmolLM3, "ernie4_5": Llama, "granite": Llama, "granitemoe": Llama,
           "phi3": Phi3, "gemma2": Gemma2, "glm4": GLM4, "exaone4": EXAONE4, "seed_oss": SeedOSS,
           "mistral3": Llama, "gpt-oss": GptOss, "gemma4": Gemma4,
-          "lfm2": LFM2, "qwen35": Qwen35, "qwen35moe": Qwen35}
+          "lfm2": LFM2, "qwen35": Qwen35, "qwen35moe": Qwen35, "qwen3next": Qwen3Next}

@@ -10,6 +10,10 @@ converter orders the value heads so). The attention layers gate each head's outp
 sigmoid(gate), its projection beside the query's, with per-head Q/K norms and RoPE on part of each
 head; their multimodal RoPE rotates text as plain NeoX RoPE does. The feed-forward's norm is the
 file's post_attention_norm.
+
+Qwen3-Next is the same model in another layout: its value heads lie grouped by key head (value head
+h reads key head h // (value heads / key heads)), and b and a come from one projection, per key
+head its value heads' b, then their a.
 """
 from __future__ import annotations
 
@@ -27,8 +31,7 @@ from .decoder import Decoder
 class GatedDeltaNet:
     qkv: object       # n_embd -> 2 key heads' width + the value heads' width
     z: object         # n_embd -> the value heads' width (the output gate)
-    beta: object      # n_embd -> value heads
-    alpha: object     # n_embd -> value heads
+    beta_alpha: tuple  # n_embd -> value heads, b's and a's: two matrices, or one with both (Qwen3-Next)
     kernel: object    # (the convolved width, K)
     dt_bias: object   # (value heads,)
     a: object         # (value heads,): -exp(A_log)
@@ -41,13 +44,18 @@ class Qwen35(Decoder):
     extra_attention_tensors = ("q_norm", "k_norm")
     ffn_norm_tensor = T.ATTN_POST_NORM
     output_gate = True
+    value_heads_grouped = False  # value head h reads key head h // (value heads / key heads), not h % key heads
 
     def load_recurrent(self, weights, i: int) -> GatedDeltaNet:
         p = self.params
         n, heads = p.n_embd, p.ssm_heads
         width = 2 * p.ssm_groups * p.ssm_state + p.ssm_inner
+        if weights.has(T.SSM_BETA_ALPHA, i):
+            beta_alpha = (weights.matrix(T.SSM_BETA_ALPHA, n, 2 * heads, i),)
+        else:
+            beta_alpha = (weights.matrix(T.SSM_BETA, n, heads, i), weights.matrix(T.SSM_ALPHA, n, heads, i))
         return GatedDeltaNet(weights.matrix(T.ATTN_QKV, n, width, i), weights.matrix(T.ATTN_GATE, n, p.ssm_inner, i),
-                             weights.matrix(T.SSM_BETA, n, heads, i), weights.matrix(T.SSM_ALPHA, n, heads, i),
+                             beta_alpha,
                              weights.small_table(T.SSM_CONV1D, p.ssm_conv_kernel, width, i),
                              weights.vector(T.SSM_DT, heads, i, "bias"), weights.vector(T.SSM_A, heads, i, suffix=None),
                              weights.vector(T.SSM_NORM, p.ssm_inner // heads, i),
@@ -63,7 +71,12 @@ class Qwen35(Decoder):
         be, p = self.backend, self.params
         n, d_k, d_v = h.shape[0], p.ssm_state, p.ssm_inner // p.ssm_heads
         key_width = p.ssm_groups * d_k
-        qkv, z, b, a = be.matmuls([d.qkv, d.z, d.beta, d.alpha], h)
+        qkv, z, *beta_alpha = be.matmuls([d.qkv, d.z, *d.beta_alpha], h)
+        if len(beta_alpha) == 1:  # (per key head, its value heads' b, then their a)
+            per_key = p.ssm_heads // p.ssm_groups
+            beta_alpha = [x.reshape(n, p.ssm_heads) for x in
+                          be.split(beta_alpha[0].reshape(n * p.ssm_groups, 2 * per_key), [per_key, per_key])]
+        b, a = beta_alpha
         decay = be.unary(a + d.dt_bias, "softplus") * d.a
         beta = be.unary(b, "sigmoid")
 
@@ -77,8 +90,13 @@ class Qwen35(Decoder):
             k = be.rms_norm(k.reshape(-1, d_k), ones, p.rms_eps / d_k) * np.float32(1 / np.sqrt(d_k))
             m = q.shape[0] // p.ssm_groups
             q, k, v = q.reshape(m, p.ssm_groups, d_k), k.reshape(m, p.ssm_groups, d_k), v.reshape(m, p.ssm_heads, d_v)
-            state = seq.recurrent.delta_state(i, q, k, v, decay[rows], beta[rows])
-            return be.delta_rule(q, k, v, decay[rows], beta[rows], state).reshape(m, p.ssm_inner)
+            grouped = self.value_heads_grouped
+            state = seq.recurrent.delta_state(i, q, k, v, decay[rows], beta[rows], grouped=grouped)
+            return be.delta_rule(q, k, v, decay[rows], beta[rows], state, grouped).reshape(m, p.ssm_inner)
         out = self.each_sequence(cache, n, sequence)
         out = be.rms_norm(out.reshape(-1, d_v), d.norm, p.rms_eps)
         return be.matmul(d.out, be.silu_mul(z.reshape(-1, d_v), out).reshape(n, p.ssm_inner))
+
+
+class Qwen3Next(Qwen35):
+    value_heads_grouped = True
