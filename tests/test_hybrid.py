@@ -205,6 +205,32 @@ def test_hybrid_sequences_batch_as_they_run_alone(hybrids, arch):
     assert [s.tokens for s in seqs] == want + want[:1]
 
 
+@pytest.mark.parametrize("arch", ["lfm2", "qwen3_next"])
+def test_a_hybrid_resumes_a_shared_prefix_from_its_state_checkpoint(hybrids, arch):
+    """A prompt that starts with another's first block prefills only what follows it, from the
+    state the pool kept after that block (a run's there); the text is what a run alone gives."""
+    lm = hybrids[arch]
+    batcher = Batcher(lm, slots=1, n_ctx=1024)
+    block = batcher.pool.block
+    system = list(range(1000, 1000 + block + 40))
+    prompts = [system + [5, 6, 7], system + [9, 10], system[:20]]
+    want = [list(generate(lm.model, lm.model.new_cache(1024), p, Sampler(GREEDY), 8, stop_ids=())) for p in prompts]
+    seqs = []
+    for prompt in prompts:
+        seqs.append(batcher.add(prompt, Sampler(GREEDY), 8, stop_ids=()))
+        while batcher.step():
+            pass
+    assert [s.tokens for s in seqs] == want
+    assert [s.cached_tokens for s in seqs] == [0, block, 0]
+    alone = lm.model.new_cache(1024)
+    lm.model.forward(system[:block], alone)
+    resumed = lm.model.sequence_cache(batcher.pool, 1024)
+    assert resumed.start(prompts[1], True, 1024) == block
+    got = resumed.recurrent.export()
+    for name, state in alone.recurrent.export().items():
+        assert np.abs(got[name] - state).max() <= 1e-5 * np.abs(state).max()
+
+
 @pytest.mark.parametrize("arch", list(HYBRID_CONFIGS))
 def test_llama_cpp_computes_ggruns_hybrid_files_alike(hybrid_files, llama_cpp_tools, tmp_path, arch):
     """llama.cpp loads ggrun's converted file and its perplexity on a text is ggrun's (both exact).

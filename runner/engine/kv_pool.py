@@ -16,6 +16,12 @@ last, partly filled block of a sequence that ends is kept for one successor whos
 from it (the next turn of a conversation), which takes it over. Blocks nobody holds stay cached
 under their key until their slots are needed, least recently used first.
 
+A hybrid's recurrent state holds no rows per token, so its sequences share a prefix through
+checkpoints: the state after a registered block's last token, kept by the pool under that block's
+identity (the most recent STATE_CHECKPOINTS of them). A hybrid's passes end where they would cross
+a block boundary, so the state there exists; a new sequence resumes from the deepest of its
+prompt's blocks that has one, with that state, and prefills what follows.
+
 Admission reserves blocks for a sequence's whole budget (its prompt and most tokens, within the
 context), so a running sequence never finds the pool empty: a request that does not fit now
 waits, and one that never could is refused. Sliding-window layers keep every token in the pool
@@ -31,6 +37,10 @@ import numpy as np
 
 from .kv_cache import Batch, ContextFullError
 from .recurrent_state import RecurrentState
+
+
+# a pool's most recurrent-state checkpoints (each as large as a sequence's state), least recently used dropped
+STATE_CHECKPOINTS = 16
 
 
 class PoolExhausted(RuntimeError):
@@ -58,6 +68,7 @@ class KVPool:
         self._partial: dict[int, dict[int, tuple]] = {}  # parent's identity -> {kept partial block: its tokens}
         self._parent: dict[int, int] = {}       # kept partial block -> its parent's identity
         self._next_identity = 1                 # (0: the identity before the first block)
+        self.checkpoints: OrderedDict[int, dict] = OrderedDict()  # identity -> a hybrid's state after it
 
     @property
     def available(self) -> int:
@@ -97,7 +108,7 @@ class KVPool:
         """Drop the block's key: nobody finds it again."""
         key = self._key.pop(block, None)
         if key is not None:
-            del self._identity[block]
+            self.checkpoints.pop(self._identity.pop(block), None)
             if self._registry.get(key) == block:
                 del self._registry[key]
         parent = self._parent.pop(block, None)
@@ -121,6 +132,19 @@ class KVPool:
         """Keep a sequence's last, partly filled block for a successor that goes on from it."""
         self._partial.setdefault(parent, {})[block] = tuple(tokens)
         self._parent[block] = parent
+
+    def keep_state(self, identity: int, arrays: dict) -> None:
+        """A hybrid sequence's recurrent state (RecurrentState.export) after the block of this identity."""
+        self.checkpoints[identity] = arrays
+        self.checkpoints.move_to_end(identity)
+        while len(self.checkpoints) > STATE_CHECKPOINTS:
+            self.checkpoints.popitem(last=False)
+
+    def state_after(self, identity: int) -> dict | None:
+        """The state keep_state kept after that block, if it still has it."""
+        if identity in self.checkpoints:
+            self.checkpoints.move_to_end(identity)
+        return self.checkpoints.get(identity)
 
     def lookup(self, parent: int, tokens) -> int | None:
         return self._registry.get((parent, tuple(tokens)))
@@ -197,13 +221,17 @@ class SequenceCache:
         all. Returns how many prompt tokens need no prefill, or None, changing nothing, where the
         pool lacks the blocks now."""
         pool, size = self.pool, self.pool.block
-        # (a recurrent state is not kept per block: a hybrid's sequence prefills its whole prompt)
-        limit = len(ids) - 1 if reuse and self.recurrent is None else 0
+        limit = len(ids) - 1 if reuse else 0
         found, parent = [], 0
         while (len(found) + 1) * size <= limit and (block := pool.lookup(parent, ids[len(found) * size:
                                                                                 (len(found) + 1) * size])) is not None:
             found.append(block)
             parent = pool.identity(block)
+        state = None
+        if self.recurrent is not None:  # (back to the deepest block with the state after it; no partial block)
+            while found and (state := pool.state_after(pool.identity(found[-1]))) is None:
+                found.pop()
+            parent, limit = pool.identity(found[-1]) if found else 0, 0
         n = len(found) * size
         partial, shared = pool.partial_after(parent, ids[n:limit]) if limit > n else (None, 0)
         adopt = partial is not None and shared == len(pool.partial_tokens(partial))  # (else a copy of its start)
@@ -232,6 +260,8 @@ class SequenceCache:
         self.tokens = list(ids[:n + shared])
         positions = np.arange(self.used, dtype=np.int32)
         self._key_positions[self._slots(positions)] = positions
+        if state is not None:
+            self.recurrent.load(state, self.used)
         return self.used
 
     def _slots(self, positions: np.ndarray) -> np.ndarray:
@@ -249,7 +279,14 @@ class SequenceCache:
         return self.pool.take()
 
     def batch_limit(self, n_tokens: int) -> int:
-        return self.max_batch
+        """The most of n_tokens the next pass runs: a hybrid's stops at the last block boundary it
+        would cross, to checkpoint its state there."""
+        size = self.pool.block
+        boundary = (self.used + n_tokens - 1) // size * size
+        # (not while the state keeps its last pass to go back into: a verify pass stays one)
+        if self.recurrent is None or self.recurrent.undo or boundary <= self.used:
+            return self.max_batch
+        return min(self.max_batch, boundary - self.used)
 
     def move_pinned(self, rotation) -> None:
         pass
@@ -274,6 +311,7 @@ class SequenceCache:
         while len(self.table) * size < self.used + n_tokens:
             self.table.append(self._take())
         if self.recurrent is not None:
+            self._checkpoint()
             self.recurrent.begin(self.used, n_tokens)
         positions = np.arange(self.used, self.used + n_tokens, dtype=np.int32)
         slots = self._slots(positions)
@@ -286,6 +324,13 @@ class SequenceCache:
         high = (max(self.table) + 1) * size
         return Batch(np.asarray(tokens, dtype=np.int64), positions, (slots,), (self._key_positions[:high],),
                      (self.pool.n_slots,))
+
+    def _checkpoint(self) -> None:
+        """Where the tokens so far fill whole blocks, the pool keeps the hybrid's state after the last
+        (once per block)."""
+        if self.chain and self.used == len(self.chain) * self.pool.block \
+                and self.pool.state_after(self.chain[-1]) is None:
+            self.pool.keep_state(self.chain[-1], self.recurrent.export())
 
     def store(self, layer: int, k, v, batch: Batch) -> tuple:
         self.pool.backend.store_kv(self.keys[layer], self.values[layer], batch.slots[0], k, v)
@@ -329,6 +374,8 @@ class SequenceCache:
         last, partial one is kept for a successor; without (a pass that failed may have left them
         half written), the blocks that only it holds are forgotten."""
         pool, size = self.pool, self.pool.block
+        if keep and self.recurrent is not None:
+            self._checkpoint()
         if keep and self.used % size:
             last = len(self.table) - 1
             pool.keep_partial(self.table[last], self.chain[-1] if self.chain else 0, self.tokens[last * size:])
