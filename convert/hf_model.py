@@ -193,6 +193,10 @@ def model_from_config(cfg: dict) -> HFModel:
                               f"(supported: {', '.join(sorted(HF_MODEL_TYPES))})")
     arch = HF_MODEL_TYPES[model_type]
     cfg.update({usual: cfg[alias] for alias, usual in arch.config_aliases if alias in cfg})
+    for name, value in arch.config_fixed:
+        if cfg.get(name, value) != value:
+            raise ConversionError(f"{name} = {cfg[name]!r} is not supported: llama.cpp's {arch.name} graph "
+                                  f"computes {name} = {value!r}")
     # (a mixture with no dense MLP may give no intermediate_size, as Qwen3.5's does: then llama.cpp's
     # converter writes no feed_forward_length)
     dense_ff = "intermediate_size" in cfg or not (cfg.get("num_local_experts") or cfg.get("num_experts"))
@@ -348,6 +352,12 @@ def _experts(cfg: dict, md: dict, arch: Architecture) -> int:
                               "decoder_sparse_step) are not supported")
     md["expert_count"] = n_expert
     md["expert_used_count"] = int(cfg.get("num_experts_per_tok") or cfg["top_k_experts"])
+    if arch.writes_expert_gating:
+        md["expert_gating_func"] = arch.expert_gating
+    if arch.leading_dense_key:
+        if arch.leading_dense_key not in cfg:
+            raise ConversionError(f"config.json lacks {arch.leading_dense_key}")
+        md["leading_dense_block_count"] = int(cfg[arch.leading_dense_key])
     if cfg.get("moe_intermediate_size") or arch.writes_expert_ff_length:
         md["expert_feed_forward_length"] = int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
     shared = cfg.get("shared_expert_intermediate_size") or cfg.get("shared_intermediate_size")

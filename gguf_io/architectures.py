@@ -96,6 +96,13 @@ class Architecture:
     rope_sections_default: tuple[int, ...] = ()
     # checkpoint tensors (by name prefix) the converter leaves out, saying so: (prefix, what they are)
     left_out: tuple[tuple[str, str], ...] = ()
+    writes_expert_gating: bool = False  # expert_gating_func (expert_gating above), always
+    # config.json's count of the first layers whose MLP is dense, not a mixture, which llama.cpp's
+    # converter writes as leading_dense_block_count (LFM2-MoE's num_dense_layers)
+    leading_dense_key: str | None = None
+    # config.json values that llama.cpp's graph takes for granted (it reads no key for them): the
+    # converter refuses a checkpoint with another value, whose file llama.cpp would compute otherwise
+    config_fixed: tuple[tuple[str, object], ...] = ()
 
     def tensor_name(self, tensor: MODEL_TENSOR, layer: int | None = None, suffix: str | None = "weight") -> str:
         """The GGUF name of one of its tensors, e.g. blk.3.attn_q.weight."""
@@ -172,6 +179,20 @@ ARCHITECTURES = {a.name: a for a in (
                  rope_theta_default=1_000_000.0, writes_vocab_size=True, rms_eps_key="norm_eps",
                  conv_layer_type="conv", ff_auto_adjust=True, squeezed=("conv.conv.weight",),
                  config_aliases=(("block_ff_dim", "intermediate_size"), ("tie_embedding", "tie_word_embeddings"))),
+    # LFM2-MoE: LFM2's layers, the first num_dense_layers with a dense MLP, the others a mixture whose
+    # sigmoid router picks experts by their probabilities plus a selection bias (the checkpoint's
+    # expert_bias, llama.cpp's exp_probs_b), weighted by the probabilities renormalized (llama.cpp's
+    # graph always renormalizes, scales by 1 and has the bias)
+    Architecture("lfm2moe", MODEL_ARCH.LFM2MOE, ("lfm2_moe",), partial_rope=True, tied_by_default=True,
+                 rope_theta_default=1_000_000.0, writes_vocab_size=True, rms_eps_key="norm_eps",
+                 conv_layer_type="conv", squeezed=("conv.conv.weight",), expert_weights_norm=True,
+                 expert_gating=2, writes_expert_gating=True, leading_dense_key="num_dense_layers",
+                 config_aliases=(("tie_embedding", "tie_word_embeddings"),),
+                 config_fixed=(("norm_topk_prob", True), ("routed_scaling_factor", 1.0), ("use_expert_bias", True)),
+                 renamed=(("feed_forward.expert_bias", MODEL_TENSOR.FFN_EXP_PROBS_B, "bias"),
+                          ("feed_forward.experts.w1.weight", MODEL_TENSOR.FFN_GATE_EXP, "weight"),
+                          ("feed_forward.experts.w2.weight", MODEL_TENSOR.FFN_DOWN_EXP, "weight"),
+                          ("feed_forward.experts.w3.weight", MODEL_TENSOR.FFN_UP_EXP, "weight"))),
     # Qwen3.5: gated DeltaNet layers among gated attention layers; RoPE on a quarter of each head
     # (M-RoPE's sections, which text positions make plain RoPE); its multimodal checkpoint's text model
     # alone, as llama.cpp's converter writes it with --no-mtp (the vision tower goes to its mmproj file)

@@ -42,6 +42,7 @@ class ModelParams:
     n_expert_used: int = 0
     n_ff_exp: int = 0      # hidden size of one expert
     n_ff_shexp: int = 0    # hidden size of the shared expert (Qwen2-MoE)
+    n_layer_dense_lead: int = 0  # the first layers' feed-forward is dense whatever else the file holds (LFM2-MoE)
     expert_gating: str = "softmax"  # router logits -> weights: "softmax", "sigmoid" or "softmax_weight"
     expert_weights_norm: bool = False  # renormalize the chosen experts' probabilities to sum to 1
     expert_weights_scale: float = 1.0
@@ -332,6 +333,7 @@ def read_params(f: GGUFFile) -> ModelParams:
         attn_softcap=get_float(Keys.LLM.ATTN_LOGIT_SOFTCAPPING, arch.softcap_defaults[1] if arch else 0.0, lo=0.0),
         n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
         n_ff_shexp=get_int(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, n_ff_exp),
+        n_layer_dense_lead=get_int(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 0, hi=n_layer),
         expert_gating=_GATING[gating],
         expert_weights_norm=f.get_bool(key(Keys.LLM.EXPERT_WEIGHTS_NORM), arch.expert_weights_norm if arch else False),
         expert_weights_scale=get_float(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0) or 1.0,

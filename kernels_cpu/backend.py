@@ -40,6 +40,7 @@ class CpuBackend:
         threadpool_limits(1, user_api="blas")
         self._rope_tables: dict = {}
         self._no_sinks: dict = {}  # heads -> sink logits that take no weight
+        self._no_bias: dict = {}   # experts -> an expert selection bias of zeros
         self.constants = weakref.WeakValueDictionary()  # id -> weight vector (a step program reads them)
         self.recorder = None  # a step_program.Recorder while a decode step is being recorded
         self.replay_checked = set()  # pass shapes whose replay agreed with an eager pass (step_program.run_step)
@@ -138,12 +139,19 @@ class CpuBackend:
         return [self._record(Recorder.columns, x, a, out=x.view(np.ndarray)[:, a:a + w].copy())
                 for a, w in zip(starts, widths)]
 
-    def route(self, logits, k, gating, norm, scale):
+    def route(self, logits, k, gating, norm, scale, selection_bias=None):
         logits = np.ascontiguousarray(logits)
+        n_expert = logits.shape[1]
+        if selection_bias is None:  # (a bias of zeros changes no choice)
+            selection_bias = self._no_bias.get(n_expert)
+            if selection_bias is None:
+                selection_bias = self._no_bias[n_expert] = self.load_vector(np.zeros(n_expert, np.float32))
+        if selection_bias.shape != (n_expert,) or selection_bias.dtype != np.float32:
+            raise ValueError(f"a selection bias of shape {selection_bias.shape} for {n_expert} experts")
         ids = np.empty((logits.shape[0], k), dtype=np.int32)
         weights = np.empty((logits.shape[0], k), dtype=np.float32)
-        route(logits, GATING[gating], norm, np.float32(scale), ids, weights)
-        return self._record(Recorder.route, logits, GATING[gating], norm, scale, out=(ids, weights))
+        route(logits, GATING[gating], norm, np.float32(scale), selection_bias, ids, weights)
+        return self._record(Recorder.route, logits, GATING[gating], norm, scale, selection_bias, out=(ids, weights))
 
     def expert_matmuls(self, ws, x, ids):
         x = np.ascontiguousarray(x)

@@ -27,15 +27,17 @@ MIN_WEIGHT_SUM = np.float32(6.103515625e-5)
 
 
 @njit(cache=True, fastmath=False, error_model="numpy")
-def route(logits, gating, norm, scale, ids, weights):
-    """Each token's top experts: ids[t] (k,) the k highest-probability experts of logits[t]
-    (probabilities by `gating`: SOFTMAX over the experts, or SIGMOID each; SOFTMAX_WEIGHT picks
-    by the logits and takes the softmax over the chosen ones: gpt-oss), best first, ties to the
-    lower id; weights[t] their probabilities, renormalized to sum to 1 if `norm`, times `scale`.
-    A NaN logit still yields k distinct valid ids."""
+def route(logits, gating, norm, scale, bias, ids, weights):
+    """Each token's top experts: ids[t] (k,) the k experts of logits[t] whose probabilities plus
+    `bias` (n_expert,) are highest (probabilities by `gating`: SOFTMAX over the experts, or SIGMOID
+    each; SOFTMAX_WEIGHT picks by the logits and takes the softmax over the chosen ones: gpt-oss),
+    best first, ties to the lower id; weights[t] their probabilities without the bias (DeepSeek-V3's
+    selection bias steers the choice only), renormalized to sum to 1 if `norm`, times `scale`.
+    A NaN logit still yields k distinct valid ids. The caller checks bias's size."""
     n_tokens, n_expert = logits.shape
     k = ids.shape[1]
     probs = np.empty(n_expert, np.float32)
+    scores = np.empty(n_expert, np.float32)
     taken = np.empty(n_expert, np.bool_)
     for t in range(n_tokens):
         if gating == SIGMOID:
@@ -53,11 +55,13 @@ def route(logits, gating, norm, scale, ids, weights):
                 total += probs[e]
             for e in range(n_expert):
                 probs[e] /= total
+        for e in range(n_expert):
+            scores[e] = probs[e] + bias[e]
         taken[:] = False
         for j in range(k):
             best = -1
             for e in range(n_expert):
-                if not taken[e] and (best < 0 or probs[e] > probs[best]):
+                if not taken[e] and (best < 0 or scores[e] > scores[best]):
                     best = e
             taken[best] = True
             ids[t, j] = best

@@ -110,7 +110,7 @@ Attention, AttentionParams = _operation(
 Gated, _ = _operation("Gated", gate="f32", up="f32", rows="count", width="count")
 Softcap, SoftcapParams = _operation("Softcap", ("cap",), x="f32", out="f32", n="count")
 Route, RouteParams = _operation("Route", ("scale",), logits="f32", ids="i32", weights="f32", tokens="count",
-                               experts="count", k="count", gating="count", norm="flag")
+                               experts="count", k="count", gating="count", norm="flag", bias="f32")
 ExpertProducts, _ = _operation("ExpertProducts", x="f32", ids="i32", out="f32", x_rows="count", k="count",
                                slots="count", n="count", matrices="count", first="matrix", formats="formats")
 Combine, _ = _operation("Combine", y="f32", weights="f32", out="f32", tokens="count", k="count", n="count")
@@ -187,7 +187,8 @@ def _mixture_op_impl(tag, op, a, f, mats, rounding, streams):
         if op == Op.ROUTE:
             shape = (a[Route.TOKENS], a[Route.K])
             route(_f32(a[Route.LOGITS], (a[Route.TOKENS], a[Route.EXPERTS])), a[Route.GATING], a[Route.NORM] != 0,
-                  np.float32(f[RouteParams.SCALE]), _i32(a[Route.IDS], shape), _f32(a[Route.WEIGHTS], shape))
+                  np.float32(f[RouteParams.SCALE]), _f32(a[Route.BIAS], (a[Route.EXPERTS],)),
+                  _i32(a[Route.IDS], shape), _f32(a[Route.WEIGHTS], shape))
         elif op == Op.EXPERT_PRODUCTS:
             first, slots = a[ExpertProducts.FIRST], a[ExpertProducts.SLOTS]
             expert_products(mats[first:first + a[ExpertProducts.MATRICES]], _i32(a[ExpertProducts.IDS], (slots,)),
@@ -602,11 +603,11 @@ class Recorder:
     def softcap(self, x, cap, out):
         self.add(Op.SOFTCAP, x=self.address(x, x.size), out=self.address(out, out.size), n=out.size, cap=cap)
 
-    def route(self, logits, gating, norm, scale, ids, weights):
+    def route(self, logits, gating, norm, scale, bias, ids, weights):
         tokens, k = ids.shape
         self.add(Op.ROUTE, logits=self.address(logits, logits.size), ids=self.address(ids, ids.size, np.int32),
                  weights=self.address(weights, weights.size), tokens=tokens, experts=logits.shape[1], k=k,
-                 gating=gating, norm=norm, scale=scale)
+                 gating=gating, norm=norm, bias=self.address(bias, logits.shape[1]), scale=scale)
 
     def expert_products(self, stack, x, ids, out):
         # the stack's matrices as consecutive rows of the table

@@ -95,8 +95,10 @@ class TorchBackend:
     def concat(self, xs):
         return torch.cat(xs)
 
-    def route(self, logits, k, gating, norm, scale):
-        return ops.route(logits, k, gating, norm, scale)
+    def route(self, logits, k, gating, norm, scale, selection_bias=None):
+        if selection_bias is not None and tuple(selection_bias.shape) != (logits.shape[1],):
+            raise ValueError(f"a selection bias of shape {tuple(selection_bias.shape)} for {logits.shape[1]} experts")
+        return ops.route(logits, k, gating, norm, scale, selection_bias)
 
     def expert_matmuls(self, ws, x, ids):
         return [self.products.expert_matmul(w, x, ids) for w in ws]

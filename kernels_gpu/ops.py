@@ -117,15 +117,19 @@ def delta_rule(q, k, v, decay, beta, state, grouped=False):
 MIN_WEIGHT_SUM = 6.103515625e-5
 
 
-def route(logits, k: int, gating: str, norm: bool, scale: float):
-    """Each token's k most probable experts (ids, best first) and their weights, as
-    kernels_cpu.experts.route computes them."""
-    if gating == "softmax_weight":  # (picked by the logits, the softmax over the chosen: gpt-oss)
-        weights, ids = torch.topk(logits, k, dim=-1)
-        weights = torch.softmax(weights, dim=-1)
-    else:
-        probs = torch.softmax(logits, dim=-1) if gating == "softmax" else torch.sigmoid(logits)
+def route(logits, k: int, gating: str, norm: bool, scale: float, selection_bias=None):
+    """Each token's k most probable experts (ids, best first; chosen by the probabilities plus
+    selection_bias where given) and their weights, as kernels_cpu.experts.route computes them."""
+    # (gpt-oss's softmax_weight: picked by the logits, the softmax over the chosen)
+    probs = logits if gating == "softmax_weight" else (
+        torch.softmax(logits, dim=-1) if gating == "softmax" else torch.sigmoid(logits))
+    if selection_bias is None:
         weights, ids = torch.topk(probs, k, dim=-1)
+    else:
+        ids = torch.topk(probs + selection_bias, k, dim=-1).indices
+        weights = probs.gather(-1, ids)
+    if gating == "softmax_weight":
+        weights = torch.softmax(weights, dim=-1)
     if norm:
         weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(MIN_WEIGHT_SUM)
     return ids, weights * scale

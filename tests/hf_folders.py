@@ -189,7 +189,8 @@ def random_folder(arch: str, folder: Path, llama_cpp_source: Path) -> Path:
 def _draw_weights(model) -> None:
     """Every parameter from a fixed numpy generator (not transformers' initialization, which differs
     by machine): vectors near 1, matrices small; a DeltaNet's A_log near -3, so that its decays are
-    near 1 and its state carries far."""
+    near 1 and its state carries far; then the experts' selection biases (LFM2-MoE's expert_bias
+    buffers, zeros as initialized) spread as wide as the sigmoid probabilities they steer."""
     import torch
     rng = np.random.default_rng(0)
     with torch.no_grad():
@@ -197,6 +198,9 @@ def _draw_weights(model) -> None:
             values = rng.standard_normal(p.shape, dtype=np.float32)
             values = values * 0.3 + 1.0 if p.dim() == 1 else values * 0.1
             p.copy_(torch.from_numpy(values - 4.0 if name.endswith("A_log") else values))
+        for name, b in sorted(model.named_buffers()):
+            if name.endswith("expert_bias"):
+                b.copy_(torch.from_numpy(rng.standard_normal(b.shape, dtype=np.float32) * 0.3))
 
 
 def converted_files(folders: dict, root: Path) -> dict:
@@ -275,6 +279,12 @@ HYBRID_CONFIGS = {
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", dict(
         layer_types=["conv", "full_attention", "conv", "conv", "full_attention", "conv"], conv_L_cache=3,
         conv_bias=False, norm_eps=1e-5, tie_word_embeddings=True, intermediate_size=1024)),
+    # LFM2-MoE: a leading dense layer (a convolution), then attention, convolution and attention layers
+    # whose MLPs are 8 experts (2 chosen by their sigmoid probabilities plus the drawn selection bias)
+    "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", dict(
+        layer_types=["conv", "full_attention", "conv", "full_attention"], conv_L_cache=3, conv_bias=False,
+        norm_eps=1e-5, tie_word_embeddings=True, num_dense_layers=1, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=128)),
     # Qwen3.5: three DeltaNet layers, then gated attention, twice; two value heads per key head,
     # RoPE on a quarter of each attention head (multimodal sections, as published)
     "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(

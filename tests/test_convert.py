@@ -204,7 +204,9 @@ def test_hybrids_convert_and_quantize_as_llama_cpp_does(hybrid_folders, llama_cp
     gated attention layers): the value heads tiled, A as -exp(A_log), norms stored as w + 1 but the
     DeltaNet's, the ssm sizes, recurrent layers and M-RoPE sections; the small DeltaNet tensors
     kept F32, its fused QKV counted with attn_v in Q4_K_M. Qwen3.5-MoE (the same layers, each MLP a
-    mixture beside a shared expert): the experts stacked, the shared expert's gate, the expert sizes."""
+    mixture beside a shared expert): the experts stacked, the shared expert's gate, the expert sizes.
+    LFM2-MoE (LFM2's layers, the first dense, the others experts): the experts stacked from their
+    w1/w2/w3, the selection bias as exp_probs_b.bias, the sigmoid gating and leading dense layers."""
     import subprocess
 
     from .test_mixes import tensor_digests
@@ -255,6 +257,20 @@ def test_lfm2_config_names_as_transformers_reads_them(hybrid_folders):
     assert (read.intermediate_size, read.tie_word_embeddings) == (2048, False)
     ours = model_from_config(both)
     assert ours.metadata == model_from_config({**cfg, "intermediate_size": 2048}).metadata and not ours.tied
+
+
+@pytest.mark.parametrize("name, value", [("norm_topk_prob", False), ("routed_scaling_factor", 2.0),
+                                         ("use_expert_bias", False), ("num_dense_layers", None)])
+def test_lfm2_moe_configs_llama_cpp_would_compute_otherwise_are_refused(hybrid_folders, name, value):
+    """llama.cpp's LFM2-MoE graph always renormalizes the chosen experts' weights, scales them by 1
+    and adds the selection bias, and reads the leading dense layers from the file: a config that says
+    otherwise (or leaves the dense layers out) is refused, not converted into a file computed wrongly."""
+    from convert.hf_model import model_from_config
+    cfg = json.loads((hybrid_folders["lfm2_moe"] / "config.json").read_text())
+    assert model_from_config(cfg).metadata["leading_dense_block_count"] == 1
+    changed = {k: v for k, v in cfg.items() if k != name} if value is None else {**cfg, name: value}
+    with pytest.raises(ConversionError, match=name):
+        model_from_config(changed)
 
 
 def test_qwen35_multimodal_checkpoint_converts_its_text_model(hybrid_folders, llama_cpp_source, tmp_path):

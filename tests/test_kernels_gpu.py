@@ -17,6 +17,7 @@ from gguf_io.quant_types import BLOCK_TYPES, QUANT_TYPES
 from kernels_cpu.backend import CpuBackend
 
 from .test_kernels import K_QUANT_SCALES, _random_k_blocks, _weights
+from .test_moe import _route_case, _route_reference
 from .test_ops import attention_case, filled_cache
 
 torch = pytest.importorskip("torch")
@@ -169,6 +170,18 @@ def test_rms_norm_and_activations_match_numba():
     assert np.allclose(_np(be.silu_mul(_t(x), _t(up))), cpu.silu_mul(x.copy(), up), atol=1e-5)
     assert np.allclose(_np(be.gelu_mul(_t(x), _t(up))), cpu.gelu_mul(x.copy(), up), atol=1e-5)
     assert np.allclose(_np(be.softcap(_t(x), 1.5)), cpu.softcap(x, 1.5), atol=1e-6)
+
+
+@pytest.mark.parametrize("gating", ["softmax", "sigmoid", "softmax_weight"])
+@pytest.mark.parametrize("norm", [False, True])
+def test_route_with_a_selection_bias_matches_reference(gating, norm):
+    """The bias chooses the experts (changing some choices), the weights are the unbiased
+    probabilities (the tie of _route_case is broken by the bias: torch's top-k breaks ties as it may)."""
+    logits, bias = _route_case(gating, biased=True)
+    ids, weights = be.route(_t(logits), 4, gating, norm, 2.5, _t(bias))
+    want_ids, want_weights = _route_reference(logits.astype(np.float64), 4, gating, norm, 2.5, bias)
+    assert np.array_equal(_np(ids), want_ids)
+    assert np.allclose(_np(weights), want_weights, rtol=1e-5)
 
 
 def test_rope_matches_numba():

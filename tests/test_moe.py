@@ -2,6 +2,8 @@
 (Qwen3-MoE, Qwen2-MoE with its shared expert, OLMoE, Mixtral) against transformers in fp32."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -79,9 +81,9 @@ def _softmax(x):
     return e / e.sum(1, keepdims=True)
 
 
-def _route_reference(logits, k, gating, norm, scale):
+def _route_reference(logits, k, gating, norm, scale, bias=0.0):
     probs = {"softmax": _softmax, "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "softmax_weight": lambda x: x}[gating](logits)
-    ids = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    ids = np.argsort(-(probs + bias), axis=1, kind="stable")[:, :k]  # (the bias chooses, the weights are without it)
     weights = np.take_along_axis(probs, ids, 1)
     if gating == "softmax_weight":  # (gpt-oss: the softmax over the chosen logits)
         weights = _softmax(weights)
@@ -90,24 +92,43 @@ def _route_reference(logits, k, gating, norm, scale):
     return ids, weights * scale
 
 
+def _route_case(gating, biased):
+    """Router logits of 7 tokens over 16 experts, with a tie in token 0 (broken by the bias's
+    experts where there is one), and a selection bias (zeros where not biased) as large as the
+    probabilities' spread, so that it changes choices."""
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((7, 16)).astype(np.float32) * 3
+    logits[0, 3] = logits[0, 9] = logits[0].max() + 1  # a tie goes to the lower id
+    scale = 3.0 if gating == "softmax_weight" else 0.3 if gating == "softmax" else 0.5
+    bias = (rng.standard_normal(16) * scale).astype(np.float32) if biased else np.zeros(16, np.float32)
+    return logits, bias
+
+
+@pytest.mark.parametrize("biased", [False, True], ids=["unbiased", "biased"])
 @pytest.mark.parametrize("k", [1, 4])
 @pytest.mark.parametrize("gating", ["softmax", "sigmoid", "softmax_weight"])
 @pytest.mark.parametrize("norm", [False, True])
-def test_route_picks_the_most_probable_experts(gating, norm, k):
-    logits = np.random.default_rng(1).standard_normal((7, 16)).astype(np.float32) * 3
-    logits[0, 3] = logits[0, 9] = logits[0].max() + 1  # a tie goes to the lower id
+def test_route_picks_the_most_probable_experts(gating, norm, k, biased):
+    logits, bias = _route_case(gating, biased)
     ids, weights = np.empty((7, k), np.int32), np.empty((7, k), np.float32)
-    route(logits, GATING[gating], norm, np.float32(2.5), ids, weights)
-    want_ids, want_weights = _route_reference(logits.astype(np.float64), k, gating, norm, 2.5)
+    route(logits, GATING[gating], norm, np.float32(2.5), bias, ids, weights)
+    want_ids, want_weights = _route_reference(logits.astype(np.float64), k, gating, norm, 2.5, bias)
     assert np.array_equal(ids, want_ids)
     assert np.allclose(weights, want_weights, rtol=1e-5)
+    if biased:  # (the bias changed some choice: not a vacuous case)
+        assert not np.array_equal(ids, _route_reference(logits.astype(np.float64), k, gating, norm, 2.5)[0])
 
 
 def test_route_of_nan_logits_still_names_distinct_experts():
     logits = np.full((1, 8), np.nan, dtype=np.float32)
     ids, weights = np.empty((1, 3), np.int32), np.empty((1, 3), np.float32)
-    route(logits, GATING["softmax"], True, np.float32(1.0), ids, weights)
+    route(logits, GATING["softmax"], True, np.float32(1.0), np.zeros(8, np.float32), ids, weights)
     assert sorted(ids[0]) == [0, 1, 2]
+
+
+def test_a_selection_bias_of_another_size_is_refused():
+    with pytest.raises(ValueError, match="selection bias"):
+        CpuBackend().route(np.zeros((2, 8), np.float32), 2, "sigmoid", True, 1.0, np.zeros(7, np.float32))
 
 
 def test_torch_mixture_ops_match_the_cpu_kernels():
@@ -116,9 +137,12 @@ def test_torch_mixture_ops_match_the_cpu_kernels():
     rng = np.random.default_rng(2)
     be, cpu = TorchBackend("cpu"), CpuBackend(precise=True)
     logits = rng.standard_normal((5, 8)).astype(np.float32)
-    for gating in ("softmax", "sigmoid", "softmax_weight"):
-        ids, weights = be.route(torch.from_numpy(logits), 2, gating, True, 1.5)
-        want_ids, want_weights = cpu.route(logits, 2, gating, True, 1.5)
+    bias = rng.standard_normal(8).astype(np.float32) * 0.5
+    for gating, selection_bias in itertools.product(("softmax", "sigmoid", "softmax_weight"), (None, bias)):
+        ids, weights = be.route(torch.from_numpy(logits), 2, gating, True, 1.5,
+                                None if selection_bias is None else torch.from_numpy(selection_bias))
+        want_ids, want_weights = cpu.route(logits, 2, gating, True, 1.5,
+                                           None if selection_bias is None else cpu.load_vector(selection_bias))
         assert np.array_equal(ids.numpy(), want_ids) and np.allclose(weights.numpy(), want_weights, rtol=1e-5)
     raw, dense = _experts(rng, T.Q4_K, 4, 32, 256)
     w = be.load_experts(T.Q4_K, raw, 256, 4)

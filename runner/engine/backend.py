@@ -68,11 +68,13 @@ class Backend(Protocol):
     def split(self, x, widths) -> list:
         """x (T, sum(widths))'s columns in consecutive pieces of these widths (a fused matrix's
         projections)."""
-    def route(self, logits, k: int, gating: str, norm: bool, scale: float) -> tuple:
+    def route(self, logits, k: int, gating: str, norm: bool, scale: float, selection_bias=None) -> tuple:
         """Each token's k most probable experts of router logits (T, experts): ids (T, k), best
         first, and weights (T, k), their probabilities ("softmax" over the experts or "sigmoid"
         each; "softmax_weight": chosen by the logits, the softmax over the chosen), renormalized
-        to sum to 1 if norm, times scale. Recorded, not read by the host."""
+        to sum to 1 if norm, times scale. selection_bias (experts,), where given, is added to the
+        probabilities for choosing the experts only (DeepSeek-V3's exp_probs_b). Recorded, not
+        read by the host."""
 
     def expert_matmuls(self, ws, x, ids) -> list:
         """For each expert matrix w: (T * k, N), slot t * k + j the product of expert ids[t, j]

@@ -79,6 +79,7 @@ class MixtureOfExperts:
     up_bias: object = None
     down_bias: object = None
     expert_scales: object = None  # (n_expert, 1): each expert's output scaled by its own factor (Gemma 4)
+    selection_bias: object = None  # (n_expert,): added to the probabilities to choose experts by, not to weigh them
 
 
 @dataclass
@@ -157,6 +158,8 @@ class Decoder:
     # each query head comes with a gate of its output, sigmoid(gate) * out, projected beside it
     # (Qwen3.5, Qwen3-Next: per head, the query's head_dim rows, then the gate's)
     output_gate = False
+    # every mixture layer has an expert selection bias, exp_probs_b (else used where the file has one)
+    expert_selection_bias = False
 
     def __init__(self, params: ModelParams, weights: WeightLoader, backend):
         self.params, self.backend = params, backend
@@ -276,8 +279,10 @@ class Decoder:
         return self._ones[n]
 
     def load_feed_forward(self, weights: WeightLoader, i: int) -> FeedForward | MixtureOfExperts:
-        """Layer i's feed-forward: a mixture of experts where the layer has a router, else dense."""
-        if self.params.n_expert and weights.has(T.FFN_GATE_INP, i):
+        """Layer i's feed-forward: a mixture of experts where the layer has a router (past the
+        leading dense layers), else dense."""
+        p = self.params
+        if p.n_expert and i >= p.n_layer_dense_lead and weights.has(T.FFN_GATE_INP, i):
             return self.load_experts(weights, i)
         return self.load_dense(weights, i)
 
@@ -303,12 +308,14 @@ class Decoder:
                                  weights.matrix(T.FFN_DOWN_SHEXP, p.n_ff_shexp, p.n_embd, i))
             if weights.has(T.FFN_GATE_INP_SHEXP, i):
                 shared_gate = weights.matrix(T.FFN_GATE_INP_SHEXP, p.n_embd, 1, i)
+        selection_bias = weights.vector if self.expert_selection_bias else weights.optional_vector
         biases = {f"{key}_bias": weights.optional_table(t, n_out, e, i, "bias") for key, t, n_out in
                   (("gate", T.FFN_GATE_EXP, n), ("up", T.FFN_UP_EXP, n), ("down", T.FFN_DOWN_EXP, p.n_embd))}
         return MixtureOfExperts(weights.matrix(T.FFN_GATE_INP, p.n_embd, e, i), gate, up,
                                 weights.experts(T.FFN_DOWN_EXP, n, p.n_embd, e, i), shared, shared_gate,
                                 router_bias=weights.optional_vector(T.FFN_GATE_INP, e, i, "bias"), **biases,
-                                expert_scales=weights.optional_per_expert(T.FFN_DOWN_EXP, e, i, "scale"))
+                                expert_scales=weights.optional_per_expert(T.FFN_DOWN_EXP, e, i, "scale"),
+                                selection_bias=selection_bias(T.FFN_EXP_PROBS_B, e, i, "bias"))
 
     def new_cache(self, n_ctx: int, ring: bool = False) -> KVCache:
         """A cache of every layer with K and V of its own, and a hybrid's recurrent state."""
@@ -517,7 +524,8 @@ class Decoder:
         logits = be.matmul(moe.router, h if router_input is None else router_input)
         if moe.router_bias is not None:
             logits = logits + moe.router_bias
-        ids, weights = be.route(logits, p.n_expert_used, p.expert_gating, p.expert_weights_norm, p.expert_weights_scale)
+        ids, weights = be.route(logits, p.n_expert_used, p.expert_gating, p.expert_weights_norm, p.expert_weights_scale,
+                                moe.selection_bias)
         if moe.expert_scales is not None:
             weights = weights * be.expert_rows(moe.expert_scales, ids).reshape(weights.shape)
         gate, up = be.expert_matmuls([moe.gate, moe.up], h, ids)

@@ -42,3 +42,9 @@ class LFM2(Llama):
         y = self.each_sequence(cache, h.shape[0], lambda rows, seq: be.short_conv(
             bx[rows], conv.kernel, seq.recurrent.conv_history(i, bx[rows])))
         return be.matmul(conv.out_proj, c * y)
+
+
+class LFM2MoE(LFM2):
+    """LFM2-MoE: LFM2's blocks, the feed-forward of all but the leading dense layers a mixture of
+    experts under a sigmoid router, each layer's selection bias (exp_probs_b) added to choose them."""
+    expert_selection_bias = True
