@@ -110,6 +110,19 @@ def delta_rule(q, k, v, decay, beta, state):
     return out
 
 
+def ssm_scan(x, dt, b, c, a, d, state):
+    """kernels_cpu.ops.ssm_scan's Mamba2 scan, token after token, its state updated in place."""
+    per_group = state.shape[0] // b.shape[1]
+    b, c = b.repeat_interleave(per_group, 1), c.repeat_interleave(per_group, 1)  # (head h reads group h // per_group)
+    decay = torch.exp(dt * a)
+    x_dt = x * dt[:, :, None]
+    out = torch.empty_like(x)
+    for t in range(x.shape[0]):
+        state.mul_(decay[t][:, None, None]).add_(x_dt[t][:, :, None] * b[t][:, None, :])
+        out[t] = torch.einsum("hij,hj->hi", state, c[t])
+    return out + x * d[:, None]
+
+
 # the smallest sum renormalized expert weights divide by (llama.cpp clamps to float16's smallest normal)
 MIN_WEIGHT_SUM = 6.103515625e-5
 

@@ -226,3 +226,12 @@ def test_padded_lengths_are_few_and_cover_the_cache():
     assert padded_length(3000, 4096) == 4096
     assert padded_length(100, 64) == 64
     assert len({padded_length(n, 4096) for n in range(1, 4097)}) == 5
+
+
+def test_ssm_scan_matches_numba():
+    from .test_ops import ssm_case
+    operands, start = ssm_case(tokens=6, heads=6, groups=3)
+    state, want_state = _t(start), start.copy()
+    want = cpu.ssm_scan(*operands, want_state)
+    assert np.allclose(_np(be.ssm_scan(*map(_t, operands), state)), want, atol=1e-5)
+    assert np.allclose(_np(state), want_state, atol=1e-5)

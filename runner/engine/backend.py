@@ -109,6 +109,12 @@ class Backend(Protocol):
         key heads, d_k), v and out (T, value heads, d_v), decay and beta (T, value heads), the state
         S (value heads, d_k, d_v) float32, updated in place."""
 
+    def ssm_scan(self, x, dt, b, c, a, d, state) -> Any:
+        """Mamba2's selective scan, token after token: for head h (of group h // (heads / groups)),
+        S = exp(dt[t, h] a[h]) S + (x[t, h] dt[t, h]) B[t, g]^T, out[t, h] = S C[t, g] + d[h] x[t, h];
+        x and out (T, heads, head_dim), dt (T, heads) after its softplus, B and C (T, groups, d_state),
+        a and d (heads,), the state S (heads, head_dim, d_state) float32, updated in place."""
+
     def short_conv(self, x, kernel, state) -> Any:
         """A causal depthwise convolution of x (T, channels) over time: out[t, c] = sum over j of
         kernel[c, j] * (state then x)[t + j, c], kernel (channels, K), state (K - 1, channels) the

@@ -1,7 +1,8 @@
 """What a hybrid model's recurrent layers carry from token to token, per sequence, beside the KV
-cache of its attention layers: a fixed-size state per layer, float32 on the backend. Two kinds:
+cache of its attention layers: a fixed-size state per layer, float32 on the backend. Three kinds:
 a convolution's history (its last K - 1 inputs: LFM2's short convolution, and the one before a
-gated DeltaNet) and a gated DeltaNet's state (value heads, d_k, d_v).
+gated DeltaNet or a Mamba2 scan), a gated DeltaNet's state (value heads, d_k, d_v) and a Mamba2
+layer's (heads, head_dim, d_state).
 
 A state cannot be cut back to an earlier position as a KV cache can: it holds no per-token rows.
 So, where asked (`undo`: speculative decoding sets it), it keeps what the last pass needs to go
@@ -15,13 +16,15 @@ from __future__ import annotations
 
 import numpy as np
 
-CONV, DELTA = "conv", "delta"
+CONV, DELTA, SSM = "conv", "delta", "ssm"
+# the backend operation that carries each kind but CONV from token to token, as a pass fed it
+_SCANS = {DELTA: "delta_rule", SSM: "ssm_scan"}
 
 
 class RecurrentState:
     def __init__(self, backend, shapes: dict[int, dict[str, tuple[int, ...]]]):
-        """shapes: recurrent layer -> {CONV: (K - 1, channels), DELTA: (value heads, d_k, d_v)}
-        (the kinds it has)."""
+        """shapes: recurrent layer -> {CONV: (K - 1, channels), DELTA: (value heads, d_k, d_v),
+        SSM: (heads, head_dim, d_state)} (the kinds it has)."""
         self.backend = backend
         self.shapes = {(int(i), kind): tuple(map(int, shape)) for i, kinds in shapes.items()
                        for kind, shape in kinds.items()}
@@ -30,7 +33,8 @@ class RecurrentState:
         self.pass_start = 0  # the position of the last pass's first token
         self.pass_end = 0
         self._before: dict[tuple, np.ndarray] = {}  # (layer, kind) -> the state before the last pass (host)
-        self._fed: dict[tuple, tuple] = {}          # (layer, kind) -> what the last pass fed it
+        # (layer, kind) -> what the last pass fed it: its per-token inputs, and the weights that go with them
+        self._fed: dict[tuple, tuple] = {}
         self.marked, self._marked = -1, {}          # a position mark() kept the state of (-1: none), that state
 
     def begin(self, start: int, n_tokens: int) -> None:
@@ -38,10 +42,10 @@ class RecurrentState:
         self.pass_start, self.pass_end = start, start + n_tokens
         self._before, self._fed = {}, {}
 
-    def _feed(self, key: tuple, *inputs):
+    def _feed(self, key: tuple, *inputs, weights: tuple = ()):
         if self.undo:
             self._before[key] = self.backend.read_state(self.arrays[key])
-            self._fed[key] = inputs
+            self._fed[key] = inputs, weights
         return self.arrays[key]
 
     def conv_history(self, layer: int, x):
@@ -52,6 +56,10 @@ class RecurrentState:
     def delta_state(self, layer: int, q, k, v, decay, beta):
         """The layer's DeltaNet state, which the pass's delta rule over these updates in place."""
         return self._feed((layer, DELTA), q, k, v, decay, beta)
+
+    def ssm_state(self, layer: int, x, dt, b, c, a, d):
+        """The layer's Mamba2 state, which the pass's scan over these (a and d its weights) updates in place."""
+        return self._feed((layer, SSM), x, dt, b, c, weights=(a, d))
 
     def mark(self) -> None:
         """Keep a copy of the state as it is now, to come back to (one mark at a time)."""
@@ -76,12 +84,13 @@ class RecurrentState:
             if n == 0:
                 self.backend.write_state(state, np.zeros(self.shapes[layer, kind], dtype=np.float32))
             elif kind == CONV:
-                fed = np.concatenate([self._before[layer, kind], self.backend.to_numpy(self._fed[layer, kind][0])])
+                fed = np.concatenate([self._before[layer, kind], self.backend.to_numpy(self._fed[layer, kind][0][0])])
                 self.backend.write_state(state, fed[m:m + self.shapes[layer, kind][0]])
             else:
                 self.backend.write_state(state, self._before[layer, kind])
+                inputs, weights = self._fed[layer, kind]
                 if m:
-                    self.backend.delta_rule(*(x[:m] for x in self._fed[layer, kind]), state)
+                    getattr(self.backend, _SCANS[kind])(*(x[:m] for x in inputs), *weights, state)
         self._left_at(n)
 
     def _left_at(self, n: int) -> None:
