@@ -44,6 +44,14 @@ class HFModel:
 
     def gguf_name(self, hf_name: str) -> str | None:
         """GGUF tensor name for a checkpoint tensor; None for tensors llama.cpp drops."""
+        name = self._gguf_name(hf_name)
+        return self._dense(name) if name else name
+
+    def _dense(self, gguf_name: str) -> str:
+        """A shared expert's tensor as the dense MLP's where the architecture has it so (shared_mlp_dense)."""
+        return gguf_name.replace("_shexp.", ".") if self.arch.shared_mlp_dense and not self.n_expert else gguf_name
+
+    def _gguf_name(self, hf_name: str) -> str | None:
         hf_name = hf_name.replace("model.language_model.", "model.").replace("language_model.model.", "model.")
         if (hf_name == "lm_head.weight" and self.tied) or hf_name.endswith("rotary_emb.inv_freq"):
             return None
@@ -67,7 +75,7 @@ class HFModel:
         layer = re.search(r"layers\.(\d+)\.", hf_name)
         for suffix, gate, up, gguf_suffix in self.arch.fused_gate_up:
             if hf_name.endswith(suffix) and layer:
-                return tuple(self.arch.tensor_name(t, int(layer[1]), gguf_suffix) for t in (gate, up))
+                return tuple(self._dense(self.arch.tensor_name(t, int(layer[1]), gguf_suffix)) for t in (gate, up))
         return None
 
     def _in_out(self, hf_name: str, shape: tuple[int, ...]) -> bool:
@@ -78,15 +86,30 @@ class HFModel:
         """Whether a checkpoint tensor is held [rows, 1, n] and written [rows, n]."""
         return len(shape) == 3 and shape[1] == 1 and hf_name.endswith(self.arch.squeezed)
 
+    def _mamba2_shape(self, hf_name: str, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The shape llama.cpp's converter gives a Mamba2 layer's A and D ([heads, 1]) and its norm's
+        weights ([groups, d_inner / groups]); None for other tensors."""
+        module = self.arch.mamba2
+        if module is None or len(shape) != 1:
+            return None
+        if hf_name.endswith((f"{module}.A_log", f"{module}.D")):
+            return shape[0], 1
+        groups = self.metadata["ssm.group_count"]
+        return (groups, shape[0] // groups) if hf_name.endswith(f"{module}.norm.weight") else None
+
     def oriented_shape(self, hf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
         """A checkpoint tensor's shape as GGUF takes it (numpy order): [experts, out, in]."""
         if self._squeezed(hf_name, shape):
             return shape[0], shape[2]
+        if self._mamba2_shape(hf_name, shape):
+            return self._mamba2_shape(hf_name, shape)
         return (*shape[:-2], shape[-1], shape[-2]) if self._in_out(hf_name, shape) else shape
 
     def orient(self, hf_name: str, w: np.ndarray) -> np.ndarray:
         if self._squeezed(hf_name, w.shape):
             return w[:, 0]
+        if self._mamba2_shape(hf_name, w.shape):
+            return w.reshape(self._mamba2_shape(hf_name, w.shape))
         return w.swapaxes(-1, -2) if self._in_out(hf_name, w.shape) else w
 
     def gate_up_halves(self, w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
@@ -103,7 +126,7 @@ class HFModel:
             w = w + np.float32(1.0)
         if self.arch.gated_delta_net and tensor in _V_HEADS:
             w = self._tiled_v_heads(tensor, w)
-        if self.arch.gated_delta_net and tensor == MODEL_TENSOR.SSM_A:
+        if tensor == MODEL_TENSOR.SSM_A:  # (held as A_log by every checkpoint)
             # (rounded from float64: torch's float32 exp, which llama.cpp's converter takes, is within
             # one unit in the last place of it and mostly equal; numpy's float32 exp is further off)
             w = (-np.exp(w.astype(np.float64))).astype(np.float32)
@@ -210,6 +233,8 @@ def model_from_config(cfg: dict) -> HFModel:
         md["shortconv.l_cache"] = int(cfg.get("conv_L_cache", 3))
     if arch.gated_delta_net:
         md.update(_delta_net(cfg, n_layer))
+    if arch.mamba2:
+        md.update(_mamba2(cfg, n_layer, n_head_kv, n_embd))
     sections = scaling.get("mrope_section") or arch.rope_sections_default
     if sections:  # (M-RoPE's: time, height, width and a fourth, 0 where not given)
         md["rope.dimension_sections"] = [int(s) for s in [*sections, 0, 0, 0][:4]]
@@ -316,6 +341,8 @@ def _experts(cfg: dict, md: dict, arch: Architecture) -> int:
     """A mixture's hyperparameters into md (as llama.cpp's converter names them); its expert count."""
     n_expert = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
     if not n_expert:
+        if arch.shared_mlp_dense:  # (as llama.cpp's converter writes them, whether or not there are experts)
+            md.update({key: int(cfg[name]) for name, key in _DENSE_EXPERT_KEYS if cfg.get(name) is not None})
         return 0
     if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1:
         raise ConversionError("mixtures with dense layers among the expert ones (mlp_only_layers, "
@@ -328,6 +355,11 @@ def _experts(cfg: dict, md: dict, arch: Architecture) -> int:
     if shared:
         md["expert_shared_feed_forward_length"] = int(shared)
     return n_expert
+
+
+# a model without experts' expert keys that llama.cpp's converter writes where the config has them (Granite 4.0-H)
+_DENSE_EXPERT_KEYS = (("num_local_experts", "expert_count"), ("num_experts_per_tok", "expert_used_count"),
+                      ("shared_intermediate_size", "expert_shared_feed_forward_length"))
 
 
 def _adjusted_ff(n_ff: int, multiplier: float | None, multiple_of: int) -> int:
@@ -359,6 +391,36 @@ def _delta_net(cfg: dict, n_layer: int) -> dict:
         md["attention.recurrent_layers"] = [t == "linear_attention" for t in types]
     md["full_attention_interval"] = int(cfg.get("full_attention_interval", 4))
     return md
+
+
+# a Mamba2 hybrid's sizes: GGUF key -> the config names that give it, first found (Granite's mamba_*)
+_MAMBA2_SIZES = {"ssm.conv_kernel": ("conv_kernel", "mamba_d_conv"),
+                 "ssm.state_size": ("ssm_state_size", "mamba_d_state"),
+                 "ssm.group_count": ("n_groups", "mamba_n_groups"),
+                 "ssm.time_step_rank": ("mamba_num_heads", "mamba_n_heads")}
+
+
+def _mamba2(cfg: dict, n_layer: int, n_head_kv: int, n_embd: int) -> dict:
+    """A Mamba2 hybrid's keys, as llama.cpp's converter writes them: the Mamba2 layers' sizes (d_inner
+    the expansion of the hidden size), 0 KV heads in them, whether the attention layers rotate."""
+    try:
+        md = {key: int(next(cfg[n] for n in names if n in cfg)) for key, names in _MAMBA2_SIZES.items()}
+    except StopIteration:
+        raise ConversionError(f"config.json lacks the Mamba2 layers' sizes ({', '.join(_MAMBA2_SIZES)})") from None
+    md["ssm.inner_size"] = int(cfg.get("mamba_expand", cfg.get("expand", 2))) * n_embd
+    types = cfg.get("layer_types") or []
+    if len(types) != n_layer or not set(types) <= _MAMBA2_LAYER_TYPES.keys():
+        raise ConversionError(f"layer_types must give each of the {n_layer} layers one of "
+                              f"{sorted(_MAMBA2_LAYER_TYPES)}")
+    md["attention.head_count_kv"] = [n_head_kv if _MAMBA2_LAYER_TYPES[t] else 0 for t in types]
+    md["rope.scaling.finetuned"] = rotates = cfg.get("position_embedding_type") == "rope"
+    if not rotates:
+        md["context_length"] = 2 ** 20
+    return md
+
+
+# a Mamba2 hybrid's layer types (as published, and as transformers 5 renames them): whether one is attention
+_MAMBA2_LAYER_TYPES = {"mamba": False, "linear_attention": False, "attention": True, "full_attention": True}
 
 
 def _conv_layer_types(cfg: dict, n_layer: int) -> list[str]:

@@ -87,6 +87,15 @@ class Architecture:
     # the checkpoint groups by key head, tiled (each key head's first, then each one's second...) as
     # llama.cpp's graph broadcasts the key heads over them
     gated_delta_net: bool = False
+    # Mamba2 layers (layer_types "mamba" or "linear_attention") among attention layers, in the module of
+    # this name ("mamba": Granite 4.0-H): llama.cpp's converter writes their sizes (ssm.*), 0 KV heads in
+    # them, A as -exp(A_log), A and D as [1, heads] and the norm's weights per group as [d_inner /
+    # groups, groups]; and whether the attention layers rotate (rope.scaling.finetuned: not unless the
+    # config's position_embedding_type is "rope", with a context of 2^20 then)
+    mamba2: str | None = None
+    # without experts, the shared expert is the dense MLP (Granite 4.0-H-Micro's shared_mlp), as llama.cpp's
+    # converter writes it, with the experts' count used and the shared width still among its keys
+    shared_mlp_dense: bool = False
     # M-RoPE's rope.dimension_sections where the config gives no mrope_section (llama.cpp's loader
     # requires them of Qwen3.5, and its converter writes its published [11, 11, 10])
     rope_sections_default: tuple[int, ...] = ()
@@ -136,6 +145,19 @@ ARCHITECTURES = {a.name: a for a in (
                       "weight"),
                      ("shared_mlp.input_linear.weight", MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP,
                       "weight"))),
+    # Granite 4.0-H: Mamba2 layers among GQA layers (those with 0 KV heads), Granite's multipliers, its
+    # MoE's fused experts and shared expert as granitemoe's
+    Architecture("granitehybrid", MODEL_ARCH.GRANITE_HYBRID, ("granitemoehybrid",), partial_rope=True,
+                 permute_qk=True, no_bos_vocab_size=49152, sentencepiece_first=True, writes_vocab_size=True,
+                 writes_rope_dims=True, expert_weights_norm=True, mamba2="mamba", shared_mlp_dense=True,
+                 fused_gate_up=(
+                     ("block_sparse_moe.input_linear.weight", MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP,
+                      "weight"),
+                     ("shared_mlp.input_linear.weight", MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP,
+                      "weight")),
+                 renamed=(("mamba.dt_bias", MODEL_TENSOR.SSM_DT, "bias"), ("mamba.A_log", MODEL_TENSOR.SSM_A, None),
+                          ("mamba.D", MODEL_TENSOR.SSM_D, None)),
+                 squeezed=("mamba.conv1d.weight",)),
     # gpt-oss: attention sinks and biases, experts picked by their logits (llama.cpp's softmax_weight
     # gating), sliding layers alternating with global ones from the first, YaRN from the file
     Architecture("gpt-oss", MODEL_ARCH.GPT_OSS, ("gpt_oss",), partial_rope=True, swa_pattern=2, expert_gating=3,

@@ -73,12 +73,14 @@ class ModelParams:
     conv_kernel: int = 0
     # a gated DeltaNet's (Qwen3.5, Qwen3-Next): its convolution's kernel length (0: no such layers),
     # the key heads' size and count (state_size, group_count), the value heads' count
-    # (time_step_rank) and their total width (inner_size)
+    # (time_step_rank) and their total width (inner_size); a Mamba2 layer's: the same kernel, its
+    # state size per head row, B and C's groups, its heads and their total width (d_inner)
     ssm_conv_kernel: int = 0
     ssm_state: int = 0
     ssm_groups: int = 0
     ssm_heads: int = 0
     ssm_inner: int = 0
+    rope_finetuned: bool = True  # False: the attention layers apply no RoPE (Granite hybrids' switch)
 
     @property
     def kv_dim(self) -> int:
@@ -173,13 +175,17 @@ def _sliding_layers(f: GGUFFile, key: str, default: int, n_layer: int) -> tuple[
     return tuple(n == 0 or i % n < n - 1 for i in range(n_layer))
 
 
-def _recurrent_layers(f: GGUFFile, key, n_layer: int, ssm: dict) -> tuple[bool, ...]:
-    """Which layers of a gated-DeltaNet hybrid are recurrent: one flag per layer, or every layer but
-    each full_attention_interval-th (llama.cpp's default 4); with the state's sizes checked."""
+def _recurrent_layers(f: GGUFFile, key, n_layer: int, ssm: dict, kv_heads: tuple[int, ...]) -> tuple[bool, ...]:
+    """Which layers of a hybrid with ssm sizes are recurrent: those of 0 KV heads (Mamba2 hybrids,
+    as llama.cpp reads them), else one flag per layer, else every layer but each
+    full_attention_interval-th (llama.cpp's default 4: gated-DeltaNet hybrids); with the state's
+    sizes checked."""
     if not (ssm["ssm_state"] and ssm["ssm_groups"] and ssm["ssm_heads"] and ssm["ssm_heads"] % ssm["ssm_groups"] == 0
             and ssm["ssm_inner"] % ssm["ssm_heads"] == 0 and 1 < ssm["ssm_conv_kernel"] <= 64):
         f.refuse(key(Keys.SSM.TIME_STEP_RANK), ssm["ssm_heads"],
                  f"does not fit the other ssm sizes ({', '.join(f'{k} {v}' for k, v in ssm.items())})")
+    if 0 in kv_heads:
+        return tuple(k == 0 for k in kv_heads)
     flags = key("{arch}.attention.recurrent_layers")
     if isinstance(f.get(flags), np.ndarray):
         return tuple(bool(v) for v in f.get_numbers(flags, size=n_layer))
@@ -247,12 +253,13 @@ def read_params(f: GGUFFile) -> ModelParams:
     conv_kernel = get_int(Keys.ShortConv.L_CACHE, 0, hi=64)
     if conv_kernel == 1:
         f.refuse(key(Keys.ShortConv.L_CACHE), conv_kernel, "must be at least 2 (a kernel that sees earlier tokens)")
-    kv_heads = _per_layer(f, key(Keys.Attention.HEAD_COUNT_KV), n_layer, n_head, lo=0 if conv_kernel else 1)
     ssm = {name: get_int(k, 0) for name, k in (("ssm_conv_kernel", Keys.SSM.CONV_KERNEL),
                                               ("ssm_state", Keys.SSM.STATE_SIZE), ("ssm_groups", Keys.SSM.GROUP_COUNT),
                                               ("ssm_heads", Keys.SSM.TIME_STEP_RANK), ("ssm_inner", Keys.SSM.INNER_SIZE))}
+    kv_heads = _per_layer(f, key(Keys.Attention.HEAD_COUNT_KV), n_layer, n_head,
+                          lo=0 if conv_kernel or ssm["ssm_conv_kernel"] else 1)
     recurrent_layers = (tuple(k == 0 for k in kv_heads) if conv_kernel else
-                        _recurrent_layers(f, key, n_layer, ssm) if ssm["ssm_conv_kernel"] else ())
+                        _recurrent_layers(f, key, n_layer, ssm, kv_heads) if ssm["ssm_conv_kernel"] else ())
     # (a mixture whose every layer has experts may have no dense width: Qwen3.5-MoE's files)
     if f.get(key(Keys.LLM.FEED_FORWARD_LENGTH)) is None and get_int(Keys.LLM.EXPERT_COUNT, 0, hi=MAX_EXPERTS):
         ff_lengths = (0,) * n_layer
@@ -353,6 +360,7 @@ def read_params(f: GGUFFile) -> ModelParams:
         n_embd_per_layer=get_int(Keys.LLM.EMBD_LENGTH_PER_LAYER_INP, 0),
         recurrent_layers=recurrent_layers,
         conv_kernel=conv_kernel,
+        rope_finetuned=f.get_bool(key(Keys.Rope.SCALING_FINETUNED), True),
         **ssm,
     )
     _check_widths(f, params, key)

@@ -293,7 +293,17 @@ HYBRID_CONFIGS = {
         moe_intermediate_size=128, shared_expert_intermediate_size=256, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25,
                              mrope_section=[4, 2, 2], mrope_interleaved=True))),
+    # Granite 4.0-H: Mamba2 layers (8 heads of 64, two groups of B and C, conv bias) around GQA layers
+    # without RoPE (as published), 8 experts (2 chosen) beside the shared MLP, Granite's multipliers; the
+    # vocabulary a multiple of 8, as llama.cpp's converter pads it
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", dict(
+        layer_types=["mamba", "attention", "mamba", "mamba"], mamba_n_heads=8, mamba_d_head=64, mamba_n_groups=2,
+        mamba_d_state=16, mamba_d_conv=4, num_local_experts=8, num_experts_per_tok=2, intermediate_size=128,
+        shared_intermediate_size=256, position_embedding_type="nope", embedding_multiplier=12.0,
+        logits_scaling=8.0, residual_multiplier=0.22, attention_multiplier=0.0078125, vocab_size=50264)),
 }
+# layer_types as published, where transformers saves them under its own names
+PUBLISHED_LAYER_TYPES = {"granitemoehybrid": {"linear_attention": "mamba", "full_attention": "attention"}}
 
 
 def hybrid_folder(model_type: str, folder: Path, llama_cpp_source: Path) -> Path:
@@ -307,6 +317,10 @@ def hybrid_folder(model_type: str, folder: Path, llama_cpp_source: Path) -> Path
     model = getattr(tf, model_name)(config).eval()
     _draw_weights(model)
     model.save_pretrained(folder)
+    if model_type in PUBLISHED_LAYER_TYPES:
+        saved = json.loads((folder / "config.json").read_text())
+        saved["layer_types"] = [PUBLISHED_LAYER_TYPES[model_type].get(t, t) for t in saved["layer_types"]]
+        (folder / "config.json").write_text(json.dumps(saved, indent=2))
     gpt2_tokenizer(llama_cpp_source, folder)
     return folder
 

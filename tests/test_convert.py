@@ -326,6 +326,37 @@ def test_qwen35_moe_experts_as_published_convert_as_llama_cpp_does(hybrid_folder
     assert "blk.0.ffn_gate_exps.weight" in GGUFFile(ours).tensors
 
 
+def test_granite_hybrid_without_experts_converts_as_llama_cpp_does_and_computes(hybrid_folders, llama_cpp_source,
+                                                                                tmp_path):
+    """Granite 4.0-H without experts (Micro): its shared MLP is the dense one (ffn_gate, ffn_up,
+    ffn_down), with the expert keys llama.cpp's converter writes of the config still; the logits of
+    the folder (the hybrid's without its experts) as transformers computes them."""
+    from safetensors.numpy import load_file, save_file
+
+    from runner.engine.load import LoadOptions, load_model
+
+    from .test_mixes import tensor_digests
+    src = hybrid_folders["granitemoehybrid"]
+    folder = shutil.copytree(src, tmp_path / src.name)
+    weights = load_file(src / "model.safetensors")
+    save_file({n: w for n, w in weights.items() if "block_sparse_moe" not in n}, folder / "model.safetensors",
+              metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config.update(num_local_experts=0, intermediate_size=config["shared_intermediate_size"])
+    (folder / "config.json").write_text(json.dumps(config))
+    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    convert_with_llama_cpp(llama_cpp_source, folder, theirs)
+    convert_hf(folder, ours, "F32", progress=False)
+    assert sorted(tensor_digests(ours)) == sorted(tensor_digests(theirs))
+    assert _typed_metadata(ours) == _typed_metadata(theirs)
+    assert "blk.0.ffn_gate.weight" in GGUFFile(ours).tensors
+    model = load_model(ours, LoadOptions(kv_type="f32")).model
+    ids = list(range(1000, 1032))
+    want = transformers_logits(folder, ids)
+    got = model.forward(ids, model.new_cache(64), all_logits=True)
+    assert np.array_equal(got.argmax(1), want.argmax(1)) and np.abs(got - want).max() < 1e-4 * np.abs(want).max()
+
+
 # convert.random_model's Qwen3.5 shapes scaled down: tiny sizes, the same tensors and keys
 _TINY_QWEN35 = dict(n_layer=4, n_embd=256, n_head=2, n_head_kv=1, vocab_size=512, head_dim=64, linear_k_heads=2,
                     linear_head_dim=32, context_length=64)
