@@ -190,6 +190,8 @@ def model_from_config(cfg: dict) -> HFModel:
                               f"(supported: {', '.join(sorted(HF_MODEL_TYPES))})")
     arch = HF_MODEL_TYPES[model_type]
     cfg.update({usual: cfg[alias] for alias, usual in arch.config_aliases if alias in cfg})
+    if arch.separate_blocks and "num_hidden_layers" not in cfg:  # (transformers 5 saves it as the layer types)
+        cfg["num_hidden_layers"] = len(_mamba2_layer_kinds(cfg))
     # (a mixture with no dense MLP may give no intermediate_size, as Qwen3.5's does: then llama.cpp's
     # converter writes no feed_forward_length)
     dense_ff = "intermediate_size" in cfg or not (cfg.get("num_local_experts") or cfg.get("num_experts"))
@@ -224,9 +226,12 @@ def model_from_config(cfg: dict) -> HFModel:
         **({"feed_forward_length": n_ff} if dense_ff else {}),
         "attention.head_count": n_head,
         "attention.head_count_kv": n_head_kv,
-        "rope.freq_base": float(rope.get("rope_theta", cfg.get("rope_theta", arch.rope_theta_default))),
-        "attention.layer_norm_rms_epsilon": float(cfg.get(arch.rms_eps_key, 1e-6)),
+        "attention.layer_norm_epsilon" if arch.rms_eps_as_layer_norm else "attention.layer_norm_rms_epsilon":
+            float(cfg.get(arch.rms_eps_key, 1e-6)),
     }
+    theta = rope.get("rope_theta", cfg.get("rope_theta", arch.rope_theta_default))
+    if theta is not None:
+        md["rope.freq_base"] = float(theta)
     if arch.conv_layer_type:
         md["attention.head_count_kv"] = [0 if t == arch.conv_layer_type else n_head_kv
                                          for t in _conv_layer_types(cfg, n_layer)]
@@ -234,7 +239,7 @@ def model_from_config(cfg: dict) -> HFModel:
     if arch.gated_delta_net:
         md.update(_delta_net(cfg, n_layer))
     if arch.mamba2:
-        md.update(_mamba2(cfg, n_layer, n_head_kv, n_embd))
+        md.update(_mamba2(cfg, n_layer, n_head_kv, n_embd, n_ff, arch.separate_blocks))
     sections = scaling.get("mrope_section") or arch.rope_sections_default
     if sections:  # (M-RoPE's: time, height, width and a fourth, 0 where not given)
         md["rope.dimension_sections"] = [int(s) for s in [*sections, 0, 0, 0][:4]]
@@ -394,33 +399,46 @@ def _delta_net(cfg: dict, n_layer: int) -> dict:
 
 
 # a Mamba2 hybrid's sizes: GGUF key -> the config names that give it, first found (Granite's mamba_*)
-_MAMBA2_SIZES = {"ssm.conv_kernel": ("conv_kernel", "mamba_d_conv"),
+_MAMBA2_SIZES = {"ssm.conv_kernel": ("conv_kernel", "mamba_d_conv"),  # (Nemotron-H's, then Granite's)
                  "ssm.state_size": ("ssm_state_size", "mamba_d_state"),
                  "ssm.group_count": ("n_groups", "mamba_n_groups"),
                  "ssm.time_step_rank": ("mamba_num_heads", "mamba_n_heads")}
 
 
-def _mamba2(cfg: dict, n_layer: int, n_head_kv: int, n_embd: int) -> dict:
+def _mamba2(cfg: dict, n_layer: int, n_head_kv: int, n_embd: int, n_ff: int, separate: bool) -> dict:
     """A Mamba2 hybrid's keys, as llama.cpp's converter writes them: the Mamba2 layers' sizes (d_inner
-    the expansion of the hidden size), 0 KV heads in them, whether the attention layers rotate."""
+    the heads' width, or the expansion of the hidden size), 0 KV heads but in attention layers (and
+    where each layer is one block, 0 feed-forward width but in feed-forward ones), whether the
+    attention layers rotate."""
     try:
         md = {key: int(next(cfg[n] for n in names if n in cfg)) for key, names in _MAMBA2_SIZES.items()}
     except StopIteration:
         raise ConversionError(f"config.json lacks the Mamba2 layers' sizes ({', '.join(_MAMBA2_SIZES)})") from None
-    md["ssm.inner_size"] = int(cfg.get("mamba_expand", cfg.get("expand", 2))) * n_embd
-    types = cfg.get("layer_types") or []
-    if len(types) != n_layer or not set(types) <= _MAMBA2_LAYER_TYPES.keys():
-        raise ConversionError(f"layer_types must give each of the {n_layer} layers one of "
-                              f"{sorted(_MAMBA2_LAYER_TYPES)}")
-    md["attention.head_count_kv"] = [n_head_kv if _MAMBA2_LAYER_TYPES[t] else 0 for t in types]
+    heads_width = md["ssm.time_step_rank"] * int(cfg.get("mamba_head_dim", 0))
+    md["ssm.inner_size"] = heads_width or int(cfg.get("mamba_expand", cfg.get("expand", 2))) * n_embd
+    kinds = _mamba2_layer_kinds(cfg)
+    if len(kinds) != n_layer or "moe" in kinds or ("mlp" in kinds) != separate:
+        raise ConversionError(f"the layer types ({', '.join(kinds)}) are not {n_layer} Mamba2 and attention "
+                              f"layers{' and MLPs' if separate else ''} (mixtures are not supported)")
+    md["attention.head_count_kv"] = [n_head_kv if k == "attention" else 0 for k in kinds]
+    if separate:
+        md["feed_forward_length"] = [n_ff if k == "mlp" else 0 for k in kinds]
     md["rope.scaling.finetuned"] = rotates = cfg.get("position_embedding_type") == "rope"
     if not rotates:
         md["context_length"] = 2 ** 20
     return md
 
 
-# a Mamba2 hybrid's layer types (as published, and as transformers 5 renames them): whether one is attention
-_MAMBA2_LAYER_TYPES = {"mamba": False, "linear_attention": False, "attention": True, "full_attention": True}
+def _mamba2_layer_kinds(cfg: dict) -> list[str]:
+    """Each layer's kind ("mamba", "attention", "mlp", "moe"; what a layer is called otherwise is
+    itself) from layer_types, or Nemotron-H's hybrid_override_pattern (M, *, -, E) or layers_block_type."""
+    types = cfg.get("hybrid_override_pattern") or cfg.get("layers_block_type") or cfg.get("layer_types") or []
+    return [_MAMBA2_LAYER_KINDS.get(t, t) for t in types]
+
+
+# a Mamba2 hybrid's layer types, as published and as transformers 5 renames them, by kind
+_MAMBA2_LAYER_KINDS = {"M": "mamba", "linear_attention": "mamba", "*": "attention", "full_attention": "attention",
+                       "-": "mlp", "E": "moe"}
 
 
 def _conv_layer_types(cfg: dict, n_layer: int) -> list[str]:

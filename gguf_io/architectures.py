@@ -32,7 +32,7 @@ class Architecture:
     permute_qk: bool = False          # Q/K rows permuted for the interleaved rotary pairing of llama.cpp's graph
     norm_plus_one: bool = False       # the checkpoint stores RMSNorm weights as w - 1
     tied_by_default: bool = False     # tie_word_embeddings when config.json does not say
-    rope_theta_default: float = 10000.0
+    rope_theta_default: float | None = 10000.0  # (None: rope.freq_base only where config.json gives one)
     rotary_share: float = 1.0         # the share of each head RoPE rotates, where config.json does not say
     writes_swa_layers: bool = False   # sliding_window_pattern as one flag per layer, always
     special_tokens: tuple[tuple[str, str], ...] = ()  # special token ids the converter sets by the token's text
@@ -68,6 +68,7 @@ class Architecture:
     # None for a name without one)
     renamed: tuple[tuple[str, MODEL_TENSOR, str | None], ...] = ()
     rms_eps_key: str = "rms_norm_eps"  # config.json's name for the RMSNorm epsilon
+    rms_eps_as_layer_norm: bool = False  # written as attention.layer_norm_epsilon (Nemotron-H's, as llama.cpp does)
     # the layer_types value of short-convolution layers (LFM2's "conv"): llama.cpp's converter writes
     # them 0 KV heads (head_count_kv per layer) and the kernel's length (shortconv.l_cache)
     conv_layer_type: str | None = None
@@ -96,6 +97,10 @@ class Architecture:
     # without experts, the shared expert is the dense MLP (Granite 4.0-H-Micro's shared_mlp), as llama.cpp's
     # converter writes it, with the experts' count used and the shared width still among its keys
     shared_mlp_dense: bool = False
+    # each layer one block with its norm and residual (Nemotron-H): Mamba2 (0 KV heads and 0 feed-forward
+    # width), attention (0 feed-forward width) or a feed-forward (0 KV heads); llama.cpp's converter writes
+    # both per layer, from hybrid_override_pattern (M, *, -) or the layer types
+    separate_blocks: bool = False
     # M-RoPE's rope.dimension_sections where the config gives no mrope_section (llama.cpp's loader
     # requires them of Qwen3.5, and its converter writes its published [11, 11, 10])
     rope_sections_default: tuple[int, ...] = ()
@@ -158,6 +163,13 @@ ARCHITECTURES = {a.name: a for a in (
                  renamed=(("mamba.dt_bias", MODEL_TENSOR.SSM_DT, "bias"), ("mamba.A_log", MODEL_TENSOR.SSM_A, None),
                           ("mamba.D", MODEL_TENSOR.SSM_D, None)),
                  squeezed=("mamba.conv1d.weight",)),
+    # Nemotron-H: Mamba2, attention (without RoPE) and ReLU^2 feed-forward blocks, one a layer
+    Architecture("nemotron_h", MODEL_ARCH.NEMOTRON_H, ("nemotron_h",), partial_rope=True, permute_qk=True,
+                 writes_vocab_size=True, writes_rope_dims=True, writes_head_dims=True, rms_eps_key="layer_norm_epsilon",
+                 rms_eps_as_layer_norm=True, rope_theta_default=None, mamba2="mixer", separate_blocks=True,
+                 renamed=(("mixer.dt_bias", MODEL_TENSOR.SSM_DT, "bias"), ("mixer.A_log", MODEL_TENSOR.SSM_A, None),
+                          ("mixer.D", MODEL_TENSOR.SSM_D, None)),
+                 squeezed=("mixer.conv1d.weight",)),
     # gpt-oss: attention sinks and biases, experts picked by their logits (llama.cpp's softmax_weight
     # gating), sliding layers alternating with global ones from the first, YaRN from the file
     Architecture("gpt-oss", MODEL_ARCH.GPT_OSS, ("gpt_oss",), partial_rope=True, swa_pattern=2, expert_gating=3,

@@ -138,13 +138,13 @@ def short_conv(x, kernel, state, out):
         state[history - n:, :] = x
 
 
-SILU, SIGMOID, SOFTPLUS = 0, 1, 2  # unary's kinds
-UNARY = {"silu": SILU, "sigmoid": SIGMOID, "softplus": SOFTPLUS}
+SILU, SIGMOID, SOFTPLUS, RELU_SQR = 0, 1, 2, 3  # unary's kinds
+UNARY = {"silu": SILU, "sigmoid": SIGMOID, "softplus": SOFTPLUS, "relu_sqr": RELU_SQR}
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
 def unary(x, kind, out):
-    """out = silu(x), sigmoid(x) or softplus(x) (ggml's: x itself above 20), x and out 1-d."""
+    """out = silu(x), sigmoid(x), softplus(x) (ggml's: x itself above 20) or relu(x)^2, x and out 1-d."""
     one = np.float32(1.0)
     for i in range(x.shape[0]):
         v = x[i]
@@ -152,6 +152,8 @@ def unary(x, kind, out):
             out[i] = v / (one + exp_f32(-v))
         elif kind == SIGMOID:
             out[i] = one / (one + exp_f32(-v))
+        elif kind == RELU_SQR:
+            out[i] = v * v if v > np.float32(0.0) else np.float32(0.0)
         else:
             out[i] = v if v > np.float32(20.0) else np.float32(math.log(one + math.exp(v)))
 

@@ -92,7 +92,7 @@ def short_conv(x, kernel, state):
     return out
 
 
-UNARY = {"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid,
+UNARY = {"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid, "relu_sqr": lambda x: torch.relu(x).square(),
          "softplus": lambda x: torch.where(x > 20, x, torch.log1p(torch.exp(x)))}
 
 

@@ -1,6 +1,6 @@
 """Hybrid models, whose recurrent layers carry a state per sequence beside the attention layers'
 KV cache (runner/engine/recurrent_state.py): LFM2's short convolutions, Qwen3.5's gated DeltaNet,
-Granite 4.0-H's Mamba2 layers.
+Granite 4.0-H's and Nemotron-H's Mamba2 layers.
 Whole models against
 transformers in fp32, through one prefill, one-token steps and prefills split anywhere; the
 state going back into a verify pass, saved and restored, per sequence in a batch; llama.cpp's
@@ -63,7 +63,7 @@ def test_hybrids_match_transformers(hybrid_folders, hybrid_files, arch, device):
         program = lm.backend.recorded_program(lm.model, lm.model.kv_type, 1, False)
         assert Op.SHORT_CONV in program.code[:, 0] and lm.backend.replay_checked
         assert (Op.DELTA_RULE in program.code[:, 0]) == arch.startswith("qwen")
-        assert (Op.SSM_SCAN in program.code[:, 0]) == arch.startswith("granite")
+        assert (Op.SSM_SCAN in program.code[:, 0]) == arch.startswith(("granite", "nemotron"))
 
 
 @pytest.mark.parametrize("arch", list(HYBRID_CONFIGS))

@@ -235,3 +235,10 @@ def test_ssm_scan_matches_numba():
     want = cpu.ssm_scan(*operands, want_state)
     assert np.allclose(_np(be.ssm_scan(*map(_t, operands), state)), want, atol=1e-5)
     assert np.allclose(_np(state), want_state, atol=1e-5)
+
+
+def test_unary_kinds_match_numba():
+    from kernels_gpu.ops import UNARY
+    x = (rng.standard_normal((3, 40)) * 8).astype(np.float32)
+    for kind in UNARY:
+        assert np.allclose(_np(be.unary(_t(x), kind)), cpu.unary(x, kind), rtol=1e-5, atol=1e-6), kind

@@ -296,3 +296,16 @@ def test_ssm_scan_refuses_operands_that_do_not_fit():
         be.ssm_scan(x, dt, b[:, :1, :8], c, a, d, state)
     with pytest.raises(ValueError, match="do not fit"):
         be.ssm_scan(x, dt, b, c, a, d, state[:, :4])
+
+
+UNARY_REFERENCE = {"silu": lambda x: x / (1 + np.exp(-x)), "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+                   "softplus": lambda x: np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))),
+                   "relu_sqr": lambda x: np.maximum(x, 0) ** 2}
+
+
+def test_unary_kinds_against_numpy():
+    from kernels_cpu.ops import UNARY
+    x = (rng.standard_normal((3, 40)) * 8).astype(np.float32)
+    assert set(UNARY) == set(UNARY_REFERENCE)
+    for kind, reference in UNARY_REFERENCE.items():
+        assert np.allclose(be.unary(x, kind), reference(x.astype(np.float64)), rtol=1e-5, atol=1e-6), kind

@@ -101,7 +101,7 @@ class Backend(Protocol):
         """Host values (of the state's shape) into a state array."""
 
     def unary(self, x, kind: str) -> Any:
-        """silu(x), sigmoid(x) or softplus(x) (x itself above 20, as ggml's), elementwise, by kind."""
+        """silu(x), sigmoid(x), softplus(x) (x itself above 20, as ggml's) or relu(x)^2, elementwise, by kind."""
 
     def delta_rule(self, q, k, v, decay, beta, state) -> Any:
         """The gated delta rule, token after token: for value head h (over key head h % key heads),

@@ -10,6 +10,7 @@ from .gpt_oss import GptOss
 from .granite_hybrid import GraniteHybrid
 from .lfm2 import LFM2
 from .llama import Llama
+from .nemotron_h import NemotronH
 from .olmo2 import OLMo2
 from .olmoe import OLMoE
 from .phi3 import Phi3
@@ -25,4 +26,4 @@ MODELS = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3, "gemma3": Gemma3, "qwe
           "phi3": Phi3, "gemma2": Gemma2, "glm4": GLM4, "exaone4": EXAONE4, "seed_oss": SeedOSS,
           "mistral3": Llama, "gpt-oss": GptOss, "gemma4": Gemma4,
           "lfm2": LFM2, "qwen35": Qwen35, "qwen35moe": Qwen35,
-          "granitehybrid": GraniteHybrid}
+          "granitehybrid": GraniteHybrid, "nemotron_h": NemotronH}
