@@ -352,7 +352,7 @@ def test_granite_hybrid_without_experts_converts_as_llama_cpp_does_and_computes(
     save_file({n: w for n, w in weights.items() if "block_sparse_moe" not in n}, folder / "model.safetensors",
               metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
-    config.update(num_local_experts=0, intermediate_size=config["shared_intermediate_size"])
+    config.update(num_local_experts=0, num_experts_per_tok=0, intermediate_size=config["shared_intermediate_size"])
     (folder / "config.json").write_text(json.dumps(config))
     theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
     convert_with_llama_cpp(llama_cpp_source, folder, theirs)
