@@ -91,8 +91,9 @@ class Architecture:
     # Mamba2 layers (layer_types "mamba" or "linear_attention") among attention layers, in the module of
     # this name ("mamba": Granite 4.0-H): llama.cpp's converter writes their sizes (ssm.*), 0 KV heads in
     # them, A as -exp(A_log), A and D as [1, heads] and the norm's weights per group as [d_inner /
-    # groups, groups]; and whether the attention layers rotate (rope.scaling.finetuned: not unless the
-    # config's position_embedding_type is "rope", with a context of 2^20 then)
+    # groups, groups]; and whether the attention layers rotate (rope.scaling.finetuned: where the config's
+    # position_embedding_type is "rope", which llama.cpp's converter does not read, writing false for every
+    # hybrid but Bamba: the published ones apply none; without RoPE, a context of 2^20)
     mamba2: str | None = None
     # without experts, the shared expert is the dense MLP (Granite 4.0-H-Micro's shared_mlp), as llama.cpp's
     # converter writes it, with the experts' count used and the shared width still among its keys

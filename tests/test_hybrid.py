@@ -208,3 +208,22 @@ def test_a_hybrid_chat_resumes_from_its_saved_state_and_outlives_its_context(hyb
     for turn in range(8):
         resumed.send(f"Turn {turn}: one more, please.")
     assert resumed.cache.evicted > 0 and resumed.cache.used > 96
+
+
+def test_a_granite_hybrid_with_rope_rotates_as_transformers_does(hybrid_folders, tmp_path):
+    """Granite 4.0-H's attention layers rotate where the config's position_embedding_type is "rope"
+    (rope.scaling.finetuned true; the published models apply none)."""
+    import json
+    import shutil
+
+    from convert.convert import convert_hf
+    folder = shutil.copytree(hybrid_folders["granitemoehybrid"], tmp_path / "rope")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "position_embedding_type": "rope"}))
+    convert_hf(folder, tmp_path / "rope.gguf", "F32", progress=False)
+    lm = load_model(tmp_path / "rope.gguf", LoadOptions(kv_type="f32"))
+    assert lm.params.rope_finetuned
+    ids = list(range(100, 140))
+    want = transformers_logits(folder, ids)
+    got = lm.model.forward(ids, lm.model.new_cache(64), all_logits=True)
+    assert np.array_equal(got.argmax(1), want.argmax(1)) and np.abs(got - want).max() < 1e-4 * np.abs(want).max()
