@@ -44,6 +44,14 @@ class HFModel:
 
     def gguf_name(self, hf_name: str) -> str | None:
         """GGUF tensor name for a checkpoint tensor; None for tensors llama.cpp drops."""
+        name = self._gguf_name(hf_name)
+        return self._dense(name) if name else name
+
+    def _dense(self, gguf_name: str) -> str:
+        """A shared expert's tensor as the dense MLP's where the architecture has it so (shared_mlp_dense)."""
+        return gguf_name.replace("_shexp.", ".") if self.arch.shared_mlp_dense and not self.n_expert else gguf_name
+
+    def _gguf_name(self, hf_name: str) -> str | None:
         hf_name = hf_name.replace("model.language_model.", "model.").replace("language_model.model.", "model.")
         if (hf_name == "lm_head.weight" and self.tied) or hf_name.endswith("rotary_emb.inv_freq"):
             return None
@@ -76,7 +84,8 @@ class HFModel:
             if hf_name.endswith(suffix):
                 half = list(shape)
                 half[-1 if gguf_suffix == "bias" else -2] //= 2
-                return [(self.arch.tensor_name(t, int(layer[1]), gguf_suffix), tuple(half)) for t in (gate, up)]
+                return [(self._dense(self.arch.tensor_name(t, int(layer[1]), gguf_suffix)), tuple(half))
+                        for t in (gate, up)]
         return []
 
     def split_fused(self, hf_name: str, w: np.ndarray) -> list[np.ndarray]:
@@ -103,15 +112,30 @@ class HFModel:
         """Whether a checkpoint tensor is held [rows, 1, n] and written [rows, n]."""
         return len(shape) == 3 and shape[1] == 1 and hf_name.endswith(self.arch.squeezed)
 
+    def _mamba2_shape(self, hf_name: str, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The shape llama.cpp's converter gives a Mamba2 layer's A and D ([heads, 1]) and its norm's
+        weights ([groups, d_inner / groups]); None for other tensors."""
+        module = self.arch.mamba2
+        if module is None or len(shape) != 1:
+            return None
+        if hf_name.endswith((f"{module}.A_log", f"{module}.D")):
+            return shape[0], 1
+        groups = self.metadata["ssm.group_count"]
+        return (groups, shape[0] // groups) if hf_name.endswith(f"{module}.norm.weight") else None
+
     def oriented_shape(self, hf_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
         """A checkpoint tensor's shape as GGUF takes it (numpy order): [experts, out, in]."""
         if self._squeezed(hf_name, shape):
             return shape[0], shape[2]
+        if self._mamba2_shape(hf_name, shape):
+            return self._mamba2_shape(hf_name, shape)
         return (*shape[:-2], shape[-1], shape[-2]) if self._in_out(hf_name, shape) else shape
 
     def orient(self, hf_name: str, w: np.ndarray) -> np.ndarray:
         if self._squeezed(hf_name, w.shape):
             return w[:, 0]
+        if self._mamba2_shape(hf_name, w.shape):
+            return w.reshape(self._mamba2_shape(hf_name, w.shape))
         return w.swapaxes(-1, -2) if self._in_out(hf_name, w.shape) else w
 
     def gate_up_halves(self, w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
@@ -128,7 +152,7 @@ class HFModel:
             w = w + np.float32(1.0)
         if self.arch.gated_delta_net and not self.arch.delta_net_heads_grouped and tensor in _V_HEADS:
             w = self._tiled_v_heads(tensor, w)
-        if self.arch.gated_delta_net and tensor == MODEL_TENSOR.SSM_A:
+        if tensor == MODEL_TENSOR.SSM_A:  # (held as A_log by every checkpoint)
             # (rounded from float64: torch's float32 exp, which llama.cpp's converter takes, is within
             # one unit in the last place of it and mostly equal; numpy's float32 exp is further off)
             w = (-np.exp(w.astype(np.float64))).astype(np.float32)
@@ -197,6 +221,8 @@ def model_from_config(cfg: dict) -> HFModel:
         if cfg.get(name, value) != value:
             raise ConversionError(f"{name} = {cfg[name]!r} is not supported: llama.cpp's {arch.name} graph "
                                   f"computes {name} = {value!r}")
+    if arch.separate_blocks and "num_hidden_layers" not in cfg:  # (transformers 5 saves it as the layer types)
+        cfg["num_hidden_layers"] = len(_mamba2_layer_kinds(cfg))
     # (a mixture with no dense MLP may give no intermediate_size, as Qwen3.5's does: then llama.cpp's
     # converter writes no feed_forward_length)
     dense_ff = "intermediate_size" in cfg or not (cfg.get("num_local_experts") or cfg.get("num_experts"))
@@ -231,15 +257,20 @@ def model_from_config(cfg: dict) -> HFModel:
         **({"feed_forward_length": n_ff} if dense_ff else {}),
         "attention.head_count": n_head,
         "attention.head_count_kv": n_head_kv,
-        "rope.freq_base": float(rope.get("rope_theta", cfg.get("rope_theta", arch.rope_theta_default))),
-        "attention.layer_norm_rms_epsilon": float(cfg.get(arch.rms_eps_key, 1e-6)),
+        "attention.layer_norm_epsilon" if arch.rms_eps_as_layer_norm else "attention.layer_norm_rms_epsilon":
+            float(cfg.get(arch.rms_eps_key, 1e-6)),
     }
+    theta = rope.get("rope_theta", cfg.get("rope_theta", arch.rope_theta_default))
+    if theta is not None:
+        md["rope.freq_base"] = float(theta)
     if arch.conv_layer_type:
         md["attention.head_count_kv"] = [0 if t == arch.conv_layer_type else n_head_kv
                                          for t in _conv_layer_types(cfg, n_layer)]
         md["shortconv.l_cache"] = int(cfg.get("conv_L_cache", 3))
     if arch.gated_delta_net:
         md.update(_delta_net(cfg, n_layer))
+    if arch.mamba2:
+        md.update(_mamba2(cfg, n_layer, n_head_kv, n_embd, n_ff, arch.separate_blocks))
     sections = scaling.get("mrope_section") or arch.rope_sections_default
     if sections:  # (M-RoPE's: time, height, width and a fourth, 0 where not given)
         md["rope.dimension_sections"] = [int(s) for s in [*sections, 0, 0, 0][:4]]
@@ -346,6 +377,8 @@ def _experts(cfg: dict, md: dict, arch: Architecture) -> int:
     """A mixture's hyperparameters into md (as llama.cpp's converter names them); its expert count."""
     n_expert = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
     if not n_expert:
+        if arch.shared_mlp_dense:  # (as llama.cpp's converter writes them, whether or not there are experts)
+            md.update({key: int(cfg[name]) for name, key in _DENSE_EXPERT_KEYS if cfg.get(name) is not None})
         return 0
     if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1:
         raise ConversionError("mixtures with dense layers among the expert ones (mlp_only_layers, "
@@ -364,6 +397,11 @@ def _experts(cfg: dict, md: dict, arch: Architecture) -> int:
     if shared:
         md["expert_shared_feed_forward_length"] = int(shared)
     return n_expert
+
+
+# a model without experts' expert keys that llama.cpp's converter writes where the config has them (Granite 4.0-H)
+_DENSE_EXPERT_KEYS = (("num_local_experts", "expert_count"), ("num_experts_per_tok", "expert_used_count"),
+                      ("shared_intermediate_size", "expert_shared_feed_forward_length"))
 
 
 def _adjusted_ff(n_ff: int, multiplier: float | None, multiple_of: int) -> int:
@@ -395,6 +433,49 @@ def _delta_net(cfg: dict, n_layer: int) -> dict:
         md["attention.recurrent_layers"] = [t == "linear_attention" for t in types]
     md["full_attention_interval"] = int(cfg.get("full_attention_interval", 4))
     return md
+
+
+# a Mamba2 hybrid's sizes: GGUF key -> the config names that give it, first found (Granite's mamba_*)
+_MAMBA2_SIZES = {"ssm.conv_kernel": ("conv_kernel", "mamba_d_conv"),  # (Nemotron-H's, then Granite's)
+                 "ssm.state_size": ("ssm_state_size", "mamba_d_state"),
+                 "ssm.group_count": ("n_groups", "mamba_n_groups"),
+                 "ssm.time_step_rank": ("mamba_num_heads", "mamba_n_heads")}
+
+
+def _mamba2(cfg: dict, n_layer: int, n_head_kv: int, n_embd: int, n_ff: int, separate: bool) -> dict:
+    """A Mamba2 hybrid's keys, as llama.cpp's converter writes them: the Mamba2 layers' sizes (d_inner
+    the heads' width, or the expansion of the hidden size), 0 KV heads but in attention layers (and
+    where each layer is one block, 0 feed-forward width but in feed-forward ones), whether the
+    attention layers rotate."""
+    try:
+        md = {key: int(next(cfg[n] for n in names if n in cfg)) for key, names in _MAMBA2_SIZES.items()}
+    except StopIteration:
+        raise ConversionError(f"config.json lacks the Mamba2 layers' sizes ({', '.join(_MAMBA2_SIZES)})") from None
+    heads_width = md["ssm.time_step_rank"] * int(cfg.get("mamba_head_dim", 0))
+    md["ssm.inner_size"] = heads_width or int(cfg.get("mamba_expand", cfg.get("expand", 2))) * n_embd
+    kinds = _mamba2_layer_kinds(cfg)
+    if len(kinds) != n_layer or "moe" in kinds or ("mlp" in kinds) != separate:
+        raise ConversionError(f"the layer types ({', '.join(kinds)}) are not {n_layer} Mamba2 and attention "
+                              f"layers{' and MLPs' if separate else ''} (mixtures are not supported)")
+    md["attention.head_count_kv"] = [n_head_kv if k == "attention" else 0 for k in kinds]
+    if separate:
+        md["feed_forward_length"] = [n_ff if k == "mlp" else 0 for k in kinds]
+    md["rope.scaling.finetuned"] = rotates = cfg.get("position_embedding_type") == "rope"
+    if not rotates:
+        md["context_length"] = 2 ** 20
+    return md
+
+
+def _mamba2_layer_kinds(cfg: dict) -> list[str]:
+    """Each layer's kind ("mamba", "attention", "mlp", "moe"; what a layer is called otherwise is
+    itself) from layer_types, or Nemotron-H's hybrid_override_pattern (M, *, -, E) or layers_block_type."""
+    types = cfg.get("hybrid_override_pattern") or cfg.get("layers_block_type") or cfg.get("layer_types") or []
+    return [_MAMBA2_LAYER_KINDS.get(t, t) for t in types]
+
+
+# a Mamba2 hybrid's layer types, as published and as transformers 5 renames them, by kind
+_MAMBA2_LAYER_KINDS = {"M": "mamba", "linear_attention": "mamba", "*": "attention", "full_attention": "attention",
+                       "-": "mlp", "E": "moe"}
 
 
 def _conv_layer_types(cfg: dict, n_layer: int) -> list[str]:

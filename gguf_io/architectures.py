@@ -32,7 +32,7 @@ class Architecture:
     permute_qk: bool = False          # Q/K rows permuted for the interleaved rotary pairing of llama.cpp's graph
     norm_plus_one: bool = False       # the checkpoint stores RMSNorm weights as w - 1
     tied_by_default: bool = False     # tie_word_embeddings when config.json does not say
-    rope_theta_default: float = 10000.0
+    rope_theta_default: float | None = 10000.0  # (None: rope.freq_base only where config.json gives one)
     rotary_share: float = 1.0         # the share of each head RoPE rotates, where config.json does not say
     writes_swa_layers: bool = False   # sliding_window_pattern as one flag per layer, always
     special_tokens: tuple[tuple[str, str], ...] = ()  # special token ids the converter sets by the token's text
@@ -68,6 +68,7 @@ class Architecture:
     # None for a name without one)
     renamed: tuple[tuple[str, MODEL_TENSOR, str | None], ...] = ()
     rms_eps_key: str = "rms_norm_eps"  # config.json's name for the RMSNorm epsilon
+    rms_eps_as_layer_norm: bool = False  # written as attention.layer_norm_epsilon (Nemotron-H's, as llama.cpp does)
     # the layer_types value of short-convolution layers (LFM2's "conv"): llama.cpp's converter writes
     # them 0 KV heads (head_count_kv per layer) and the kernel's length (shortconv.l_cache)
     conv_layer_type: str | None = None
@@ -91,6 +92,20 @@ class Architecture:
     # (Qwen3-Next), and Q, K, V and the output gate z come fused, per key head its q, k, v and z
     # (written as attn_qkv, every head's q, then k, then v, and attn_gate, z)
     delta_net_heads_grouped: bool = False
+    # Mamba2 layers (layer_types "mamba" or "linear_attention") among attention layers, in the module of
+    # this name ("mamba": Granite 4.0-H): llama.cpp's converter writes their sizes (ssm.*), 0 KV heads in
+    # them, A as -exp(A_log), A and D as [1, heads] and the norm's weights per group as [d_inner /
+    # groups, groups]; and whether the attention layers rotate (rope.scaling.finetuned: where the config's
+    # position_embedding_type is "rope", which llama.cpp's converter does not read, writing false for every
+    # hybrid but Bamba: the published ones apply none; without RoPE, a context of 2^20)
+    mamba2: str | None = None
+    # without experts, the shared expert is the dense MLP (Granite 4.0-H-Micro's shared_mlp), as llama.cpp's
+    # converter writes it, with the experts' count used and the shared width still among its keys
+    shared_mlp_dense: bool = False
+    # each layer one block with its norm and residual (Nemotron-H): Mamba2 (0 KV heads and 0 feed-forward
+    # width), attention (0 feed-forward width) or a feed-forward (0 KV heads); llama.cpp's converter writes
+    # both per layer, from hybrid_override_pattern (M, *, -) or the layer types
+    separate_blocks: bool = False
     # M-RoPE's rope.dimension_sections where the config gives no mrope_section (llama.cpp's loader
     # requires them of Qwen3.5, and its converter writes its published [11, 11, 10])
     rope_sections_default: tuple[int, ...] = ()
@@ -147,6 +162,26 @@ ARCHITECTURES = {a.name: a for a in (
                       "weight"),
                      ("shared_mlp.input_linear.weight", MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP,
                       "weight"))),
+    # Granite 4.0-H: Mamba2 layers among GQA layers (those with 0 KV heads), Granite's multipliers, its
+    # MoE's fused experts and shared expert as granitemoe's
+    Architecture("granitehybrid", MODEL_ARCH.GRANITE_HYBRID, ("granitemoehybrid",), partial_rope=True,
+                 permute_qk=True, no_bos_vocab_size=49152, sentencepiece_first=True, writes_vocab_size=True,
+                 writes_rope_dims=True, expert_weights_norm=True, mamba2="mamba", shared_mlp_dense=True,
+                 fused_gate_up=(
+                     ("block_sparse_moe.input_linear.weight", MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP,
+                      "weight"),
+                     ("shared_mlp.input_linear.weight", MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP,
+                      "weight")),
+                 renamed=(("mamba.dt_bias", MODEL_TENSOR.SSM_DT, "bias"), ("mamba.A_log", MODEL_TENSOR.SSM_A, None),
+                          ("mamba.D", MODEL_TENSOR.SSM_D, None)),
+                 squeezed=("mamba.conv1d.weight",)),
+    # Nemotron-H: Mamba2, attention (without RoPE) and ReLU^2 feed-forward blocks, one a layer
+    Architecture("nemotron_h", MODEL_ARCH.NEMOTRON_H, ("nemotron_h",), partial_rope=True, permute_qk=True,
+                 writes_vocab_size=True, writes_rope_dims=True, writes_head_dims=True, rms_eps_key="layer_norm_epsilon",
+                 rms_eps_as_layer_norm=True, rope_theta_default=None, mamba2="mixer", separate_blocks=True,
+                 renamed=(("mixer.dt_bias", MODEL_TENSOR.SSM_DT, "bias"), ("mixer.A_log", MODEL_TENSOR.SSM_A, None),
+                          ("mixer.D", MODEL_TENSOR.SSM_D, None)),
+                 squeezed=("mixer.conv1d.weight",)),
     # gpt-oss: attention sinks and biases, experts picked by their logits (llama.cpp's softmax_weight
     # gating), sliding layers alternating with global ones from the first, YaRN from the file
     Architecture("gpt-oss", MODEL_ARCH.GPT_OSS, ("gpt_oss",), partial_rope=True, swa_pattern=2, expert_gating=3,

@@ -74,12 +74,14 @@ class ModelParams:
     conv_kernel: int = 0
     # a gated DeltaNet's (Qwen3.5, Qwen3-Next): its convolution's kernel length (0: no such layers),
     # the key heads' size and count (state_size, group_count), the value heads' count
-    # (time_step_rank) and their total width (inner_size)
+    # (time_step_rank) and their total width (inner_size); a Mamba2 layer's: the same kernel, its
+    # state size per head row, B and C's groups, its heads and their total width (d_inner)
     ssm_conv_kernel: int = 0
     ssm_state: int = 0
     ssm_groups: int = 0
     ssm_heads: int = 0
     ssm_inner: int = 0
+    rope_finetuned: bool = True  # False: the attention layers apply no RoPE (Granite hybrids' switch)
 
     @property
     def kv_dim(self) -> int:
@@ -101,11 +103,16 @@ class ModelParams:
     def recurrent(self, i: int) -> bool:
         return bool(self.recurrent_layers) and self.recurrent_layers[i]
 
+    def attends(self, i: int) -> bool:
+        """Whether layer i is an attention layer: neither recurrent nor without KV heads (Nemotron-H's
+        feed-forward blocks)."""
+        return not self.recurrent(i) and self.layer_kv_heads(i) > 0
+
     def cache_layer(self, i: int) -> int:
         """The KV cache layer that attention layer i attends over: caches are kept for the layers
         with K and V of their own, in order, and not for recurrent layers."""
         source = self.kv_source(i)
-        return sum(1 for j in range(source) if not self.recurrent(j) and self.kv_source(j) == j)
+        return sum(1 for j in range(source) if self.attends(j) and self.kv_source(j) == j)
 
     def layer_ff(self, i: int) -> int:
         return self.ff_by_layer[i] if self.ff_by_layer else self.n_ff
@@ -174,13 +181,18 @@ def _sliding_layers(f: GGUFFile, key: str, default: int, n_layer: int) -> tuple[
     return tuple(n == 0 or i % n < n - 1 for i in range(n_layer))
 
 
-def _recurrent_layers(f: GGUFFile, key, n_layer: int, ssm: dict) -> tuple[bool, ...]:
-    """Which layers of a gated-DeltaNet hybrid are recurrent: one flag per layer, or every layer but
-    each full_attention_interval-th (llama.cpp's default 4); with the state's sizes checked."""
+def _recurrent_layers(f: GGUFFile, key, n_layer: int, ssm: dict, kv_heads: tuple[int, ...],
+                      ff_lengths: tuple[int, ...]) -> tuple[bool, ...]:
+    """Which layers of a hybrid with ssm sizes are recurrent: those of 0 KV heads and no feed-forward
+    width of their own (Mamba2 hybrids, as llama.cpp reads them; ff_lengths empty: any width), else
+    one flag per layer, else every layer but each full_attention_interval-th (llama.cpp's default 4:
+    gated-DeltaNet hybrids); with the state's sizes checked."""
     if not (ssm["ssm_state"] and ssm["ssm_groups"] and ssm["ssm_heads"] and ssm["ssm_heads"] % ssm["ssm_groups"] == 0
             and ssm["ssm_inner"] % ssm["ssm_heads"] == 0 and 1 < ssm["ssm_conv_kernel"] <= 64):
         f.refuse(key(Keys.SSM.TIME_STEP_RANK), ssm["ssm_heads"],
                  f"does not fit the other ssm sizes ({', '.join(f'{k} {v}' for k, v in ssm.items())})")
+    if 0 in kv_heads:
+        return tuple(k == 0 and not (ff_lengths and ff_lengths[i]) for i, k in enumerate(kv_heads))
     flags = key("{arch}.attention.recurrent_layers")
     if isinstance(f.get(flags), np.ndarray):
         return tuple(bool(v) for v in f.get_numbers(flags, size=n_layer))
@@ -248,17 +260,21 @@ def read_params(f: GGUFFile) -> ModelParams:
     conv_kernel = get_int(Keys.ShortConv.L_CACHE, 0, hi=64)
     if conv_kernel == 1:
         f.refuse(key(Keys.ShortConv.L_CACHE), conv_kernel, "must be at least 2 (a kernel that sees earlier tokens)")
-    kv_heads = _per_layer(f, key(Keys.Attention.HEAD_COUNT_KV), n_layer, n_head, lo=0 if conv_kernel else 1)
     ssm = {name: get_int(k, 0) for name, k in (("ssm_conv_kernel", Keys.SSM.CONV_KERNEL),
                                               ("ssm_state", Keys.SSM.STATE_SIZE), ("ssm_groups", Keys.SSM.GROUP_COUNT),
                                               ("ssm_heads", Keys.SSM.TIME_STEP_RANK), ("ssm_inner", Keys.SSM.INNER_SIZE))}
-    recurrent_layers = (tuple(k == 0 for k in kv_heads) if conv_kernel else
-                        _recurrent_layers(f, key, n_layer, ssm) if ssm["ssm_conv_kernel"] else ())
-    # (a mixture whose every layer has experts may have no dense width: Qwen3.5-MoE's files)
+    kv_heads = _per_layer(f, key(Keys.Attention.HEAD_COUNT_KV), n_layer, n_head,
+                          lo=0 if conv_kernel or ssm["ssm_conv_kernel"] else 1)
+    # (a mixture whose every layer has experts may have no dense width: Qwen3.5-MoE's files; layers
+    # that are one block each have none but in their feed-forward blocks: Nemotron-H's)
+    separate = bool(arch and arch.separate_blocks)
     if f.get(key(Keys.LLM.FEED_FORWARD_LENGTH)) is None and get_int(Keys.LLM.EXPERT_COUNT, 0, hi=MAX_EXPERTS):
         ff_lengths = (0,) * n_layer
     else:
-        ff_lengths = _per_layer(f, key(Keys.LLM.FEED_FORWARD_LENGTH), n_layer)
+        ff_lengths = _per_layer(f, key(Keys.LLM.FEED_FORWARD_LENGTH), n_layer, lo=0 if separate else 1)
+    recurrent_layers = (tuple(k == 0 for k in kv_heads) if conv_kernel else
+                        _recurrent_layers(f, key, n_layer, ssm, kv_heads, ff_lengths if separate else ())
+                        if ssm["ssm_conv_kernel"] else ())
     bad_kv = next((k for k in kv_heads if k and n_head % k), None)
     if bad_kv is not None:
         f.refuse(key(Keys.Attention.HEAD_COUNT_KV), f.get(key(Keys.Attention.HEAD_COUNT_KV)),
@@ -322,7 +338,9 @@ def read_params(f: GGUFFile) -> ModelParams:
         rope_scale=rope_scale,
         rope_attn_factor=magnitude,
         rope_orig_context=rope_orig_context,
-        rms_eps=get_float(Keys.Attention.LAYERNORM_RMS_EPS, 1e-5, lo=0.0, hi=1.0),
+        # (Nemotron-H's files give it as the LayerNorm epsilon, which llama.cpp falls back on)
+        rms_eps=get_float(Keys.Attention.LAYERNORM_RMS_EPS,
+                          get_float(Keys.Attention.LAYERNORM_EPS, 1e-5, lo=0.0, hi=1.0), lo=0.0, hi=1.0),
         context_length=context_length,
         vocab_size=vocab,
         sliding_window=get_int(Keys.Attention.SLIDING_WINDOW, 0, hi=U32_MAX) if slides else 0,
@@ -355,6 +373,7 @@ def read_params(f: GGUFFile) -> ModelParams:
         n_embd_per_layer=get_int(Keys.LLM.EMBD_LENGTH_PER_LAYER_INP, 0),
         recurrent_layers=recurrent_layers,
         conv_kernel=conv_kernel,
+        rope_finetuned=f.get_bool(key(Keys.Rope.SCALING_FINETUNED), True),
         **ssm,
     )
     _check_widths(f, params, key)

@@ -238,6 +238,13 @@ class CpuBackend:
         ops.delta_rule(q, k, v, decay, beta, grouped, state, out)
         return self._record(Recorder.delta_rule, q, k, v, decay, beta, state, grouped, out=out)
 
+    def ssm_scan(self, x, dt, b, c, a, d, state):
+        x, dt, b, c = map(np.ascontiguousarray, (x, dt, b, c))
+        ops.check_ssm_shapes(x, dt, b, c, a, d, state)
+        out = np.empty_like(x)
+        ops.ssm_scan(x, dt, b, c, a, d, state, out)
+        return self._record(Recorder.ssm_scan, x, dt, b, c, a, d, state, out=out)
+
     def short_conv(self, x, kernel, state):
         x = np.ascontiguousarray(x)
         out = np.empty_like(x)

@@ -138,13 +138,13 @@ def short_conv(x, kernel, state, out):
         state[history - n:, :] = x
 
 
-SILU, SIGMOID, SOFTPLUS = 0, 1, 2  # unary's kinds
-UNARY = {"silu": SILU, "sigmoid": SIGMOID, "softplus": SOFTPLUS}
+SILU, SIGMOID, SOFTPLUS, RELU_SQR = 0, 1, 2, 3  # unary's kinds
+UNARY = {"silu": SILU, "sigmoid": SIGMOID, "softplus": SOFTPLUS, "relu_sqr": RELU_SQR}
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
 def unary(x, kind, out):
-    """out = silu(x), sigmoid(x) or softplus(x) (ggml's: x itself above 20), x and out 1-d."""
+    """out = silu(x), sigmoid(x), softplus(x) (ggml's: x itself above 20) or relu(x)^2, x and out 1-d."""
     one = np.float32(1.0)
     for i in range(x.shape[0]):
         v = x[i]
@@ -152,6 +152,8 @@ def unary(x, kind, out):
             out[i] = v / (one + exp_f32(-v))
         elif kind == SIGMOID:
             out[i] = one / (one + exp_f32(-v))
+        elif kind == RELU_SQR:
+            out[i] = v * v if v > np.float32(0.0) else np.float32(0.0)
         else:
             out[i] = v if v > np.float32(20.0) else np.float32(math.log(one + math.exp(v)))
 
@@ -182,3 +184,38 @@ def delta_rule(q, k, v, decay, beta, grouped, state, out):
                 for j in range(d_v):
                     s[i, j] += kh[i] * recalled[j]
                     out[t, h, j] += s[i, j] * qh[i]
+
+
+def check_ssm_shapes(x, dt, b, c, a, d, state) -> None:
+    """ValueError unless ssm_scan's operands fit each other (its loops read them unchecked)."""
+    n, heads, head_dim = x.shape
+    groups, d_state = b.shape[1:]
+    arrays = (x, dt, b, c, a, d, state)
+    if (dt.shape != (n, heads) or b.shape != (n, groups, d_state) or c.shape != b.shape or a.shape != (heads,)
+            or d.shape != (heads,) or state.shape != (heads, head_dim, d_state) or groups == 0 or heads % groups
+            or any(v.dtype != np.float32 for v in arrays) or not state.flags.c_contiguous):
+        raise ValueError("ssm_scan's operands do not fit: " + ", ".join(str(v.shape) for v in arrays))
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def ssm_scan(x, dt, b, c, a, d, state, out):
+    """Mamba2's selective scan, token after token: for each head h (of group g = h // (heads /
+    groups)), S = exp(dt[t, h] a[h]) S + (x[t, h] dt[t, h]) B[t, g]^T; out[t, h] = S C[t, g] +
+    d[h] x[t, h]; with x and out (tokens, heads, head_dim), dt (tokens, heads) after its
+    softplus, B and C (tokens, groups, d_state), a and d (heads,), the state S (heads, head_dim,
+    d_state) carried in place."""
+    n_head, head_dim, d_state = state.shape
+    per_group = n_head // b.shape[1]
+    for t in range(x.shape[0]):
+        for h in range(n_head):
+            g, step = h // per_group, dt[t, h]
+            decay = np.float32(math.exp(step * a[h]))
+            s, bg, cg = state[h], b[t, g], c[t, g]
+            for i in range(head_dim):
+                x_dt = x[t, h, i] * step
+                acc = np.float32(0.0)
+                for j in range(d_state):
+                    v = s[i, j] * decay + bg[j] * x_dt
+                    s[i, j] = v
+                    acc += v * cg[j]
+                out[t, h, i] = acc + x[t, h, i] * d[h]

@@ -62,6 +62,7 @@ class Op(IntEnum):
     UNARY = 21       # out = silu, sigmoid or softplus of x
     SHORT_CONV = 22  # out = a causal depthwise convolution of x over time, with a recurrent state
     DELTA_RULE = 23  # out = the gated delta rule over q, k, v, decay and beta, with a recurrent state
+    SSM_SCAN = 24    # out = Mamba2's selective scan over x, dt, B and C, with a recurrent state
 
 
 # What an operand names, which the recorder checks as it writes a row:
@@ -125,12 +126,14 @@ ShortConv, _ = _operation("ShortConv", x="f32", kernel="f32", out="f32", state="
 DeltaRule, _ = _operation("DeltaRule", q="f32", k="f32", v="f32", decay="f32", beta="f32", out="f32", state="state",
                           tokens="count", key_heads="count", value_heads="count", key_dim="count", value_dim="count",
                           grouped="flag")
+SsmScan, _ = _operation("SsmScan", x="f32", dt="f32", b="f32", c="f32", a="f32", d="f32", out="f32", state="state",
+                        tokens="count", heads="count", head_dim="count", groups="count", state_dim="count")
 OPERANDS = {Op.EMBED: Embed, Op.SCALE: Scale, Op.ADD: Add, Op.RMS_NORM: RmsNorm, Op.PRODUCTS: Products,
             Op.ROPE_TABLE: RopeTable, Op.ROPE: Rope, Op.STORE_KV: StoreKv, Op.ATTENTION: Attention,
             Op.SILU_MUL: Gated, Op.GELU_MUL: Gated, Op.SOFTCAP: Softcap, Op.ROUTE: Route,
             Op.EXPERT_PRODUCTS: ExpertProducts, Op.COMBINE: Combine, Op.SIGMOID_GATE: SigmoidGate,
             Op.EXPERT_ROWS: ExpertRows, Op.CLAMPED_SWIGLU: ClampedSwiglu, Op.MULTIPLY: Add, Op.COLUMNS: Columns,
-            Op.UNARY: Unary, Op.SHORT_CONV: ShortConv, Op.DELTA_RULE: DeltaRule}
+            Op.UNARY: Unary, Op.SHORT_CONV: ShortConv, Op.DELTA_RULE: DeltaRule, Op.SSM_SCAN: SsmScan}
 ARGS = max(len(operands) for operands in OPERANDS.values())
 PARAMS = max(len(operands.params) for operands in OPERANDS.values())
 # columns of a program's cache table: keys (kv heads, tiles, dim, tile) and values (kv heads, slots, dim)
@@ -210,7 +213,7 @@ def _mixture_op_impl(tag, op, a, f, mats, rounding, streams):
 
 
 # A hybrid's recurrent layers' operations, behind a tag of their own as a mixture's are.
-RECURRENT_OPS = (Op.UNARY, Op.SHORT_CONV, Op.DELTA_RULE)
+RECURRENT_OPS = (Op.UNARY, Op.SHORT_CONV, Op.DELTA_RULE, Op.SSM_SCAN)
 
 
 def recurrent_tag(has_recurrent: bool) -> np.ndarray:
@@ -243,6 +246,14 @@ def _recurrent_op_impl(tag, op, a, states):
                            _f32(a[DeltaRule.DECAY], gates), _f32(a[DeltaRule.BETA], gates), a[DeltaRule.GROUPED],
                            _f32(states[a[DeltaRule.STATE]], (a[DeltaRule.VALUE_HEADS], d_k, d_v)),
                            _f32(a[DeltaRule.OUT], values))
+        elif op == Op.SSM_SCAN:
+            tokens, heads, head_dim = a[SsmScan.TOKENS], a[SsmScan.HEADS], a[SsmScan.HEAD_DIM]
+            groups, d_state = a[SsmScan.GROUPS], a[SsmScan.STATE_DIM]
+            rows, per_head = (tokens, heads, head_dim), (tokens, heads)
+            grouped, weights = (tokens, groups, d_state), (heads,)
+            ops.ssm_scan(_f32(a[SsmScan.X], rows), _f32(a[SsmScan.DT], per_head), _f32(a[SsmScan.B], grouped),
+                         _f32(a[SsmScan.C], grouped), _f32(a[SsmScan.A], weights), _f32(a[SsmScan.D], weights),
+                         _f32(states[a[SsmScan.STATE]], (heads, head_dim, d_state)), _f32(a[SsmScan.OUT], rows))
     return run
 
 
@@ -634,6 +645,12 @@ class Recorder:
                  decay=self.address(decay, decay.size), beta=self.address(beta, beta.size),
                  out=self.address(out, out.size), state=self.state(state), tokens=q.shape[0], key_heads=q.shape[1],
                  value_heads=v.shape[1], key_dim=q.shape[2], value_dim=v.shape[2], grouped=int(grouped))
+
+    def ssm_scan(self, x, dt, b, c, a, d, state, out):
+        self.add(Op.SSM_SCAN, **{name: self.address(v, v.size) for name, v in
+                                 (("x", x), ("dt", dt), ("b", b), ("c", c), ("a", a), ("d", d), ("out", out))},
+                 state=self.state(state), tokens=x.shape[0], heads=x.shape[1], head_dim=x.shape[2], groups=b.shape[1],
+                 state_dim=b.shape[2])
 
     def sigmoid_gate(self, x, g):
         rows, width = x.shape

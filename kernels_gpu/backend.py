@@ -172,6 +172,9 @@ class TorchBackend:
     def short_conv(self, x, kernel, state):
         return ops.short_conv(x, kernel, state)
 
+    def ssm_scan(self, x, dt, b, c, a, d, state):
+        return ops.ssm_scan(x, dt, b, c, a, d, state)
+
     def read_bandwidth(self) -> float:
         """Device-to-device copy bandwidth, bytes read plus bytes written per second (as CUDA's
         bandwidthTest counts it), best of a few copies of a buffer far larger than any cache."""

@@ -93,7 +93,7 @@ def short_conv(x, kernel, state):
     return out
 
 
-UNARY = {"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid,
+UNARY = {"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid, "relu_sqr": lambda x: torch.relu(x).square(),
          "softplus": lambda x: torch.where(x > 20, x, torch.log1p(torch.exp(x)))}
 
 
@@ -111,6 +111,19 @@ def delta_rule(q, k, v, decay, beta, state, grouped=False):
         state.add_(k[t][:, :, None] * delta[:, None, :])
         out[t] = torch.einsum("hij,hi->hj", state, q[t])
     return out
+
+
+def ssm_scan(x, dt, b, c, a, d, state):
+    """kernels_cpu.ops.ssm_scan's Mamba2 scan, token after token, its state updated in place."""
+    per_group = state.shape[0] // b.shape[1]
+    b, c = b.repeat_interleave(per_group, 1), c.repeat_interleave(per_group, 1)  # (head h reads group h // per_group)
+    decay = torch.exp(dt * a)
+    x_dt = x * dt[:, :, None]
+    out = torch.empty_like(x)
+    for t in range(x.shape[0]):
+        state.mul_(decay[t][:, None, None]).add_(x_dt[t][:, :, None] * b[t][:, None, :])
+        out[t] = torch.einsum("hij,hj->hi", state, c[t])
+    return out + x * d[:, None]
 
 
 # the smallest sum renormalized expert weights divide by (llama.cpp clamps to float16's smallest normal)

@@ -311,7 +311,39 @@ HYBRID_CONFIGS = {
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=256,
         tie_word_embeddings=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25))),
+    # Granite 4.0-H: Mamba2 layers (8 heads of 64, two groups of B and C, conv bias) around GQA layers
+    # without RoPE (as published), 8 experts (2 chosen) beside the shared MLP, Granite's multipliers; the
+    # vocabulary a multiple of 8, as llama.cpp's converter pads it
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", dict(
+        layer_types=["mamba", "attention", "mamba", "mamba"], mamba_n_heads=8, mamba_d_head=64, mamba_n_groups=2,
+        mamba_d_state=16, mamba_d_conv=4, num_local_experts=8, num_experts_per_tok=2, intermediate_size=128,
+        shared_intermediate_size=256, position_embedding_type="nope", embedding_multiplier=12.0,
+        logits_scaling=8.0, residual_multiplier=0.22, attention_multiplier=0.0078125, vocab_size=50264)),
+    # Nemotron-H: Mamba2 (8 heads of 64, two groups), ReLU^2 MLP, attention (no RoPE), MLP, Mamba2 blocks
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", dict(
+        layer_types=["mamba", "mlp", "attention", "mlp", "mamba"], head_dim=64, mamba_num_heads=8, mamba_head_dim=64,
+        n_groups=2, ssm_state_size=16, conv_kernel=4, vocab_size=50264)),
 }
+
+
+def _published_granite(cfg: dict) -> dict:
+    """Granite 4.0-H's layer_types as published (mamba, attention), not as transformers 5 renames them."""
+    names = {"linear_attention": "mamba", "full_attention": "attention"}
+    return {**cfg, "layer_types": [names.get(t, t) for t in cfg["layer_types"]]}
+
+
+def _published_nemotron_h(cfg: dict) -> dict:
+    """Nemotron-H's config as published: the layers as hybrid_override_pattern, their count, and
+    none of the mixture's keys (with which llama.cpp's converter takes it for Nemotron-H-MoE)."""
+    symbols = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
+    kept = {k: v for k, v in cfg.items() if not k.startswith(("moe_", "n_routed", "n_shared", "num_experts", "mtp_"))
+            and k not in ("layers_block_type", "routed_scaling_factor", "n_group", "topk_group", "norm_topk_prob")}
+    return {**kept, "hybrid_override_pattern": "".join(symbols[t] for t in cfg["layers_block_type"]),
+            "num_hidden_layers": len(cfg["layers_block_type"])}
+
+
+# the config.json as published, where transformers saves it otherwise
+PUBLISHED_CONFIGS = {"granitemoehybrid": _published_granite, "nemotron_h": _published_nemotron_h}
 
 
 def hybrid_folder(model_type: str, folder: Path, llama_cpp_source: Path) -> Path:
@@ -325,6 +357,9 @@ def hybrid_folder(model_type: str, folder: Path, llama_cpp_source: Path) -> Path
     model = getattr(tf, model_name)(config).eval()
     _draw_weights(model)
     model.save_pretrained(folder)
+    if model_type in PUBLISHED_CONFIGS:
+        saved = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(PUBLISHED_CONFIGS[model_type](saved), indent=2))
     gpt2_tokenizer(llama_cpp_source, folder)
     return folder
 

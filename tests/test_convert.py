@@ -161,18 +161,29 @@ def _typed_metadata(path) -> dict:
 # convert_hf_to_gguf.py's options for a hybrid: Qwen3.5's text model without its multi-token prediction
 # layer (which the converter otherwise asks of the checkpoint, and transformers' checkpoints lack)
 LLAMA_CPP_OPTIONS = {"qwen3_5_text": ("--no-mtp",), "qwen3_5_moe_text": ("--no-mtp",), "qwen3_next": ("--no-mtp",)}
-# model types whose folders transformers reads with its own tokenizer class whatever
-# tokenizer_config.json names (its MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS): Qwen3.5-MoE's, where
-# the random folders' GPT-2 tokenizer would become a Qwen3_5Tokenizer, whose pre-tokenizer llama.cpp's
-# converter knows by no hash with GPT-2's vocabulary. Their reference is converted with transformers
-# reading the class the folder names, as it does for qwen3_5_text's (ggrun reads tokenizer.json alike
-# either way).
-_TOKENIZER_CLASS_OVERRIDDEN = ("qwen3_5_moe_text",)
-_AS_NAMED = """
-import runpy, sys
+# What runs before convert_hf_to_gguf.py, by model type:
+# - Qwen3.5-MoE's folder: transformers reads it with its own tokenizer class whatever
+#   tokenizer_config.json names (its MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS), where the random
+#   folders' GPT-2 tokenizer would become a Qwen3_5Tokenizer, whose pre-tokenizer llama.cpp's converter
+#   knows by no hash with GPT-2's vocabulary. Its reference is converted with transformers reading the
+#   class the folder names, as it does for qwen3_5_text's (ggrun reads tokenizer.json alike either way).
+# - Nemotron-H's: the converter reads config.json as it is. transformers' AutoConfig, which it asks
+#   first, gives Nemotron-H every default, the mixture's included (num_experts_per_tok), with which the
+#   converter takes a dense Nemotron-H for Nemotron-H-MoE.
+_TOKENIZER_AS_NAMED = """
 from transformers.models.auto import tokenization_auto
-tokenization_auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS.difference_update(sys.argv[1].split(","))
-sys.argv = sys.argv[2:]
+tokenization_auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS.discard("qwen3_5_moe_text")
+"""
+_CONFIG_AS_IS = """
+import transformers
+def as_is(*args, **kwargs):
+    raise ValueError("config.json as it is")
+transformers.AutoConfig.from_pretrained = as_is
+"""
+_BEFORE_CONVERTING = {"qwen3_5_moe_text": _TOKENIZER_AS_NAMED, "nemotron_h": _CONFIG_AS_IS}
+_THEN_CONVERT = """
+import runpy, sys
+sys.argv = sys.argv[1:]
 sys.path.insert(0, str(__import__("pathlib").Path(sys.argv[0]).parent))
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -180,15 +191,14 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def _convert_hybrid_with_llama_cpp(source: Path, folder: Path, out: Path, arch: str) -> Path:
     """folder (of hybrid_folders[arch]) converted by convert_hf_to_gguf.py --outtype f32 with
-    LLAMA_CPP_OPTIONS[arch]; transformers reading its tokenizer as tokenizer_config.json names it."""
+    LLAMA_CPP_OPTIONS[arch], after _BEFORE_CONVERTING[arch]."""
     import os
     import subprocess
     import sys
-    if arch not in _TOKENIZER_CLASS_OVERRIDDEN:
+    if arch not in _BEFORE_CONVERTING:
         return convert_with_llama_cpp(source, folder, out, *LLAMA_CPP_OPTIONS.get(arch, ()))
-    subprocess.run([sys.executable, "-c", _AS_NAMED, ",".join(_TOKENIZER_CLASS_OVERRIDDEN),
-                    source / "convert_hf_to_gguf.py", folder, "--outtype", "f32", *LLAMA_CPP_OPTIONS.get(arch, ()),
-                    "--outfile", out],
+    subprocess.run([sys.executable, "-c", _BEFORE_CONVERTING[arch] + _THEN_CONVERT, source / "convert_hf_to_gguf.py",
+                    folder, "--outtype", "f32", *LLAMA_CPP_OPTIONS.get(arch, ()), "--outfile", out],
                    check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(source / "gguf-py")})
     return out
 
@@ -340,6 +350,37 @@ def test_qwen35_moe_experts_as_published_convert_as_llama_cpp_does(hybrid_folder
     assert _typed_metadata(ours) == _typed_metadata(theirs)
     assert "qwen35moe.feed_forward_length" not in _typed_metadata(ours)
     assert "blk.0.ffn_gate_exps.weight" in GGUFFile(ours).tensors
+
+
+def test_granite_hybrid_without_experts_converts_as_llama_cpp_does_and_computes(hybrid_folders, llama_cpp_source,
+                                                                                tmp_path):
+    """Granite 4.0-H without experts (Micro): its shared MLP is the dense one (ffn_gate, ffn_up,
+    ffn_down), with the expert keys llama.cpp's converter writes of the config still; the logits of
+    the folder (the hybrid's without its experts) as transformers computes them."""
+    from safetensors.numpy import load_file, save_file
+
+    from runner.engine.load import LoadOptions, load_model
+
+    from .test_mixes import tensor_digests
+    src = hybrid_folders["granitemoehybrid"]
+    folder = shutil.copytree(src, tmp_path / src.name)
+    weights = load_file(src / "model.safetensors")
+    save_file({n: w for n, w in weights.items() if "block_sparse_moe" not in n}, folder / "model.safetensors",
+              metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config.update(num_local_experts=0, num_experts_per_tok=0, intermediate_size=config["shared_intermediate_size"])
+    (folder / "config.json").write_text(json.dumps(config))
+    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    convert_with_llama_cpp(llama_cpp_source, folder, theirs)
+    convert_hf(folder, ours, "F32", progress=False)
+    assert sorted(tensor_digests(ours)) == sorted(tensor_digests(theirs))
+    assert _typed_metadata(ours) == _typed_metadata(theirs)
+    assert "blk.0.ffn_gate.weight" in GGUFFile(ours).tensors
+    model = load_model(ours, LoadOptions(kv_type="f32")).model
+    ids = list(range(1000, 1032))
+    want = transformers_logits(folder, ids)
+    got = model.forward(ids, model.new_cache(64), all_logits=True)
+    assert np.array_equal(got.argmax(1), want.argmax(1)) and np.abs(got - want).max() < 1e-4 * np.abs(want).max()
 
 
 # convert.random_model's Qwen3.5 shapes scaled down: tiny sizes, the same tensors and keys

@@ -1,6 +1,7 @@
 """Hybrid models, whose recurrent layers carry a state per sequence beside the attention layers'
 KV cache (runner/engine/recurrent_state.py): LFM2's short convolutions (and LFM2-MoE's, with its
-biased expert routing), the gated DeltaNet of Qwen3.5 and Qwen3-Next. Whole models against
+biased expert routing), the gated DeltaNet of Qwen3.5 and Qwen3-Next, Granite 4.0-H's and
+Nemotron-H's Mamba2 layers. Whole models against
 transformers in fp32, through one prefill, one-token steps and prefills split anywhere; the
 state going back into a verify pass, saved and restored, per sequence in a batch; llama.cpp's
 perplexity on ggrun's files."""
@@ -64,6 +65,7 @@ def test_hybrids_match_transformers(hybrid_folders, hybrid_files, arch, device):
         assert Op.SHORT_CONV in program.code[:, 0] and lm.backend.replay_checked
         assert (Op.DELTA_RULE in program.code[:, 0]) == arch.startswith("qwen")
         assert (Op.ROUTE in program.code[:, 0]) == ("moe" in arch)  # (LFM2-MoE's with its selection bias)
+        assert (Op.SSM_SCAN in program.code[:, 0]) == arch.startswith(("granite", "nemotron"))
 
 
 @pytest.mark.parametrize("arch", list(HYBRID_CONFIGS))
@@ -236,8 +238,9 @@ def test_a_hybrid_resumes_a_shared_prefix_from_its_state_checkpoint(hybrids, arc
 def test_llama_cpp_computes_ggruns_hybrid_files_alike(hybrid_files, llama_cpp_tools, tmp_path, arch):
     """llama.cpp loads ggrun's converted file and its perplexity on a text is ggrun's (both exact).
     (Qwen3.5-MoE's within 0.2%: llama.cpp's perplexity of this random mixture, near 8e6, is 0.09% above
-    ggrun's from the first chunk on, where ggrun's logits equal transformers' within 1e-4; the dense
-    models and LFM2-MoE, its biased routing included, agree within 0.01%.)"""
+    ggrun's from the first chunk on, where ggrun's logits equal transformers' within 1e-4; the others,
+    LFM2-MoE's biased routing and Granite 4.0-H's mixture included, within 0.01%: the Mamba2 hybrids'
+    within 1e-8 when measured.)"""
     from runner.measure.perplexity import perplexity
     (tmp_path / "text.txt").write_text(PERPLEXITY_TEXT)
     theirs = llama_cpp_perplexity(llama_cpp_tools, hybrid_files[arch][0], tmp_path / "text.txt")
@@ -266,3 +269,22 @@ def test_a_hybrid_chat_resumes_from_its_saved_state_and_outlives_its_context(hyb
     for turn in range(8):
         resumed.send(f"Turn {turn}: one more, please.")
     assert resumed.cache.evicted > 0 and resumed.cache.used > 96
+
+
+def test_a_granite_hybrid_with_rope_rotates_as_transformers_does(hybrid_folders, tmp_path):
+    """Granite 4.0-H's attention layers rotate where the config's position_embedding_type is "rope"
+    (rope.scaling.finetuned true; the published models apply none)."""
+    import json
+    import shutil
+
+    from convert.convert import convert_hf
+    folder = shutil.copytree(hybrid_folders["granitemoehybrid"], tmp_path / "rope")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "position_embedding_type": "rope"}))
+    convert_hf(folder, tmp_path / "rope.gguf", "F32", progress=False)
+    lm = load_model(tmp_path / "rope.gguf", LoadOptions(kv_type="f32"))
+    assert lm.params.rope_finetuned
+    ids = list(range(100, 140))
+    want = transformers_logits(folder, ids)
+    got = lm.model.forward(ids, lm.model.new_cache(64), all_logits=True)
+    assert np.array_equal(got.argmax(1), want.argmax(1)) and np.abs(got - want).max() < 1e-4 * np.abs(want).max()

@@ -239,3 +239,19 @@ def test_padded_lengths_are_few_and_cover_the_cache():
     assert padded_length(3000, 4096) == 4096
     assert padded_length(100, 64) == 64
     assert len({padded_length(n, 4096) for n in range(1, 4097)}) == 5
+
+
+def test_ssm_scan_matches_numba():
+    from .test_ops import ssm_case
+    operands, start = ssm_case(tokens=6, heads=6, groups=3)
+    state, want_state = _t(start), start.copy()
+    want = cpu.ssm_scan(*operands, want_state)
+    assert np.allclose(_np(be.ssm_scan(*map(_t, operands), state)), want, atol=1e-5)
+    assert np.allclose(_np(state), want_state, atol=1e-5)
+
+
+def test_unary_kinds_match_numba():
+    from kernels_gpu.ops import UNARY
+    x = (rng.standard_normal((3, 40)) * 8).astype(np.float32)
+    for kind in UNARY:
+        assert np.allclose(_np(be.unary(_t(x), kind)), cpu.unary(x, kind), rtol=1e-5, atol=1e-6), kind

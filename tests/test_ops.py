@@ -256,3 +256,56 @@ def test_attention_is_the_same_wherever_the_cache_keeps_its_keys(window, n_tok):
     k_pos = np.full(5 * SLOT_CHUNK, -1, dtype=np.int32)
     k_pos[slots] = positions
     assert np.array_equal(be.attention(q, *pool, q_pos, k_pos, 0.125, window, 0.0), want)
+
+
+def ssm_case(tokens=5, heads=4, groups=2, head_dim=8, d_state=16, seed=2):
+    """Operands of ssm_scan (x, dt, B, C, A, D) and a starting state."""
+    r = np.random.default_rng(seed)
+    x = r.standard_normal((tokens, heads, head_dim)).astype(np.float32)
+    dt = np.log1p(np.exp(r.standard_normal((tokens, heads)))).astype(np.float32)
+    b, c = (r.standard_normal((tokens, groups, d_state)).astype(np.float32) for _ in range(2))
+    a, d = -r.uniform(0.5, 4, heads).astype(np.float32), r.standard_normal(heads).astype(np.float32)
+    return (x, dt, b, c, a, d), r.standard_normal((heads, head_dim, d_state)).astype(np.float32)
+
+
+def ssm_reference(x, dt, b, c, a, d, state):
+    """Mamba2's scan in float64, head h reading group h // (heads / groups): (outputs, state after)."""
+    s, per_group = state.astype(np.float64), x.shape[1] // b.shape[1]
+    b, c = np.repeat(b, per_group, axis=1), np.repeat(c, per_group, axis=1)
+    out = np.empty(x.shape)
+    for t in range(x.shape[0]):
+        s = s * np.exp(dt[t] * a)[:, None, None] + (x[t] * dt[t][:, None])[:, :, None] * b[t][:, None, :]
+        out[t] = np.einsum("hij,hj->hi", s, c[t]) + x[t] * d[:, None]
+    return out, s
+
+
+def test_ssm_scan_against_numpy_token_by_token_too():
+    operands, start = ssm_case()
+    want, want_state = ssm_reference(*operands, start)
+    state = start.copy()
+    assert np.allclose(be.ssm_scan(*operands, state), want, atol=1e-4)
+    assert np.allclose(state, want_state, atol=1e-4)
+    state = start.copy()  # (one token a call, the state carried between)
+    steps = [be.ssm_scan(*(v[t:t + 1] for v in operands[:4]), *operands[4:], state) for t in range(5)]
+    assert np.allclose(np.concatenate(steps), want, atol=1e-4)
+
+
+def test_ssm_scan_refuses_operands_that_do_not_fit():
+    (x, dt, b, c, a, d), state = ssm_case()
+    with pytest.raises(ValueError, match="do not fit"):
+        be.ssm_scan(x, dt, b[:, :1, :8], c, a, d, state)
+    with pytest.raises(ValueError, match="do not fit"):
+        be.ssm_scan(x, dt, b, c, a, d, state[:, :4])
+
+
+UNARY_REFERENCE = {"silu": lambda x: x / (1 + np.exp(-x)), "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+                   "softplus": lambda x: np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))),
+                   "relu_sqr": lambda x: np.maximum(x, 0) ** 2}
+
+
+def test_unary_kinds_against_numpy():
+    from kernels_cpu.ops import UNARY
+    x = (rng.standard_normal((3, 40)) * 8).astype(np.float32)
+    assert set(UNARY) == set(UNARY_REFERENCE)
+    for kind, reference in UNARY_REFERENCE.items():
+        assert np.allclose(be.unary(x, kind), reference(x.astype(np.float64)), rtol=1e-5, atol=1e-6), kind

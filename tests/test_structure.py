@@ -80,7 +80,7 @@ def test_every_declared_weight_type_has_every_implementation():
 def test_partial_rope_is_declared_where_llama_cpp_rotates_part_of_a_head(llama_cpp_source):
     """Architecture.partial_rope, against llama.cpp's graphs: those that assert n_embd_head == n_rot
     rotate whole heads, and a file that says otherwise is refused (gguf_io.hparams)."""
-    graph_files = {"gpt-oss": "openai-moe", "granitemoe": "granite-moe"}
+    graph_files = {"gpt-oss": "openai-moe", "granitemoe": "granite-moe", "granitehybrid": "granite-hybrid"}
     for arch in ARCHITECTURES.values():
         graph = llama_cpp_source / "src" / "models" / f"{graph_files.get(arch.name, arch.name.replace('_', '-'))}.cpp"
         assert arch.partial_rope == ("GGML_ASSERT(n_embd_head == n_rot)" not in graph.read_text()), arch.name

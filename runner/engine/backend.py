@@ -103,7 +103,7 @@ class Backend(Protocol):
         """Host values (of the state's shape) into a state array."""
 
     def unary(self, x, kind: str) -> Any:
-        """silu(x), sigmoid(x) or softplus(x) (x itself above 20, as ggml's), elementwise, by kind."""
+        """silu(x), sigmoid(x), softplus(x) (x itself above 20, as ggml's) or relu(x)^2, elementwise, by kind."""
 
     def delta_rule(self, q, k, v, decay, beta, state, grouped: bool = False) -> Any:
         """The gated delta rule, token after token: for value head h (over key head h % key heads,
@@ -111,6 +111,12 @@ class Backend(Protocol):
         S = exp(decay[t, h]) S, then S += k (beta[t, h] (v - S^T k))^T, out[t, h] = S^T q; q, k (T,
         key heads, d_k), v and out (T, value heads, d_v), decay and beta (T, value heads), the state
         S (value heads, d_k, d_v) float32, updated in place."""
+
+    def ssm_scan(self, x, dt, b, c, a, d, state) -> Any:
+        """Mamba2's selective scan, token after token: for head h (of group h // (heads / groups)),
+        S = exp(dt[t, h] a[h]) S + (x[t, h] dt[t, h]) B[t, g]^T, out[t, h] = S C[t, g] + d[h] x[t, h];
+        x and out (T, heads, head_dim), dt (T, heads) after its softplus, B and C (T, groups, d_state),
+        a and d (heads,), the state S (heads, head_dim, d_state) float32, updated in place."""
 
     def short_conv(self, x, kernel, state) -> Any:
         """A causal depthwise convolution of x (T, channels) over time: out[t, c] = sum over j of

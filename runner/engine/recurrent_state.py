@@ -1,7 +1,8 @@
 """What a hybrid model's recurrent layers carry from token to token, per sequence, beside the KV
-cache of its attention layers: a fixed-size state per layer, float32 on the backend. Two kinds:
+cache of its attention layers: a fixed-size state per layer, float32 on the backend. Three kinds:
 a convolution's history (its last K - 1 inputs: LFM2's short convolution, and the one before a
-gated DeltaNet) and a gated DeltaNet's state (value heads, d_k, d_v).
+gated DeltaNet or a Mamba2 scan), a gated DeltaNet's state (value heads, d_k, d_v) and a Mamba2
+layer's (heads, head_dim, d_state).
 
 A state cannot be cut back to an earlier position as a KV cache can: it holds no per-token rows.
 So, where asked (`undo`: speculative decoding sets it), it keeps what the last pass needs to go
@@ -15,13 +16,15 @@ from __future__ import annotations
 
 import numpy as np
 
-CONV, DELTA = "conv", "delta"
+CONV, DELTA, SSM = "conv", "delta", "ssm"
+# the backend operation that carries each kind but CONV from token to token, as a pass fed it
+_SCANS = {DELTA: "delta_rule", SSM: "ssm_scan"}
 
 
 class RecurrentState:
     def __init__(self, backend, shapes: dict[int, dict[str, tuple[int, ...]]]):
-        """shapes: recurrent layer -> {CONV: (K - 1, channels), DELTA: (value heads, d_k, d_v)}
-        (the kinds it has)."""
+        """shapes: recurrent layer -> {CONV: (K - 1, channels), DELTA: (value heads, d_k, d_v),
+        SSM: (heads, head_dim, d_state)} (the kinds it has)."""
         self.backend = backend
         self.shapes = {(int(i), kind): tuple(map(int, shape)) for i, kinds in shapes.items()
                        for kind, shape in kinds.items()}
@@ -30,7 +33,9 @@ class RecurrentState:
         self.pass_start = 0  # the position of the last pass's first token
         self.pass_end = 0
         self._before: dict[tuple, np.ndarray] = {}  # (layer, kind) -> the state before the last pass (host)
-        self._fed: dict[tuple, tuple] = {}          # (layer, kind) -> what the last pass fed it, and how
+        # (layer, kind) -> what the last pass fed it: its per-token inputs, the weights that go with them,
+        # and the operation's options
+        self._fed: dict[tuple, tuple] = {}
         self.marked, self._marked = -1, {}          # a position mark() kept the state of (-1: none), that state
 
     def begin(self, start: int, n_tokens: int) -> None:
@@ -38,10 +43,10 @@ class RecurrentState:
         self.pass_start, self.pass_end = start, start + n_tokens
         self._before, self._fed = {}, {}
 
-    def _feed(self, key: tuple, *inputs, **options):
+    def _feed(self, key: tuple, *inputs, weights: tuple = (), **options):
         if self.undo:
             self._before[key] = self.backend.read_state(self.arrays[key])
-            self._fed[key] = inputs, options
+            self._fed[key] = inputs, weights, options
         return self.arrays[key]
 
     def conv_history(self, layer: int, x):
@@ -53,6 +58,10 @@ class RecurrentState:
         """The layer's DeltaNet state, which the pass's delta rule over these (backend.delta_rule's
         arguments) updates in place."""
         return self._feed((layer, DELTA), q, k, v, decay, beta, grouped=grouped)
+
+    def ssm_state(self, layer: int, x, dt, b, c, a, d):
+        """The layer's Mamba2 state, which the pass's scan over these (a and d its weights) updates in place."""
+        return self._feed((layer, SSM), x, dt, b, c, weights=(a, d))
 
     def mark(self) -> None:
         """Keep a copy of the state as it is now, to come back to (one mark at a time)."""
@@ -82,8 +91,8 @@ class RecurrentState:
             else:
                 self.backend.write_state(state, self._before[layer, kind])
                 if m:
-                    inputs, options = self._fed[layer, kind]
-                    self.backend.delta_rule(*(x[:m] for x in inputs), state, **options)
+                    inputs, weights, options = self._fed[layer, kind]
+                    getattr(self.backend, _SCANS[kind])(*(x[:m] for x in inputs), *weights, state, **options)
         self._left_at(n)
 
     def _left_at(self, n: int) -> None:

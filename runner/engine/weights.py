@@ -91,6 +91,11 @@ class WeightLoader:
         t = self._info(name, shape)
         return dequantize(self.f.tensor_bytes(name).reshape(-1), t.type).reshape(tuple(reversed(shape)))
 
+    def flat(self, tensor: MODEL_TENSOR, shape: tuple[int, ...], layer: int, suffix: str | None = "weight"):
+        """A small tensor of GGML shape `shape` as one float32 vector (Mamba2's A and D, held
+        [1, heads], and its norm's weights, held per group)."""
+        return self.backend.load_vector(self._host_values(tensor, shape, layer, suffix).reshape(-1))
+
     def optional_vector(self, tensor: MODEL_TENSOR, n: int, layer: int | None = None, suffix: str = "weight"):
         """vector(...), or None where the file does not have it (as llama.cpp's TENSOR_NOT_REQUIRED)."""
         return self.vector(tensor, n, layer, suffix) if self.has(tensor, layer, suffix) else None

@@ -7,8 +7,10 @@ from .gemma3 import Gemma3
 from .gemma4 import Gemma4
 from .glm4 import GLM4
 from .gpt_oss import GptOss
+from .granite_hybrid import GraniteHybrid
 from .lfm2 import LFM2, LFM2MoE
 from .llama import Llama
+from .nemotron_h import NemotronH
 from .olmo2 import OLMo2
 from .olmoe import OLMoE
 from .phi3 import Phi3
@@ -23,4 +25,5 @@ MODELS = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3, "gemma3": Gemma3, "qwe
           "olmoe": OLMoE, "olmo2": OLMo2, "smollm3": SmolLM3, "ernie4_5": Llama, "granite": Llama, "granitemoe": Llama,
           "phi3": Phi3, "gemma2": Gemma2, "glm4": GLM4, "exaone4": EXAONE4, "seed_oss": SeedOSS,
           "mistral3": Llama, "gpt-oss": GptOss, "gemma4": Gemma4,
-          "lfm2": LFM2, "lfm2moe": LFM2MoE, "qwen35": Qwen35, "qwen35moe": Qwen35, "qwen3next": Qwen3Next}
+          "lfm2": LFM2, "lfm2moe": LFM2MoE, "qwen35": Qwen35, "qwen35moe": Qwen35, "qwen3next": Qwen3Next,
+          "granitehybrid": GraniteHybrid, "nemotron_h": NemotronH}

@@ -181,7 +181,7 @@ class Decoder:
         self.layers = [self.load_layer(weights, i) for i in range(p.n_layer)]
         # the attention layers with K and V of their own, in the order of their cache layers
         self.cache_owners = [layer.attn for i, layer in enumerate(self.layers)
-                             if not p.recurrent(i) and p.kv_source(i) == i]
+                             if p.attends(i) and p.kv_source(i) == i]
 
     def load_layer(self, weights: WeightLoader, i: int) -> Layer:
         n = self.params.n_embd
