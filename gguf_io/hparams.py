@@ -88,7 +88,15 @@ class ModelParams:
         return self.n_head_kv * self.head_dim
 
     def layer_kv_heads(self, i: int) -> int:
+        """Layer i's KV heads: none in a recurrent layer, which keeps a state instead."""
+        if self.recurrent(i):
+            return 0
         return self.kv_heads_by_layer[i] if self.kv_heads_by_layer else self.n_head_kv
+
+    @property
+    def ssm_conv_width(self) -> int:
+        """The channels a DeltaNet or Mamba2 layer convolves: x (or V) and two groups' B and C (or Q and K)."""
+        return self.ssm_inner + 2 * self.ssm_groups * self.ssm_state
 
     def layer_head_dim(self, i: int) -> int:
         """Layer i's key (and value) size per head."""

@@ -17,7 +17,7 @@ from runner.engine.backend import make_backend
 from runner.engine.batching import Batcher
 from runner.engine.generate import generate
 from runner.engine.kv_state import KVState
-from runner.engine.load import LoadOptions, load_model
+from runner.engine.load import LoadOptions, load_model, memory_fit
 from runner.engine.sampler import Sampler, SamplingOptions
 from runner.engine.speculative import (
     SpeculationStats,
@@ -206,6 +206,16 @@ def test_hybrid_sequences_batch_as_they_run_alone(hybrids, arch):
     while batcher.step():
         pass
     assert [s.tokens for s in seqs] == want + want[:1]
+
+
+def test_the_memory_arithmetic_counts_what_a_hybrids_cache_holds(hybrids):
+    """KV caches of the attention layers alone, and the recurrent state beside them."""
+    for lm in hybrids.values():
+        fit = memory_fit(lm.file, lm.params, "f32")
+        cache = lm.model.new_cache(256)
+        assert sum(a.nbytes for a in cache.keys + cache.values) == fit.kv_bytes(256)
+        assert sum(a.nbytes for a in cache.recurrent.arrays.values()) == fit.state_bytes > 0
+        assert fit.cache_bytes(256, users=2) == 2 * (fit.kv_bytes(256) + fit.state_bytes)
 
 
 @pytest.mark.parametrize("arch", ["lfm2", "qwen3_next"])

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
+import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from gguf_io import GGUFFile, ModelParams, architecture, read_params, read_vocab
@@ -48,8 +50,10 @@ class LoadedModel:
 
 
 def memory_fit(f: GGUFFile, params: ModelParams, kv_type: str) -> MemoryFit:
-    """The memory arithmetic of a file, with its architecture's sliding windows."""
-    return MemoryFit.of(f, params, kv_type)
+    """The memory arithmetic of a file, with its architecture's sliding windows and recurrent state."""
+    shapes = MODELS[params.arch].state_shapes(params)
+    per_layer = sum(math.prod(shape) for shape in shapes.values()) * np.dtype(np.float32).itemsize
+    return MemoryFit.of(f, params, kv_type, per_layer * sum(map(params.recurrent, range(params.n_layer))))
 
 
 def _check_fit(f: GGUFFile, params: ModelParams, backend, kv_type: str, n_ctx: int) -> None:
@@ -60,12 +64,13 @@ def _check_fit(f: GGUFFile, params: ModelParams, backend, kv_type: str, n_ctx: i
     device_free = backend.free_memory()
     on_device = device_free is not None
     free = device_free if on_device else available_host_memory()
-    need = fit.total_bytes(n_ctx) if on_device else fit.kv_bytes(n_ctx)
+    need = fit.total_bytes(n_ctx) if on_device else fit.cache_bytes(n_ctx)
     if free is None or need <= free:
         return
     gib = 2**30
     needs = (f"weights {fit.weight_bytes / gib:.2f} GiB + " if on_device else "") + \
-        f"{kv_type} KV cache {fit.kv_bytes(n_ctx) / gib:.2f} GiB at context {n_ctx}"
+        f"{kv_type} KV cache {fit.kv_bytes(n_ctx) / gib:.2f} GiB at context {n_ctx}" + \
+        (f" + recurrent state {fit.state_bytes / gib:.2f} GiB" if fit.state_bytes else "")
     best = fit.max_context(free, weights=on_device)
     advice = f"the longest context that fits is {best} tokens (-c)" if best >= MIN_CONTEXT else "nothing fits"
     raise MemoryFitError(f"{f.path.name} needs {needs}, but {free / gib:.2f} GiB are free on {backend.name}: "

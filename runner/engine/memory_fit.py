@@ -1,4 +1,5 @@
-"""The memory arithmetic of local inference, from the file alone: weights, KV cache, what fits."""
+"""The memory arithmetic of local inference, from the file alone: weights, KV cache (and a hybrid's
+recurrent state), what fits."""
 from __future__ import annotations
 
 import re
@@ -40,18 +41,21 @@ class MemoryFit:
     params: ModelParams
     weight_bytes_by_type: dict[str, int]
     kv_type: str
+    state_bytes: int = 0  # a sequence's recurrent state (a hybrid's), whatever its context
 
     @classmethod
-    def of(cls, f: GGUFFile, params: ModelParams, kv_type: str) -> MemoryFit:
+    def of(cls, f: GGUFFile, params: ModelParams, kv_type: str, state_bytes: int = 0) -> MemoryFit:
         by_type = Counter()
         for t in f.tensors.values():
             by_type[t.type.name] += t.nbytes  # the blocks' scales and mins included
-        return cls(params, dict(by_type), kv_type)
+        return cls(params, dict(by_type), kv_type, state_bytes)
 
     @property
-    def layer_windows(self) -> list[int]:
-        """The window of each layer with a cache of its own (0: global)."""
-        return self.params.layer_windows[:self.params.n_layer_kv or self.params.n_layer]
+    def layer_windows(self) -> dict[int, int]:
+        """The window of each layer with a cache of its own (0: global), by layer: not a hybrid's
+        recurrent layers, nor its blocks without attention (Nemotron-H's feed-forward ones)."""
+        p = self.params
+        return {i: p.layer_windows[i] for i in range(p.n_layer_kv or p.n_layer) if p.layer_kv_heads(i)}
 
     @property
     def weight_bytes(self) -> int:
@@ -64,18 +68,22 @@ class MemoryFit:
 
     def kv_bytes_per_token_per_layer(self) -> float:
         """One token's keys and values in a cached layer (on average where layers differ)."""
-        return sum(map(self._token_bytes, range(len(self.layer_windows)))) / len(self.layer_windows)
+        return sum(map(self._token_bytes, self.layer_windows)) / len(self.layer_windows)
 
     def kv_bytes_per_token(self) -> float:
         """What one more token of context costs once every sliding window is full (global layers only)."""
-        return sum(self._token_bytes(i) for i, w in enumerate(self.layer_windows) if w == 0)
+        return sum(self._token_bytes(i) for i, w in self.layer_windows.items() if w == 0)
 
     def kv_bytes(self, n_ctx: int, users: int = 1) -> float:
         return users * sum(self._token_bytes(i) * (min(n_ctx, w) if w else n_ctx)
-                           for i, w in enumerate(self.layer_windows))
+                           for i, w in self.layer_windows.items())
+
+    def cache_bytes(self, n_ctx: int, users: int = 1) -> float:
+        """What the users' sequences hold: KV caches and recurrent states."""
+        return self.kv_bytes(n_ctx, users) + users * self.state_bytes
 
     def total_bytes(self, n_ctx: int, users: int = 1) -> float:
-        return self.weight_bytes + self.kv_bytes(n_ctx, users)
+        return self.weight_bytes + self.cache_bytes(n_ctx, users)
 
     def max_context(self, memory: int, users: int = 1, weights: bool = True) -> int:
         """The longest context (up to the trained length) whose weights (where weights) + KV cache
@@ -83,7 +91,7 @@ class MemoryFit:
         lo, hi = 0, self.params.context_length
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.kv_bytes(mid, users) + (self.weight_bytes if weights else 0) <= memory:
+            if self.cache_bytes(mid, users) + (self.weight_bytes if weights else 0) <= memory:
                 lo = mid
             else:
                 hi = mid - 1

@@ -105,7 +105,8 @@ def run_bench(lm, n_prompt: int, n_gen: int, repetitions: int, depths=(0,)) -> l
                    read_mib_per_token=None, bandwidth_fraction=None,
                    speed_vs_first_depth=None, bandwidth_limit_vs_first_depth=None)
         if test == "tg":
-            per_token = weight_bytes_per_token(f, p) + fit.kv_bytes(depth + n // 2, 1)
+            # (a hybrid's step reads its recurrent state and writes it back)
+            per_token = weight_bytes_per_token(f, p) + fit.kv_bytes(depth + n // 2, 1) + 2 * fit.state_bytes
             row.update(read_mib_per_token=per_token / 2**20,
                        bandwidth_fraction=per_token * row["tok_s_mean"] / bandwidth)
         if test == "tg" and steps:

@@ -324,9 +324,16 @@ class Decoder:
         return KVCache(self.backend, n_ctx, [a.window for a in own], shapes, MAX_BATCH, ring=ring, kv_type=self.kv_type,
                        recurrent=self.new_recurrent_state())
 
+    @staticmethod
+    def state_shapes(p: ModelParams) -> dict[str, tuple[int, ...]]:
+        """What each recurrent layer of the architecture carries: RecurrentState's kinds and shapes."""
+        return {}
+
     def new_recurrent_state(self) -> RecurrentState | None:
         """A sequence's state of the recurrent layers (None: the model has none)."""
-        return None
+        p = self.params
+        layers = [i for i in range(p.n_layer) if p.recurrent(i)]
+        return RecurrentState(self.backend, dict.fromkeys(layers, self.state_shapes(p))) if layers else None
 
     def new_kv_pool(self, n_tokens: int) -> KVPool:
         """A paged cache for at least n_tokens tokens, which sequences share (runner/engine/kv_pool.py)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from gguf import MODEL_TENSOR as T
 
-from runner.engine.recurrent_state import CONV, RecurrentState
+from runner.engine.recurrent_state import CONV
 
 from .llama import Llama
 
@@ -30,10 +30,9 @@ class LFM2(Llama):
         return ShortConv(weights.matrix(T.SHORTCONV_INPROJ, n, 3 * n, i), weights.small_table(T.SHORTCONV_CONV, k, n, i),
                          weights.matrix(T.SHORTCONV_OUTPROJ, n, n, i))
 
-    def new_recurrent_state(self) -> RecurrentState:
-        p = self.params
-        return RecurrentState(self.backend, {i: {CONV: (p.conv_kernel - 1, p.n_embd)} for i in range(p.n_layer)
-                                             if p.recurrent(i)})
+    @staticmethod
+    def state_shapes(p) -> dict:
+        return {CONV: (p.conv_kernel - 1, p.n_embd)}
 
     def recurrent(self, conv: ShortConv, h, cache, i: int):
         be, n = self.backend, self.params.n_embd

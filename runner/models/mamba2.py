@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gguf import MODEL_TENSOR as T
 
-from runner.engine.recurrent_state import CONV, SSM, RecurrentState
+from runner.engine.recurrent_state import CONV, SSM
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Mamba2Layers:
     def load_recurrent(self, weights, i: int) -> Mamba2:
         p = self.params
         heads, inner = p.ssm_heads, p.ssm_inner
-        width = inner + 2 * p.ssm_groups * p.ssm_state
+        width = p.ssm_conv_width
         return Mamba2(weights.matrix(T.SSM_IN, p.n_embd, inner + width + heads, i),
                       weights.small_table(T.SSM_CONV1D, p.ssm_conv_kernel, width, i),
                       weights.optional_vector(T.SSM_CONV1D, width, i, "bias"),
@@ -44,17 +44,15 @@ class Mamba2Layers:
                       weights.flat(T.SSM_NORM, (inner // p.ssm_groups, p.ssm_groups), i),
                       weights.matrix(T.SSM_OUT, inner, p.n_embd, i))
 
-    def new_recurrent_state(self) -> RecurrentState:
-        p = self.params
-        shapes = {CONV: (p.ssm_conv_kernel - 1, p.ssm_inner + 2 * p.ssm_groups * p.ssm_state),
-                  SSM: (p.ssm_heads, p.ssm_inner // p.ssm_heads, p.ssm_state)}
-        return RecurrentState(self.backend, {i: shapes for i in range(p.n_layer) if p.recurrent(i)})
+    @staticmethod
+    def state_shapes(p) -> dict:
+        return {CONV: (p.ssm_conv_kernel - 1, p.ssm_conv_width), SSM: (p.ssm_heads, p.ssm_inner // p.ssm_heads, p.ssm_state)}
 
     def recurrent(self, m: Mamba2, h, cache, i: int):
         be, p = self.backend, self.params
         heads, groups, d_state, inner = p.ssm_heads, p.ssm_groups, p.ssm_state, p.ssm_inner
         group_width = inner // groups
-        z, xbc, dt = be.split(be.matmul(m.in_proj, h), [inner, inner + 2 * groups * d_state, heads])
+        z, xbc, dt = be.split(be.matmul(m.in_proj, h), [inner, p.ssm_conv_width, heads])
         dt = be.unary(dt + m.dt_bias, "softplus")
 
         def sequence(rows, seq):

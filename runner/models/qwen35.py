@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import MODEL_TENSOR as T
 
-from runner.engine.recurrent_state import CONV, DELTA, RecurrentState
+from runner.engine.recurrent_state import CONV, DELTA
 
 from .decoder import Decoder
 
@@ -49,7 +49,7 @@ class Qwen35(Decoder):
     def load_recurrent(self, weights, i: int) -> GatedDeltaNet:
         p = self.params
         n, heads = p.n_embd, p.ssm_heads
-        width = 2 * p.ssm_groups * p.ssm_state + p.ssm_inner
+        width = p.ssm_conv_width
         if weights.has(T.SSM_BETA_ALPHA, i):
             beta_alpha = (weights.matrix(T.SSM_BETA_ALPHA, n, 2 * heads, i),)
         else:
@@ -61,11 +61,9 @@ class Qwen35(Decoder):
                              weights.vector(T.SSM_NORM, p.ssm_inner // heads, i),
                              weights.matrix(T.SSM_OUT, p.ssm_inner, n, i))
 
-    def new_recurrent_state(self) -> RecurrentState:
-        p = self.params
-        width = 2 * p.ssm_groups * p.ssm_state + p.ssm_inner
-        shapes = {CONV: (p.ssm_conv_kernel - 1, width), DELTA: (p.ssm_heads, p.ssm_state, p.ssm_inner // p.ssm_heads)}
-        return RecurrentState(self.backend, {i: shapes for i in range(p.n_layer) if p.recurrent(i)})
+    @staticmethod
+    def state_shapes(p) -> dict:
+        return {CONV: (p.ssm_conv_kernel - 1, p.ssm_conv_width), DELTA: (p.ssm_heads, p.ssm_state, p.ssm_inner // p.ssm_heads)}
 
     def recurrent(self, d: GatedDeltaNet, h, cache, i: int):
         be, p = self.backend, self.params
