@@ -389,6 +389,20 @@ def mxfp4_folder(src: Path, folder: Path) -> Path:
     return folder
 
 
+def logits_by_passes(lm, ids: list[int], splits: tuple[int, ...] = ()) -> list[np.ndarray]:
+    """All-position logits of one prefill, of one-token steps (replayed), and, where splits are
+    given, of prefills split there."""
+    model = lm.model
+    prefill = model.forward(ids, model.new_cache(128), all_logits=True)
+    cache = model.new_cache(128)
+    passes = [prefill, np.array([model.forward([t], cache) for t in ids])]
+    if splits:
+        cache, bounds = model.new_cache(128), [0, *(s for s in splits if s < len(ids)), len(ids)]
+        passes.append(np.concatenate([model.forward(ids[a:b], cache, all_logits=True)
+                                      for a, b in zip(bounds, bounds[1:])]))
+    return passes
+
+
 def transformers_logits(folder: Path, ids: list[int]) -> np.ndarray:
     import torch
     from transformers import AutoModelForCausalLM

@@ -7,8 +7,6 @@ state going back into a verify pass, saved and restored, per sequence in a batch
 perplexity on ggrun's files."""
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
@@ -25,7 +23,7 @@ from runner.engine.speculative import (
     make_drafter,
 )
 
-from .hf_folders import HYBRID_CONFIGS, converted_files, transformers_logits
+from .hf_folders import HYBRID_CONFIGS, converted_files, logits_by_passes, transformers_logits
 from .llama_cpp import PERPLEXITY_TEXT, llama_cpp_perplexity
 
 GREEDY = SamplingOptions(temperature=0)
@@ -38,17 +36,6 @@ def hybrid_files(hybrid_folders, tmp_path_factory):
     return converted_files(hybrid_folders, tmp_path_factory.mktemp("hybrid-gguf"))
 
 
-def _three_ways(lm, ids):
-    """All-position logits of one prefill, of one-token steps, and of prefills split at SPLITS."""
-    model = lm.model
-    prefill = model.forward(ids, model.new_cache(128), all_logits=True)
-    cache = model.new_cache(128)
-    steps = np.array([model.forward([t], cache) for t in ids])
-    cache, bounds = model.new_cache(128), [0, *(s for s in SPLITS if s < len(ids)), len(ids)]
-    split = np.concatenate([model.forward(ids[a:b], cache, all_logits=True) for a, b in itertools.pairwise(bounds)])
-    return prefill, steps, split
-
-
 @pytest.mark.parametrize("device", ["cpu", "torch-cpu"])
 @pytest.mark.parametrize("arch", list(HYBRID_CONFIGS))
 def test_hybrids_match_transformers(hybrid_folders, hybrid_files, arch, device):
@@ -57,7 +44,7 @@ def test_hybrids_match_transformers(hybrid_folders, hybrid_files, arch, device):
     lm = load_model(hybrid_files[arch][0], LoadOptions(kv_type="f32", device=device))
     ids = np.random.default_rng(1).integers(0, lm.params.vocab_size, 64).tolist()
     want = transformers_logits(hybrid_folders[arch], ids)
-    for got in _three_ways(lm, ids):
+    for got in logits_by_passes(lm, ids, SPLITS):
         assert np.array_equal(got.argmax(1), want.argmax(1))
         assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
     if device == "cpu":  # the steps replayed a recorded program that runs the recurrent layers inside it
@@ -76,7 +63,7 @@ def test_quantized_hybrids_compute_their_exact_values(hybrid_files, arch):
     ids = np.random.default_rng(3).integers(0, 50257, 24).tolist()
     exact = load_model(widened, LoadOptions(kv_type="f32"))
     exact = exact.model.forward(ids, exact.model.new_cache(64), all_logits=True)
-    for got in _three_ways(load_model(q4, LoadOptions(kv_type="f32", precise=True)), ids):
+    for got in logits_by_passes(load_model(q4, LoadOptions(kv_type="f32", precise=True)), ids, SPLITS):
         assert np.abs(got - exact).max() < 2e-2 * np.abs(exact).max()
 
 

@@ -16,7 +16,7 @@ from kernels_cpu.experts import GATING, route
 from kernels_cpu.step_program import Op
 from runner.engine.load import LoadOptions, load_model
 
-from .hf_folders import GPT2_VOCAB, MOE_CONFIGS, converted_files, transformers_logits
+from .hf_folders import GPT2_VOCAB, MOE_CONFIGS, converted_files, logits_by_passes, transformers_logits
 from .llama_cpp import PERPLEXITY_TEXT, convert_with_llama_cpp, llama_cpp_perplexity
 from .test_kernels import _random_k_blocks
 
@@ -175,14 +175,6 @@ def moe_files(moe_folders, tmp_path_factory):
     return converted_files(moe_folders, tmp_path_factory.mktemp("moe-gguf"))
 
 
-def _prefill_and_steps(lm, ids):
-    """All-position logits of one forward pass, and of one token at a time (replayed steps)."""
-    prefill = lm.model.forward(ids, lm.model.new_cache(128), all_logits=True)
-    cache = lm.model.new_cache(128)
-    steps = np.array([lm.model.forward([t], cache) for t in ids])
-    return prefill, steps
-
-
 @pytest.mark.parametrize("device", ["cpu", "torch-cpu"])
 @pytest.mark.parametrize("arch", list(MOE_CONFIGS))
 def test_moe_models_match_transformers(moe_folders, moe_files, arch, device):
@@ -191,7 +183,7 @@ def test_moe_models_match_transformers(moe_folders, moe_files, arch, device):
     lm = load_model(moe_files[arch][0], LoadOptions(kv_type="f32", device=device))
     ids = np.random.default_rng(1).integers(0, lm.params.vocab_size, 64).tolist()
     want = transformers_logits(moe_folders[arch], ids)
-    prefill, steps = _prefill_and_steps(lm, ids)
+    prefill, steps = logits_by_passes(lm, ids)
     for got in (prefill, steps):
         assert np.array_equal(got.argmax(1), want.argmax(1))
         assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
@@ -209,10 +201,10 @@ def test_quantized_moe_models_compute_their_exact_values(moe_files, arch):
     _, q4, widened = moe_files[arch]
     ids = np.random.default_rng(3).integers(0, load_model(q4, LoadOptions(kv_type="f32")).params.vocab_size, 24).tolist()
     exact = load_model(widened, LoadOptions(kv_type="f32")).model.forward(ids, load_model(widened, LoadOptions(kv_type="f32")).model.new_cache(128), all_logits=True)
-    prefill, steps = _prefill_and_steps(load_model(q4, LoadOptions(kv_type="f32", precise=True)), ids)
+    prefill, steps = logits_by_passes(load_model(q4, LoadOptions(kv_type="f32", precise=True)), ids)
     for got in (prefill, steps):
         assert np.abs(got - exact).max() < 5e-3 * np.abs(exact).max()
-    prefill, steps = _prefill_and_steps(load_model(q4, LoadOptions(kv_type="f32")), ids)
+    prefill, steps = logits_by_passes(load_model(q4, LoadOptions(kv_type="f32")), ids)
     assert np.corrcoef(prefill.ravel(), exact.ravel())[0, 1] > 0.9
     assert np.corrcoef(steps.ravel(), prefill.ravel())[0, 1] > 0.999
 
