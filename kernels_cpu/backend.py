@@ -26,6 +26,7 @@ class CpuBackend:
     name = "cpu"
     few_tokens = FEW_TOKENS
     replays_states = True  # (a recorded pass binds the recurrent states of the cache it replays over)
+    replays_lanes = True   # (and the slots and positions of each lane's batch)
     supported_types = SUPPORTED_TYPES
     kv_types = tuple(ELEMENTS)
     kv_block = SLOT_CHUNK  # (attention's jobs: one that sees none of its slots skips them)
@@ -66,13 +67,13 @@ class CpuBackend:
     def run(self, compute, batch, memory=None, owner=None, all_logits=False):
         if memory is None or not self.record_steps:
             return compute(batch)
-        shape = (memory.kv_type, len(batch.ids), all_logits)
+        shape = (memory.kv_type, len(batch.ids), all_logits, len(batch.lanes))
         return run_step(self, compute, batch, self._programs.setdefault(owner, {}), shape, memory)
 
-    def recorded_program(self, owner, kv_type, n_tokens, all_logits):
+    def recorded_program(self, owner, kv_type, n_tokens, all_logits, lanes=0):
         """The step program of owner's passes of this shape (Backend.run); None where the shape
         does not replay; KeyError before the first such pass."""
-        return self._programs[owner][kv_type, n_tokens, all_logits]
+        return self._programs[owner][kv_type, n_tokens, all_logits, lanes]
 
     def _record(self, record, *args, out=None):
         """What the model gets of an operation's output `out` (an array, a tuple of them, or None
@@ -92,7 +93,15 @@ class CpuBackend:
         return x
 
     def concat(self, xs):
-        return np.concatenate(xs)
+        out = np.concatenate([x.view(np.ndarray) for x in xs])
+        if self.recorder is None:
+            return out
+        traced, row = self.recorder.traced(out), 0  # (each part copied into its rows, by a recorded op)
+        for x in xs:
+            rows = len(x)
+            self.recorder.columns(x.reshape(rows, -1), 0, traced[row:row + rows].reshape(rows, -1))
+            row += rows
+        return traced
 
     def softcap(self, x, cap):
         x = np.ascontiguousarray(x)

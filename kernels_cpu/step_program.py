@@ -419,12 +419,11 @@ class Recorder:
         self.keep: dict = {}        # id -> every array the program reads or writes by address
         self._memory: set = set()   # the addresses of those arrays
         self.produced: set = set()  # ids of the step's own activations
-        self.inputs: list = []      # (batch field, index in the field's tuple or None, dtype)
+        self.inputs: list = []      # the dtype of each of the batch's arrays (Batch.arrays)
         self._input_ids: dict = {}
-        for name, value in batch.named_arrays():
-            for j, array in enumerate(value) if isinstance(value, tuple) else [(None, value)]:
-                self._input_ids[id(array)] = len(self.inputs)
-                self.inputs.append((name, j, array.dtype))
+        for array in batch.arrays():
+            self._input_ids[id(array)] = len(self.inputs)
+            self.inputs.append(array.dtype)
         self.mats: list = []        # products-table rows
         self.embedding_rows: list = []  # the row count of each embedding matrix (token ids must be below)
         self._mat_ids: dict = {}
@@ -468,7 +467,7 @@ class Recorder:
 
     def input(self, array, dtype) -> int:
         i = self._input_ids.get(id(array))
-        if i is None or self.inputs[i][2] != dtype:
+        if i is None or self.inputs[i] != dtype:
             self.fail("an index array that is not one of the batch's")
             return 0
         return i
@@ -735,12 +734,12 @@ class StepProgram:
         self._bound = [weakref.ref(keys) for keys, _ in buffers]
 
     def replay(self, batch, cache_keys: list, cache_values: list, cache_states: list = ()) -> np.ndarray:
-        arrays = []
-        for name, j, dtype in self.inputs:
-            array = getattr(batch, name) if j is None else getattr(batch, name)[j]
+        arrays = batch.arrays()
+        if len(arrays) != len(self.inputs):
+            raise ValueError("a batch of another shape than the recorded step's")
+        for array, dtype in zip(arrays, self.inputs):
             if array.dtype != dtype or not array.flags.c_contiguous:
-                raise ValueError(f"batch field {name} changed its type since the step was recorded")
-            arrays.append(array)
+                raise ValueError("a batch array changed its type since the step was recorded")
         if self.id_limit is not None:
             check_row_ids(batch.ids, self.id_limit)
         self.bind(cache_keys, cache_values)
@@ -769,7 +768,7 @@ def run_step(backend, compute, batch, programs: dict, shape, memory):
     if program is None:  # recorded once and found not replayable
         return compute(batch)
     if program is not False:
-        checked = (len(batch.ids), *program.output.shape)
+        checked = (len(batch.ids), len(batch.lanes), *program.output.shape)
         if checked in backend.replay_checked:
             return program.replay(batch, memory.keys, memory.values, states)
         before = [s.copy() for s in states]  # (the eager pass that checks the replay starts where it did)

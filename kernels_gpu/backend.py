@@ -23,6 +23,7 @@ from .step_graph import MIN_SLOTS, replay_step
 class TorchBackend:
     few_tokens = 1  # (one-token steps run the row dots; more tokens dequantize tiles)
     replays_states = False  # (a CUDA graph replays over the buffers it was recorded on: one sequence's states)
+    replays_lanes = False   # (and one sequence's slots)
     supported_types = frozenset(QUANT_TYPES)  # (tests/test_structure.py: DEQUANTIZE covers them)
     kv_types = tuple(kv_layout.ELEMENTS)
     kv_block = MIN_SLOTS  # (its attention reads every slot up to the last: any block size serves)

@@ -23,6 +23,8 @@ class Backend(Protocol):
     supported_types: frozenset  # GGML tensor types load_matrix takes
     kv_types: tuple             # KV cache element types new_kv makes ("f32", "f16", "q8_0")
     kv_block: int               # slots of a paged cache's block: attention skips as many at once (kv_pool.py)
+    replays_states: bool        # whether run replays a hybrid's pass over another sequence's recurrent states
+    replays_lanes: bool         # whether run replays a pass of several sequences' lanes (Batch.lanes)
 
     def free_memory(self) -> int | None:
         """Bytes the device can still allocate; None for the host's memory (not checked)."""
@@ -36,7 +38,7 @@ class Backend(Protocol):
         owner the model that computes it (two models on one backend never share a recording), and
         all_logits whether it returns the logits of every token or of the last. The backend keeps
         its recordings itself, each for as long as what it is kept by lives: the CPU a step program
-        per owner, kv type, number of tokens and all_logits, which binds the buffers of whichever
+        per owner, kv type, number of tokens, all_logits and number of lanes, which binds the buffers of whichever
         memory it replays over; CUDA graphs per memory, which replay over the buffers they were
         recorded on. Without memory the pass runs eagerly."""
 

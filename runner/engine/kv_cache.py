@@ -53,15 +53,19 @@ class Batch:
     slots: tuple            # per kind: (T,) int64 slots the tokens are written to
     key_positions: tuple    # per kind: the positions held by the slots attention reads (-1: empty)
     capacities: tuple       # per kind: slots in the cache (a bound for backends that pad key_positions)
+    lanes: tuple = ()       # a pass over several sequences (Decoder.forward_lanes): each one's own batch
 
     def named_arrays(self):
-        """(field name, array or tuple of arrays) of every array field."""
-        return [(f.name, getattr(self, f.name)) for f in fields(self) if f.name != "capacities"]
+        """(field name, array or tuple of arrays) of every array field of the pass's own."""
+        return [(f.name, getattr(self, f.name)) for f in fields(self) if f.name not in ("capacities", "lanes")]
 
     def arrays(self) -> list:
+        """Every array of the pass, its lanes' after its own, in an order fixed by its shape."""
         out = []
         for _, a in self.named_arrays():
             out.extend(a if isinstance(a, tuple) else [a])
+        for lane in self.lanes:
+            out.extend(lane.arrays())
         return out
 
     def replace(self, **changes) -> Batch:

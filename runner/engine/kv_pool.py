@@ -191,6 +191,17 @@ class SequenceMemory:
     states: list
 
 
+def lanes_memory(caches) -> KVPool | SequenceMemory | None:
+    """What a pass over several sequences' caches replays over (Backend.run's memory): the buffers
+    they all share, with each one's recurrent states in lane order; None where they share none."""
+    memories = [c.memory for c in caches]
+    first = memories[0]
+    if any(m.keys is not first.keys for m in memories):
+        return None
+    states = [s for m in memories for s in getattr(m, "states", ())]
+    return SequenceMemory(first.keys, first.values, first.kv_type, states) if states else first
+
+
 class SequenceCache:
     """One sequence's block table over a KVPool: the cache that Decoder.forward and forward_lanes
     run it against (KVCache's interface, without a ring). Made afresh for each sequence."""

@@ -17,7 +17,7 @@ from gguf import MODEL_TENSOR as T
 
 from gguf_io import ModelParams
 from runner.engine.kv_cache import Batch, KVCache
-from runner.engine.kv_pool import KVPool, SequenceCache
+from runner.engine.kv_pool import KVPool, SequenceCache, lanes_memory
 from runner.engine.recurrent_state import RecurrentState
 from runner.engine.weights import WeightLoader
 
@@ -389,12 +389,17 @@ class Decoder:
             cache.move_pinned(lambda i, c=cache: self.key_rotation(self.cache_owners[i], c))
         starts = tuple(np.cumsum([0, *map(len, tokens)]).tolist())
         joint = batches[0].replace(ids=np.concatenate([b.ids for b in batches]),
-                                   positions=np.concatenate([b.positions for b in batches]))
+                                   positions=np.concatenate([b.positions for b in batches]), lanes=tuple(batches))
+        # (a pass of lanes replays as a step does, where the backend binds each lane's batch)
+        replayable = (self.backend.replays_lanes and self.query_temperature(joint.positions) is None
+                      and all(c.recurrent is None or self.backend.replays_states and not c.recurrent.undo
+                              for c in caches))
+        memory = lanes_memory(caches) if replayable else None
 
         def compute(batch):
-            lanes = Lanes(tuple(caches), tuple(self.backend.upload(b) for b in batches), starts)
+            lanes = Lanes(tuple(caches), tuple(self.backend.upload(b) for b in batch.lanes), starts)
             return self._compute(batch, lanes, all_logits=True)
-        return self.backend.to_numpy(self.backend.run(compute, joint))
+        return self.backend.to_numpy(self.backend.run(compute, joint, memory, self, all_logits=True))
 
     def _compute(self, batch: Batch, cache: KVCache | Lanes, all_logits: bool):
         be, p = self.backend, self.params
