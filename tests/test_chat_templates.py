@@ -125,3 +125,8 @@ def test_gemma4s_thought_channel_comes_apart_and_a_grammar_follows_it(llama_cpp_
         assert token in matcher, tok.token_bytes(token, render_special=True)
         matcher.accept(token)
     assert matcher.finished
+
+
+def test_tojson_writes_a_filters_sequence_as_a_list():
+    source = "{{ messages | map(attribute='role') | tojson }} {{ messages | selectattr('role', 'eq', 'x') | tojson }}"
+    assert ChatTemplate(source, "map").render([{"role": "user", "content": "hi"}], False) == '["user"] []'

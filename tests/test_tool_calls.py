@@ -1,11 +1,12 @@
 """Tool-call formats (runner/text/tool_calls.py) against the real chat templates of llama.cpp
-b11434's models/templates: each family's template is recognised as its format, an assistant's
-calls rendered by the template parse back to the same calls, the grammar of each format (auto and
-required) lets only its calls through on a real vocabulary (SmolLM2's, tokens sampled at random
-under the mask), and a reply that is no valid call stays text."""
+b11434's models/templates: every template is recognised as the format pinned for it, an
+assistant's calls rendered by each family's template parse back to the same calls, the grammar of
+each format (auto and required) lets only its calls through on a real vocabulary (SmolLM2's,
+tokens sampled at random under the mask), and a reply that is no valid call stays text."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,13 +14,18 @@ import pytest
 
 from runner.engine.constraint import JSON_OPTIONS, Grammar, Matcher
 from runner.text.chat_template import ChatTemplate
-from runner.text.tool_calls import FORMATS, Tool, tool_format, writes_calls
+from runner.text.tool_calls import FORMATS, Tool, tool_format
+from runner.text.tool_messages import template_tools
 
 jsonschema = pytest.importorskip("jsonschema")
 
 DATA = Path(__file__).parent / "data"
 
 _HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
+_LLAMA3 = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>")
+_DEEPSEEK = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>",
+             "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>",
+             "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")
 _MISTRAL = ("[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
             "[/TOOL_RESULTS]")
 # family: (its template in models/templates, the format it teaches, its control tokens)
@@ -47,8 +53,55 @@ FAMILIES = {
     "phi-4-mini": ("phi-4-mini-instruct", "phi4-mini", ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
                                                         "<|tool|>", "<|/tool|>", "<|tool_call|>", "<|/tool_call|>")),
     "seed-oss": ("ByteDance-Seed-OSS", "seed-xml", ("<seed:bos>", "<seed:eos>")),
-    "functionary-v3.1": ("meetkai-functionary-medium-v3.1", "function-tag",
-                         ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>")),
+    "functionary-v3.1": ("meetkai-functionary-medium-v3.1", "function-tag", _LLAMA3),
+    "functionary-v3.2": ("meetkai-functionary-medium-v3.2", "functionary-v3.2", _LLAMA3),
+    "firefunction-v2": ("fireworks-ai-llama-3-firefunction-v2", "firefunction", _LLAMA3),
+    "lfm2": ("LFM2-8B-A1B", "lfm2", ("<|im_start|>", "<|im_end|>", "<|tool_list_start|>", "<|tool_list_end|>",
+                                     "<|tool_call_start|>", "<|tool_call_end|>", "<|tool_response_start|>",
+                                     "<|tool_response_end|>")),
+    "lfm2.5": ("LFM2.5-8B-A1B", "lfm2", ("<|im_start|>", "<|im_end|>", "<|tool_call_start|>", "<|tool_call_end|>")),
+    "nemotron-nano-v2": ("NVIDIA-Nemotron-Nano-v2", "nemotron", ("<SPECIAL_10>", "<SPECIAL_11>", "<SPECIAL_12>",
+                                                                 "<TOOLCALL>", "</TOOLCALL>", "<AVAILABLE_TOOLS>",
+                                                                 "</AVAILABLE_TOOLS>", "<TOOL_RESPONSE>",
+                                                                 "</TOOL_RESPONSE>")),
+    "deepseek-r1": ("llama-cpp-deepseek-r1", "deepseek-r1", _DEEPSEEK),
+    # (the distills' templates write calls but never show the tools: they are described in a system message)
+    "deepseek-r1-distill-qwen": ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "deepseek-r1", _DEEPSEEK),
+    "llm-jp-4.1": ("llm-jp-llm-jp-4.1-8b-thinking", "harmony", _HARMONY),  # (gpt-oss's harmony, spaced)
+}
+# the format of every template in llama.cpp b11434's models/templates ("-": none, Hermes described), so
+# that a new clue that takes an older template away fails; families of architectures ggrun does not
+# run are pinned as they fall, right or not
+EVERY_TEMPLATE = {
+    "hermes": ("Bielik-11B-v3.0-Instruct", "MiMo-VL", "MiniMax-M3", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
+               "NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "Qwen-QwQ-32B", "Qwen-Qwen2.5-7B-Instruct",
+               "Qwen-Qwen3-0.6B", "Reka-Edge", "ibm-granite-granite-4.0", "ibm-granite-granite-4.1",
+               "unsloth-Apriel-1.5"),
+    "-": ("Apertus-8B-Instruct", "Apriel-1.6-15b-Thinker-fixed", "GigaChat3-10B-A1.8B", "GigaChat3.1-10B-A1.8B",
+          "HuggingFaceTB-SmolLM3-3B", "Kimi-K2-Instruct", "Kimi-K2-Thinking", "Kimi-K3", "MiniMax-M1", "MiniMax-M2",
+          "deepseek-ai-DeepSeek-V3.1", "deepseek-ai-DeepSeek-V3.2", "deepseek-ai-DeepSeek-V4-Flash-0731",
+          "deepseek-ai-DeepSeek-V4", "google-gemma-2-2b-it", "llama-cpp-rwkv-world", "microsoft-Phi-3.5-mini-instruct",
+          "moonshotai-Kimi-K2", "openbmb-MiniCPM5-1B", "tencent-Hy3", "upstage-Solar-Open-100B"),
+    "llama3": ("Cohere2MoE", "CohereForAI-c4ai-command-r-plus-tool_use", "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
+               "meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
+               "meta-llama-Llama-3.3-70B-Instruct", "muse-glimmer"),
+    "glm": ("GLM-4.6", "GLM-4.7-Flash", "Spark2.5", "inclusionai-ling-3.0-flash", "poolside-Laguna-S-2.1",
+            "poolside-Laguna-XS-2.1", "poolside-Laguna-XS.2"),
+    "qwen-xml": ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "Qwen3-Coder", "Qwen3.5-4B", "StepFun3.5-Flash"),
+    "mistral-args": ("Mistral-Small-3.2-24B-Instruct-2506", "mistralai-Ministral-3-14B-Reasoning-2512",
+                     "unsloth-mistral-Devstral-Small-2507"),
+    "mistral": ("mistralai-Mistral-Nemo-Instruct-2407",),
+    "harmony": ("openai-gpt-oss-120b", "llm-jp-llm-jp-4.1-8b-thinking"),
+    "gemma4": ("google-gemma-4-31B-it", "google-gemma-4-31B-it-interleaved"),
+    "granite": ("ibm-granite-granite-3.3-2B-Instruct",),
+    "seed-xml": ("ByteDance-Seed-OSS",),
+    "function-tag": ("meetkai-functionary-medium-v3.1",),
+    "functionary-v3.2": ("meetkai-functionary-medium-v3.2",),
+    "firefunction": ("fireworks-ai-llama-3-firefunction-v2",),
+    "lfm2": ("LFM2-8B-A1B", "LFM2.5-8B-A1B", "LFM2.5-Instruct"),
+    "nemotron": ("NVIDIA-Nemotron-Nano-v2",),
+    "deepseek-r1": ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+                    "llama-cpp-deepseek-r1"),
 }
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
@@ -71,6 +124,15 @@ def test_every_format_has_a_family():
     assert {fmt().name for _, fmt in FORMATS} <= {f[1] for f in FAMILIES.values()}
 
 
+def test_every_template_is_recognised_as_its_format(llama_cpp_source):
+    files = sorted((llama_cpp_source / "models" / "templates").glob("*.jinja"))
+    expected = {stem: name for name, stems in EVERY_TEMPLATE.items() for stem in stems}
+    assert {f.stem for f in files} == set(expected)
+    for f in files:
+        fmt, own = tool_format(f.read_text())
+        assert (fmt.name if own else "-") == expected[f.stem], f.stem
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_templates_calls_parse_back(llama_cpp_source, family):
     """The format recognised in the family's template, and the calls that template writes for an
@@ -81,23 +143,26 @@ def test_a_templates_calls_parse_back(llama_cpp_source, family):
     template = ChatTemplate(source, family, "<s>", "</s>")
     calls = CALLS if fmt.parallel else CALLS[:1]
     ids = [fmt.new_id() for _ in calls]
-    user = [{"role": "user", "content": "What is the weather in Paris, and what is 2 + 40?"}]
-    tools = [t.as_openai() for t in TOOLS]
+    question = "What is the weather in Paris, and what is 2 + 40?"
+    user = [{"role": "user", "content": question}]
     assistant = {"role": "assistant", "content": "", "tool_calls": [
         {"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, (n, a) in zip(ids, calls)]}
-    if not writes_calls(source):  # (the template writes no calls: they are written for it, as serve does)
-        assistant = {"role": "assistant", "content": fmt.written(assistant["tool_calls"])}
-    prompt = template.render(user, True, tools=tools)
-    whole = template.render([*user, assistant], False, tools=tools)
+    # (as serve gives them: the tools, calls written where the template does not write them, ...)
+    given = template_tools(source, template)
+    messages, variables = given.input(user, TOOLS)
+    prompt = template.render(messages, True, **variables)
+    whole = template.render(given.input([*user, assistant], TOOLS)[0], False, **variables)
     # (where the generation prompt is not the start of the reply's turn, the reply follows its header)
-    header = {"gpt-oss": "<|start|>assistant", "gemma4": "<|turn>model\n"}.get(family)
-    assert whole.startswith(prompt) or header
-    reply = whole[len(prompt):] if whole.startswith(prompt) else whole[whole.rfind(header) + len(header):]
+    header = {"gpt-oss": "<|start|>assistant", "llm-jp-4.1": "<|start|>assistant", "gemma4": "<|turn>model\n",
+              "nemotron-nano-v2": "<SPECIAL_11>Assistant\n"}.get(family, "<｜Assistant｜>")
+    assert whole.startswith(prompt) or header in whole
+    reply = whole[len(prompt):] if whole.startswith(prompt) else \
+        whole[whole.index(header, whole.index(question)) + len(header):]
     for end in ("<|im_end|>", "<|eot_id|>", "</s>", "<|end_of_text|>", "<|call|>", "<|end|>", "<seed:eos>", "<|eom_id|>",
-                "<|tool_response>"):
+                "<|tool_response>", "<SPECIAL_12>", "<｜end▁of▁sentence｜>"):
         reply = reply.split(end)[0]
-    if family == "gpt-oss":  # (the reply decoder gives a call's header so)
-        reply = reply.replace("<|channel|>commentary json", "").replace(" to=functions.", "to=functions.")
+    if fmt.name == "harmony":  # (the reply decoder gives a call's header so)
+        reply = re.sub(r"<\|channel\|>commentary[^<]*(<\|constrain\|>[^<]*)?", "", reply).replace(" to=", "to=")
     content, parsed = fmt.parse(reply, TOOLS)
     assert [(c.name, json.loads(c.arguments)) for c in parsed] == calls, reply
     assert content.replace("<think>", "").replace("</think>", "").strip() == ""  # (an empty reasoning block)
@@ -140,8 +205,8 @@ def test_the_grammar_lets_only_calls_through(smollm_tokenizer, name, choice):
     if name == "harmony":
         opening = "<|channel|>commentary to=functions."
     else:
-        # (Llama 3's call is the whole reply: no text before it)
-        opened = "Sure." + fmt.opening if fmt.opening else '{"name'
+        # (Llama 3's call is the whole reply: no text before it; Functionary v3.2's text has a recipient)
+        opened = fmt.lead + "Sure." + fmt.start if fmt.lead else "Sure." + fmt.opening if fmt.opening else '{"name'
         opening = ("<think>Hm.</think>\n" if think else "") + (opened if choice == "auto" else "")
     forced = list(tok.encode(opening, add_special=False))
     # (a bias to short replies: among the tokens allowed, one of the shortest, the end counted first)
@@ -158,7 +223,7 @@ def test_the_grammar_lets_only_calls_through(smollm_tokenizer, name, choice):
         matcher.accept(token)
         text += b"" if token in tok.vocab.end_of_generation else tok.token_bytes(token, render_special=True)
     assert matcher.finished, text
-    _, calls = fmt.parse(text.decode(), TOOLS)
+    _, calls = fmt.parse(text.decode().split("</think>")[-1], TOOLS)  # (as the reply decoder gives the answer)
     assert calls, text
     for call in calls:
         jsonschema.validate(json.loads(call.arguments), next(t.parameters for t in TOOLS if t.name == call.name))
@@ -222,3 +287,60 @@ def test_gemma4s_grammar_grows_with_its_members_not_their_subsets():
     lark = tool_format("<|tool_call>call:")[0].grammar([many], "required", False, {}, None, JSON_OPTIONS)
     assert len(lark) < 40_000
     Grammar.lark(lark)
+
+
+def test_lfm2_reads_python_and_json_values():
+    """LFM2's calls as Python writes them (either quote, True/None) or JSON (true/null), nested; a
+    parameter no keyword argument can name is refused (a 400)."""
+    lfm2 = tool_format("List of tools: [")[0]
+    note = Tool("note", "", {"type": "object", "properties": {}})
+    text = ("Noted.<|tool_call_start|>[note(text='it\\'s \"x\"', pin=True, due=None, tags=['a', \"b\"], "
+            'meta={"k": [1, 2.5, false, null]}), add(a=-2, b=40)]<|tool_call_end|>')
+    content, calls = lfm2.parse(text, [note, *TOOLS])
+    assert content == "Noted." and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("note", {"text": "it's \"x\"", "pin": True, "due": None, "tags": ["a", "b"],
+                  "meta": {"k": [1, 2.5, False, None]}}), ("add", {"a": -2, "b": 40})]
+    for bad in ("add(a=1, b=2]", "add(1, 2)]", "subtract(a=1)]"):
+        bad = "<|tool_call_start|>[" + bad + "<|tool_call_end|>"
+        assert lfm2.parse(bad, TOOLS) == (bad, [])
+    odd = Tool("odd", "", {"type": "object", "properties": {"my key": {"type": "string"}}})
+    with pytest.raises(ValueError, match="keyword argument"):
+        lfm2.grammar([odd], "required", True, {})
+
+
+def test_functionary_v32s_text_goes_out_without_its_recipient():
+    """Functionary v3.2's reply begins after the generation prompt's `>>>`: `all\\n` and text, or a call."""
+    fmt = tool_format(">>>all")[0]
+    assert fmt.parse("all\nHello.", TOOLS) == ("Hello.", [])
+    content, calls = fmt.parse('all\nLet me add.>>>add\n{"a": 1, "b": 2}', TOOLS)
+    assert content == "Let me add." and [c.name for c in calls] == ["add"]
+    for reply, has_calls, out in (("all\nLet me add.>>>add\n{}", True, "Let me add."),
+                                  ("all\nHi >> there", False, "Hi >> there"), ('add\n{"a": 1}', True, ""),
+                                  ("all", False, "all")):
+        held = fmt.held()
+        streamed = "".join(held.push(reply[i:i + 3]) for i in range(0, len(reply), 3))
+        assert streamed + held.rest(has_calls) == out, reply
+
+
+def test_templates_that_take_tools_their_own_way(llama_cpp_source):
+    """FireFunction v2's template takes the tools (and the date) in its own variables, tools or none;
+    the DeepSeek R1 distills' show no tools, which go in a system message in their call syntax;
+    Functionary v3.2's adds a call's arguments to a string: they go to it as JSON text."""
+    user = [{"role": "user", "content": "What is 2 + 40?"}]
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 40}}}]}
+
+    def rendered(family, messages, tools):
+        source = template_text(llama_cpp_source, family)
+        template = ChatTemplate(source, family, "<s>", "</s>")
+        given = template_tools(source, template)
+        messages, variables = given.input(messages, tools)
+        return given, template.render(messages, True, **variables)
+    given, prompt = rendered("firefunction-v2", user, [])
+    assert given.presents and "Available functions as JSON spec:\n[]" in prompt
+    assert '"name": "add"' in rendered("firefunction-v2", user, TOOLS)[1]
+    given, prompt = rendered("deepseek-r1-distill-qwen", user, TOOLS)
+    assert not given.presents and prompt.index('"get_weather"') < prompt.index("What is 2 + 40?")
+    assert "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>" in prompt
+    given, prompt = rendered("functionary-v3.2", [*user, call], TOOLS)
+    assert given.text_arguments and '>>>add\n{"a": 2, "b": 40}' in prompt

@@ -7,8 +7,8 @@ from __future__ import annotations
 from ..text.chat_template import BUILTIN_TEMPLATES
 from ..text.lark import control_tokens
 from ..text.reasoning import ANSWER, reasoning_format
-from ..text.tool_calls import HeldText, Tool, ToolCall, tool_format, writes_calls
-from ..text.tool_messages import object_arguments, parse_tools, template_input
+from ..text.tool_calls import HeldText, Tool, ToolCall
+from ..text.tool_messages import object_arguments, parse_tools, template_tools
 from ..text.user_files import read_text
 from .constraint import Grammar, GrammarError
 
@@ -32,11 +32,11 @@ class ChatTools:
     def __init__(self, tools: list[Tool], template, tokenizer):
         self.tools = tools
         source = BUILTIN_TEMPLATES[template.name] if template.builtin else tokenizer.vocab.chat_template
-        self.format, self.own = tool_format(source)
-        self.writes_calls = writes_calls(source)
+        self.template_tools = template_tools(source, template)
+        self.format, self.own = self.template_tools.format, self.template_tools.own
         self.grammar = self.shown = None
-        # (the tools make a system message: described where the template has no format, or Phi-4-mini's)
-        self.makes_system = bool(tools) and (self.format.system_tools or not self.own)
+        # (the tools make a system message: described where the template does not show them, or Phi-4-mini's)
+        self.makes_system = bool(tools) and (self.format.system_tools or not self.template_tools.presents)
         if tools:
             control = control_tokens(tokenizer.vocab, self.format.markup)
             reasoning = reasoning_format(tokenizer.vocab)
@@ -51,7 +51,7 @@ class ChatTools:
         """The messages and variables the template renders (tool_messages.py): a template with a
         tool format of its own gets the tools; one without, their description and the results as
         user turns; the calls go in the replies' text where it does not write them."""
-        return template_input(object_arguments(messages), self.tools, self.format, self.own, self.writes_calls)
+        return self.template_tools.input(object_arguments(messages), self.tools)
 
     def read(self, answer: str) -> tuple[str, list[ToolCall]]:
         """A reply's content and calls (a reply that holds no valid call is all content)."""
@@ -59,7 +59,8 @@ class ChatTools:
 
     def stream(self, on_text) -> HeldBack:
         """What a reply's pieces stream through to on_text (which may be None)."""
-        return HeldBack(on_text or (lambda piece, part: None), self.format.start if self.tools else "")
+        return HeldBack(on_text or (lambda piece, part: None), self.format.start if self.tools else "",
+                        self.format.lead)
 
 
 class HeldBack:
@@ -67,8 +68,8 @@ class HeldBack:
     where they may begin waits for the whole reply, and goes on only where it holds no valid call
     (text/tool_calls.py's HeldText). Reasoning passes at once."""
 
-    def __init__(self, on_text, start: str):
-        self.on_text, self.held = on_text, HeldText(start) if start else None
+    def __init__(self, on_text, start: str, lead: str = ""):
+        self.on_text, self.held = on_text, HeldText(start, lead) if start else None
 
     @property
     def answer(self) -> str:

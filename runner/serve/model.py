@@ -17,8 +17,7 @@ from ..text.chat_template import (
 )
 from ..text.lark import control_tokens
 from ..text.reasoning import reasoning_format
-from ..text.tool_calls import tool_format, writes_calls
-from ..text.tool_messages import template_input
+from ..text.tool_messages import template_tools
 from .fields import ApiError, bad
 
 # what a template is given besides chat_template_kwargs (a request may not set them)
@@ -71,10 +70,10 @@ class ServedModel:
         self.reasoning = reasoning_format(lm.tokenizer.vocab)  # how replies mark their reasoning (text/reasoning.py)
         self.template_source = (BUILTIN_TEMPLATES[self.template.name] if self.template.builtin
                                 else lm.tokenizer.vocab.chat_template)
-        # the template's tool-call format (own: its own, else Hermes described), whether it writes an
-        # assistant's calls, and the vocabulary's control tokens of the format's markup
-        self.tool_format, self.own_tool_format = tool_format(self.template_source)
-        self.writes_calls = writes_calls(self.template_source)
+        # what the template does with tools (its tool-call format, ...), and the vocabulary's control
+        # tokens of the format's markup
+        self.template_tools = template_tools(self.template_source, self.template)
+        self.tool_format = self.template_tools.format
         self.tool_control = control_tokens(lm.tokenizer.vocab, self.tool_format.markup)
 
     def chat_ids(self, messages: list[dict], variables: dict | None = None, tools=None) -> list[int]:
@@ -94,8 +93,7 @@ class ServedModel:
         reserved = sorted(_TEMPLATE_OWN & set(variables))
         if reserved:
             raise bad(f"chat_template_kwargs may not set {reserved[0]!r}")
-        messages, extra = template_input(messages, tools.tools if tools is not None else [], self.tool_format,
-                                         self.own_tool_format, self.writes_calls)
+        messages, extra = self.template_tools.input(messages, tools.tools if tools is not None else [])
         variables = {**variables, **extra}
         try:
             return render_with_content_spans(self.template, messages, add_generation_prompt=True, **variables)

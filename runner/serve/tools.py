@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..engine.constraint import Grammar, GrammarError
-from ..text.tool_calls import CHOICES, HeldText, Tool, ToolCall, ToolFormat
+from ..text.tool_calls import CHOICES, Tool, ToolCall, ToolFormat
 from ..text.tool_messages import NAME, NO_PARAMETERS
 from .fields import Fields, bad, check_type, shown
 
@@ -19,7 +19,6 @@ class ToolUse:
     choice: str              # "auto" or "required" (a named function: `tools` is that one)
     parallel: bool
     format: ToolFormat
-    own: bool                # the template's own format (else its instructions go in a system message)
     shown: dict[int, str]    # the format's control tokens, given as text to the parser
     grammar: Grammar
 
@@ -41,8 +40,7 @@ def read_tools(f: Fields, model) -> ToolUse | None:
         grammar = Grammar.tool_calls(model.tool_format, tools, choice, parallel, model.tool_control, model.reasoning)
     except GrammarError as e:
         raise bad(f"tools: {e}") from None
-    return ToolUse(tools, choice, parallel, model.tool_format, model.own_tool_format,
-                   {i: t for t, i in model.tool_control.items()}, grammar)
+    return ToolUse(tools, choice, parallel, model.tool_format, {i: t for t, i in model.tool_control.items()}, grammar)
 
 
 def _tool(value, where: str) -> Tool:
@@ -85,7 +83,7 @@ class CallStream:
     (and any content held back) once the reply is whole."""
 
     def __init__(self, use: ToolUse):
-        self.use, self.held = use, HeldText(use.format.start)
+        self.use, self.held = use, use.format.held()
 
     def push(self, piece: str) -> str:
         """The content that can go out now that piece follows."""

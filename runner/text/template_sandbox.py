@@ -14,6 +14,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Iterator
 
 from jinja2 import TemplateError, nodes, pass_eval_context
 from jinja2.compiler import CodeGenerator
@@ -162,9 +163,17 @@ class _Namespace(Namespace):
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    """transformers' tojson: json.dumps without Jinja's HTML escaping, with its options."""
+    """transformers' tojson: json.dumps without Jinja's HTML escaping, with its options; the
+    sequence a filter such as map or select yields (a generator) as a list, as llama.cpp's Jinja
+    writes it (its own DeepSeek R1 template asks for `tools | map(attribute='function') | tojson`)."""
     return _bounded(json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                               sort_keys=sort_keys))
+                               sort_keys=sort_keys, default=_listed))
+
+
+def _listed(value):
+    if isinstance(value, Iterator):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _bounded_filters(filters) -> dict:

@@ -10,13 +10,15 @@ parsed back out of a reply's text.
 In "auto" the reply is free text until a call's opening appears (a lazy rule: llguidance's way of
 constraining tool calls inside running text); "required" (or one named tool) allows only calls.
 A template with no tool format of its own gets the Hermes format, its tools described in a
-system message (`instructions`)."""
+system message (`instructions`); so does a template whose format is its own but which never shows
+the model its tools (the DeepSeek R1 distills'), in its format's syntax."""
 from __future__ import annotations
 
 import json
 import re
 import secrets
 import string
+import time
 from dataclasses import dataclass
 
 from .lark import TEXT_RULE, WS, Literals, pattern_regex
@@ -59,7 +61,9 @@ class ToolFormat:
     parallel = True        # whether the format can hold more than one call a reply
     id_length = 0          # a call id's length, where the template insists on one (Mistral's: 9)
     extra_markup = ""      # markup the grammar writes besides opening, separator and closing
+    lead = ""              # markup a reply's text begins with (Functionary v3.2's recipient, `all\n`)
     system_tools = False   # the tools go in the system message's `tools` (as JSON text), not the template's
+    tools_variable = "tools"  # the template variable that gives the model its tools
 
     def item(self, tool: Tool, lit) -> str:
         raise NotImplementedError
@@ -105,42 +109,66 @@ class ToolFormat:
         rules.append(f"calls: ({items}){more} {lit(self.closing)}")
         # (its markup may be control tokens, which TEXT is not)
         head = f"{reasoning_head(reasoning, lit)} {WS} " if reasoning in ("think", "channel") else ""
+        return "\n".join(["%llguidance {}", f"start: {head}{self.reply(choice, lit)}", *rules, *lit.rules, TEXT_RULE])
+
+    def reply(self, choice: str, lit) -> str:
+        """Lark for a reply after its reasoning, its calls the rule `calls`: calls only where choice
+        is "required", else text, or text and then calls."""
         if choice == "required":
-            top = f"start: {head}{lit(self.opening)} calls"
-        elif self.opening:
-            top = f"start: {head}(TEXT | {lit.until(self.opening, 'opening')} calls)"
-        else:  # (a call is the whole reply: text is what does not begin like one)
-            top = f"start: {head}(PLAIN | calls)"
-            lit.rules.append("PLAIN: /([^{](.|\\n)*)?/")
-        return "\n".join(["%llguidance {}", top, *rules, *lit.rules, TEXT_RULE])
+            return f"{lit(self.opening)} calls"
+        if self.opening:
+            return f"(TEXT | {lit.until(self.opening, 'opening')} calls)"
+        # (a call is the whole reply: text is what does not begin like one)
+        lit.rules.append("PLAIN: /([^{](.|\\n)*)?/")
+        return "(PLAIN | calls)"
 
     def parse(self, text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
         """The reply's content and its calls: the text before the first opening, and the calls
         after it; a reply whose calls do not parse (or name no given tool) is all content."""
-        at = text.find(self.start)
-        if at < 0:
-            return text, []
-        if self.closing.strip() and not text.rstrip().endswith(self.closing.strip()):
-            return text, []  # (the last call is not whole)
+        plain = text.removeprefix(self.lead)
+        split = self.split(text)
+        if split is None:
+            return plain, []
         by_name = {t.name: t for t in tools}
-        found = self.parse_block(text[at:], by_name)
+        found = self.parse_block(split[1], by_name)
         if not found or any(name not in by_name or not isinstance(args, dict) for name, args in found):
-            return text, []
-        return text[:at].strip(), [ToolCall(self.new_id(), name, _dumps(args))
-                                   for name, args in found]
+            return plain, []
+        return split[0], [ToolCall(self.new_id(), name, _dumps(args)) for name, args in found]
+
+    def split(self, text: str) -> tuple[str, str] | None:
+        """A reply's content and the block of its calls (from `start`); None where it holds none."""
+        at = text.find(self.start)
+        if at < 0 or self.closing.strip() and not text.rstrip().endswith(self.closing.strip()):
+            return None  # (no call, or the last is not whole)
+        return text[:at].strip(), text[at:]
 
     def new_id(self) -> str:
         if self.id_length:
             return "".join(secrets.choice(_ALNUM) for _ in range(self.id_length))
         return "call_" + secrets.token_hex(12)
 
-    def instructions(self, tools: list[Tool]) -> str | None:
-        """A system message's text that teaches the tools, for templates that have no tool format."""
-        return None
+    def variables(self, tools: list[Tool]) -> dict:
+        """The template variables that give the tools to a template of this format."""
+        return {self.tools_variable: [t.as_openai() for t in tools]} if tools else {}
+
+    def instructions(self, tools: list[Tool]) -> str:
+        """A system message's text that teaches the tools, for a template that does not give them:
+        each as OpenAI writes it, and a call as the format writes it."""
+        example = self.written([{"function": {"name": "<function-name>", "arguments": {"<argument>": "<value>"}}}])
+        return (f"# Tools\n\nYou may call one or more functions to assist with the user query. The functions:\n"
+                f"{_listed(tools)}\n\nTo call functions, write:\n{example}")
+
+    def held(self) -> HeldText:
+        """A reply's text as it streams, held back from where its calls may begin."""
+        return HeldText(self.start, self.lead)
 
 
 def _dumps(value) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+def _listed(tools: list[Tool]) -> str:
+    return "\n".join(_dumps(t.as_openai()) for t in tools)
 
 
 def _text(value) -> str:
@@ -191,11 +219,12 @@ class _JsonCalls(ToolFormat):
 
 
 class _JsonList(_JsonCalls):
-    """Formats that write a reply's calls as one JSON list after a marker (the opening, less its "[")."""
+    """Formats that write a reply's calls as one JSON list between markers (the opening less its "[",
+    the closing less its "]")."""
 
     def parse_block(self, block, tools):
-        values, end = _json_objects(block, len(self.opening) - 1)
-        if len(values) != 1 or not isinstance(values[0], list) or block[end:].strip():
+        values, end = _json_objects(block, len(self.start) - 1)
+        if len(values) != 1 or not isinstance(values[0], list) or block[end:].strip() != self.closing[1:].strip():
             return None
         found = [_named(v) for v in values[0]]
         return None if None in found else found
@@ -221,10 +250,9 @@ class Hermes(_JsonCalls):
         return found
 
     def instructions(self, tools):
-        listed = "\n".join(json.dumps(t.as_openai(), ensure_ascii=False) for t in tools)
         return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
                 "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-                f"{listed}\n</tools>\n\nFor each function call, return a json object with function name and "
+                f"{_listed(tools)}\n</tools>\n\nFor each function call, return a json object with function name and "
                 "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
                 '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 
@@ -266,15 +294,20 @@ class MistralArgs(ToolFormat):
         return f"{lit(tool.name + '[ARGS]')} {lit.json(tool.parameters)}"
 
     def parse_block(self, block, tools):
-        found = []
-        for piece in block.split("[TOOL_CALLS]")[1:]:
-            name, sep, rest = piece.partition("[ARGS]")
-            name = name.split("[CALL_ID]")[0].strip()
-            values, end = _json_objects(rest)
-            if not sep or len(values) != 1 or rest[end:].strip():
-                return None
-            found.append((name, values[0]))
-        return found
+        found = _named_values(block.split("[TOOL_CALLS]")[1:], "[ARGS]")
+        return found and [(name.split("[CALL_ID]")[0].strip(), args) for name, args in found]
+
+
+def _named_values(pieces: list[str], between: str) -> list[tuple[str, object]] | None:
+    """The (name, value) of pieces that each write NAME, `between`, then one JSON value; None where one does not."""
+    found = []
+    for piece in pieces:
+        name, sep, rest = piece.partition(between)
+        values, end = _json_objects(rest)
+        if not sep or len(values) != 1 or rest[end:].strip():
+            return None
+        found.append((name.strip(), values[0]))
+    return found
 
 
 class GraniteList(_JsonList):
@@ -289,8 +322,23 @@ class Phi4Mini(_JsonList):
     name, family = "phi4-mini", "Phi-4-mini <|tool_call|>[...]<|/tool_call|>"
     opening, separator, closing, system_tools = "<|tool_call|>[", ", ", "]<|/tool_call|>", True
 
-    def parse_block(self, block, tools):
-        return super().parse_block(block.rstrip().removesuffix("<|/tool_call|>"), tools)
+
+class NemotronList(_JsonList):
+    """Nemotron Nano v2: `<TOOLCALL>[{"name": NAME, "arguments": {...}}, ...]</TOOLCALL>`."""
+    name, family = "nemotron", "Nemotron Nano v2 <TOOLCALL>[...]</TOOLCALL>"
+    opening, separator, closing = "<TOOLCALL>[", ", ", "]</TOOLCALL>"
+
+
+class FireFunction(_JsonList):
+    """FireFunction v2: `functools[{"name": NAME, "arguments": {...}}, ...]` after any text; its
+    template takes the tools as JSON text in `functions`, and today's date in `datetime`."""
+    name, family = "firefunction", "FireFunction v2 functools[...]"
+    opening, separator, closing, tools_variable = "functools[", ", ", "]", "functions"
+
+    def variables(self, tools):
+        # (as llama.cpp gives templates the date; the template fails without both, tools or none)
+        listed = json.dumps([t.as_openai()["function"] for t in tools], ensure_ascii=False, indent=4)
+        return {"functions": listed, "datetime": time.strftime("%b %d %Y")}
 
 
 class _Tagged(ToolFormat):
@@ -304,13 +352,11 @@ class _Tagged(ToolFormat):
         """Lark for the arguments: the required ones, then each optional one or not, in the schema's order."""
         props = tool.parameters.get("properties") or {}
         required = set(tool.parameters.get("required") or ())
-        defs = _definitions(tool.parameters)
-        end = lit(self.value_end)
         pieces = []
         for key, schema in props.items():
             schema = _resolved(schema, tool.parameters)
             value = _string_value(schema, lit, self.value_end) if schema.get("type") == "string" else \
-                f"{lit.json({**schema, **defs})} {end}"
+                f"{_json_value(schema, lit, tool.parameters)} {lit(self.value_end)}"
             pair = f"({lit(self.pair[0] + key + self.pair[1])} {value})"
             pieces.append(pair if key in required else pair + "?")
         return " ".join(pieces)
@@ -330,9 +376,11 @@ class _Tagged(ToolFormat):
         return args
 
 
-def _definitions(root: dict) -> dict:
-    """A schema's definitions, which a property's $ref points into (given along with it)."""
-    return {k: root[k] for k in ("$defs", "definitions") if isinstance(root.get(k), dict)}
+def _json_value(schema, lit, root: dict) -> str:
+    """Lark for a JSON value the property's schema validates; root: the tool's parameters, whose
+    definitions (which a $ref points into) go along with it."""
+    defs = {k: root[k] for k in ("$defs", "definitions") if isinstance(root.get(k), dict)}
+    return lit.json({**_resolved(schema, root), **defs})
 
 
 def _resolved(schema, root: dict) -> dict:
@@ -462,6 +510,64 @@ class FunctionTag(ToolFormat):
         return [(m.group(1).strip(), values[0])]
 
 
+class FunctionaryV32(ToolFormat):
+    """Functionary v3.2: a reply is messages, each `>>>RECIPIENT\nTEXT`, its first `>>>` in the
+    generation prompt: `all\n` and text for the user, then a call for each function, `NAME\n{...}`."""
+    name, family = "functionary-v3.2", "Functionary v3.2 >>>NAME\n{...}"
+    separator, lead = ">>>", "all\n"
+
+    @property
+    def start(self) -> str:
+        return self.separator
+
+    def item_text(self, name, arguments):
+        return f"{name}\n{_dumps(arguments)}"
+
+    def item(self, tool, lit):
+        return f"{lit(tool.name + chr(10))} {lit.json(tool.parameters)}"
+
+    def reply(self, choice, lit):
+        text = f"{lit(self.lead)} {lit.until(self.separator, 'opening')}"
+        if choice == "required":
+            return f"({text})? calls"
+        return f"({lit(self.lead)} TEXT | ({text})? calls)"
+
+    def split(self, text):
+        text = text.lstrip()  # (after any reasoning)
+        if not text.startswith(self.lead):
+            return "", text
+        content, sep, block = text[len(self.lead):].partition(self.separator)
+        return (content.strip(), block) if sep else None
+
+    def parse_block(self, block, tools):
+        return _named_values(block.split(self.separator), "\n")
+
+
+class DeepSeekR1(ToolFormat):
+    """DeepSeek R1 (its distilled Llama and Qwen models): `<｜tool▁calls▁begin｜>`, each call
+    `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>` (a newline
+    between), then `<｜tool▁calls▁end｜>`."""
+    name, family = "deepseek-r1", "DeepSeek R1 <｜tool▁calls▁begin｜>"
+    opening = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+    separator = "\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+    closing = "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+
+    @property
+    def start(self) -> str:
+        return "<｜tool▁calls▁begin｜>"
+
+    def item_text(self, name, arguments):
+        return f"{name}\n```json\n{_dumps(arguments)}"
+
+    def item(self, tool, lit):
+        return f"{lit(tool.name + chr(10) + '```json' + chr(10))} {lit.json(tool.parameters)}"
+
+    def parse_block(self, block, tools):
+        pieces = re.findall(r"<｜tool▁call▁begin｜>[^<]*<｜tool▁sep｜>(.*?)\n```\s*<｜tool▁call▁end｜>", block,
+                            re.DOTALL)
+        return _named_values(pieces, "\n```json")
+
+
 _QUOTE = '<|"|>'  # (Gemma 4's string quote)
 
 
@@ -505,26 +611,27 @@ def _gemma_written(value) -> str:
     return _dumps(value)
 
 
+def _as_json(text: str, tokens: re.Pattern, written):
+    """Text in a call syntax that differs from JSON by some tokens, read as JSON: each match of
+    `tokens` replaced by written(match), the rest as it is; None where that is no JSON."""
+    out, pos = [], 0
+    try:
+        while pos < len(text):
+            m = tokens.match(text, pos)
+            out.append(written(m) if m else text[pos])
+            pos = m.end() if m else pos + 1
+        return json.loads("".join(out))
+    except (ValueError, RecursionError):  # (a JSONDecodeError too)
+        return None
+
+
+# Gemma 4's strings between quotes, and its bare keys (only a key is followed by ':')
+_GEMMA_TOKENS = re.compile(r'<\|"\|>(.*?)<\|"\|>|([^\s{}\[\],:<]+)\s*:', re.DOTALL)
+
+
 def _gemma_read(text: str):
     """A value in Gemma 4's call syntax, read as JSON (None where it is not one)."""
-    out, pos = [], 0
-    while pos < len(text):
-        if text.startswith(_QUOTE, pos):
-            end = text.find(_QUOTE, pos + len(_QUOTE))
-            if end < 0:
-                return None
-            out.append(_dumps(text[pos + len(_QUOTE):end]))
-            pos = end + len(_QUOTE)
-        elif m := re.match(r"([^\s{}\[\],:<]+)\s*:", text[pos:]):  # (a bare key: only a key is followed by ':')
-            out.append(_dumps(m.group(1)) + ":")
-            pos += m.end()
-        else:
-            out.append(text[pos])
-            pos += 1
-    try:
-        return json.loads("".join(out))
-    except (json.JSONDecodeError, RecursionError):
-        return None
+    return _as_json(text, _GEMMA_TOKENS, lambda m: _dumps(m[1]) if m[1] is not None else _dumps(m[2]) + ":")
 
 
 def _gemma_value(schema, lit, root: dict) -> str:
@@ -536,7 +643,7 @@ def _gemma_value(schema, lit, root: dict) -> str:
     kind = schema.get("type")
     if kind == "object" or "properties" in schema:
         props = sorted((schema.get("properties") or {}).items())
-        members = _gemma_members(props, set(schema.get("required") or ()), lit, root)
+        members = _members(props, set(schema.get("required") or ()), lit, lambda s: _gemma_value(s, lit, root))
         return f"{lit('{')} {members} {lit('}')}"
     if kind == "array":
         low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
@@ -553,9 +660,10 @@ def _gemma_value(schema, lit, root: dict) -> str:
     raise ValueError(f"a parameter of type {kind!r} (or without one) cannot be written in Gemma 4's call syntax")
 
 
-def _gemma_members(props: list, required: set, lit, root: dict) -> str:
-    """Lark for an object's members in order, a comma before each but the first written: a rule
-    for each member and whether one came before it, so that each is written once."""
+def _members(props: list, required: set, lit, value, pair: str = ":", comma: str = ",") -> str:
+    """Lark for an object's members (Gemma 4's, or LFM2's keyword arguments) in order, each KEY,
+    `pair`, then value(its schema), `comma` before each but the first written: a rule for each
+    member and whether one came before it, so that each is written once."""
     names: dict[tuple[int, bool], str] = {}
 
     def rest(i: int, after: bool) -> str:
@@ -564,12 +672,51 @@ def _gemma_members(props: list, required: set, lit, root: dict) -> str:
         if (i, after) not in names:
             names[i, after] = name = lit.fresh("members")
             key, schema = props[i]
-            member = f"{lit((',' if after else '') + key + ':')} {_gemma_value(schema, lit, root)} {rest(i + 1, True)}"
+            member = f"{lit((comma if after else '') + key + pair)} {value(schema)} {rest(i + 1, True)}"
             skipped = rest(i + 1, after)
             body = member if key in required else f"{member} | {skipped}" if skipped else f"({member})?"
             lit.rules.append(f"{name}: {body}")
         return names[i, after]
     return rest(0, False)
+
+
+class Lfm2(ToolFormat):
+    """LFM2 and LFM2.5: `<|tool_call_start|>[NAME(key=VALUE, ...), ...]<|tool_call_end|>`, Python-style
+    calls whose values Python or JSON may write (a string in either quote, True or true). The grammar
+    writes each value as JSON, held to its parameter's schema."""
+    name, family = "lfm2", "LFM2 <|tool_call_start|>[name(key=value)]"
+    opening, separator, closing = "<|tool_call_start|>[", ", ", "]<|tool_call_end|>"
+
+    def item_text(self, name, arguments):
+        return f"{name}({', '.join(f'{k}={_dumps(v)}' for k, v in arguments.items())})"
+
+    def item(self, tool, lit):
+        props = list((tool.parameters.get("properties") or {}).items())
+        if bad := next((k for k, _ in props if not k.isidentifier()), None):
+            raise ValueError(f"a parameter named {bad!r} cannot be written as a Python keyword argument")
+        members = _members(props, set(tool.parameters.get("required") or ()), lit,
+                           lambda s: _json_value(s, lit, tool.parameters), "=", ", ")
+        return f"{lit(tool.name + '(')} {members} {lit(')')}"
+
+    def parse_block(self, block, tools):
+        calls = _as_json(block[len(self.opening) - 1:block.rindex("]") + 1], _PYTHON_TOKENS, _python_json)
+        found = [_named(c) for c in calls] if isinstance(calls, list) else [None]
+        return None if None in found else found
+
+
+# a Python-style call's strings (either quote), its name and its keywords, Python's constants, its end
+_PYTHON_TOKENS = re.compile(r"""("(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')|([\w.-]+)\s*([(=])|(True|False|None)\b|\)""")
+
+
+def _python_json(m: re.Match) -> str:
+    """A token of Python-style calls as JSON: a call as {"name": NAME, "arguments": {...}}."""
+    quoted, word, mark, constant = m.groups()
+    if quoted:  # (a single-quoted string: its quotes swapped, as JSON escapes the rest alike)
+        body = quoted[1:-1] if quoted[0] == '"' else quoted[1:-1].replace("\\'", "'").replace('"', '\\"')
+        return _dumps(json.loads(f'"{body}"'))
+    if word:
+        return f'{_dumps(word)}:' if mark == "=" else f'{{"name": {_dumps(word)}, "arguments": {{'
+    return {"True": "true", "False": "false", "None": "null"}.get(constant, "}}")
 
 
 class Harmony(ToolFormat):
@@ -588,14 +735,12 @@ class Harmony(ToolFormat):
         return f"{lit(tool.name + ' <|constrain|>json<|message|>')} {lit.json(tool.parameters)}"
 
     def grammar(self, tools, choice, parallel, control, reasoning=None, json_options=None):
-        lit = Literals(control, json_options)
-        items = " | ".join(f"call_{i}" for i in range(len(tools)))
-        rules = [f"call_{i}: {self.item(tool, lit)}" for i, tool in enumerate(tools)]
-        call = f"{lit('<|channel|>commentary to=functions.')} ({items})"
+        return super().grammar(tools, choice, parallel, control, None, json_options)  # (its reasoning: its own head)
+
+    def reply(self, choice, lit):
+        call = f"{lit('<|channel|>commentary ' + self.opening)} calls"
         final = f"{lit(answer_opening('harmony'))} TEXT"
-        body = call if choice == "required" else f"{call} | {final}"
-        return "\n".join(["%llguidance {}", f"start: {reasoning_head('harmony', lit)} ({body})", *rules, *lit.rules,
-                          TEXT_RULE])
+        return f"{reasoning_head('harmony', lit)} ({call if choice == 'required' else f'{call} | {final}'})"
 
     def parse(self, text, tools):
         m = re.search(r"to=functions\.([^\s<]+)[^<]*(?:<\|constrain\|>\s*\w+)?\s*<\|message\|>(.*?)"
@@ -619,6 +764,11 @@ def _harmony_content(text: str) -> str:
 # the formats, by what gives them away in a template's text (the first that matches)
 FORMATS: tuple[tuple[str, type[ToolFormat]], ...] = (
     ("<|channel|>", Harmony),
+    (">>>all", FunctionaryV32),
+    ("List of tools: ", Lfm2),
+    ("<TOOLCALL>", NemotronList),
+    ("functools[", FireFunction),
+    ("'```json'", DeepSeekR1),  # (its calls' fence in the template's code: Command R and Kimi K3 write one in text)
     ("<|tool_call>call:", Gemma4),
     ("[ARGS]", MistralArgs),
     ("[TOOL_CALLS]", MistralList),
@@ -647,17 +797,26 @@ def tool_format(template_source: str) -> tuple[ToolFormat, bool]:
     return Hermes(), False
 
 
+def presents_tools(template_source: str, fmt: ToolFormat) -> bool:
+    """Whether a template gives the model its tools (reads the format's variable for them): the
+    DeepSeek R1 distills' templates write calls but never show the tools."""
+    return re.search(rf"\b{fmt.tools_variable}\b", template_source) is not None
+
+
 class HeldText:
     """A reply's answer as it streams, released up to where its calls may begin (`start`, or an
     end that may grow into it); the rest waits for the whole reply."""
 
-    def __init__(self, start: str):
-        self.start = start
+    def __init__(self, start: str, lead: str = ""):
+        self.start, self.lead = start, lead  # lead: markup the answer's text begins with (else it is all calls)
         self.text, self.sent = "", 0  # the answer so far; how much of it is released
 
     def push(self, piece: str) -> str:
         """What can be released now that piece follows."""
         self.text += piece
+        if not self.text.startswith(self.lead):
+            return ""
+        self.sent = max(self.sent, len(self.lead))
         at = self.text.find(self.start)
         if at < 0:
             at = len(self.text) - next((n for n in range(min(len(self.start) - 1, len(self.text)), 0, -1)
@@ -669,4 +828,6 @@ class HeldText:
         """What was held back, once the reply is whole: where it holds calls, the content before them."""
         if not has_calls:
             return self.text[self.sent:]
+        if not self.text.startswith(self.lead):
+            return ""
         return self.text[self.sent:max(self.text.find(self.start), self.sent)].rstrip()
