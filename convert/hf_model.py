@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from gguf import MODEL_TENSOR, TENSOR_NAMES
 
-from gguf_io.architectures import HF_MODEL_TYPES, Architecture
+from gguf_io.architectures import ARCHITECTURES, HF_MODEL_TYPES, Architecture
 
 from .errors import ConversionError
 
@@ -216,6 +216,8 @@ def model_from_config(cfg: dict) -> HFModel:
         raise ConversionError(f"model_type {model_type!r} is not supported "
                               f"(supported: {', '.join(sorted(HF_MODEL_TYPES))})")
     arch = HF_MODEL_TYPES[model_type]
+    if arch.mixture_variant and "moe" in _mamba2_layer_kinds(cfg):
+        arch = ARCHITECTURES[arch.mixture_variant]
     cfg.update({usual: cfg[alias] for alias, usual in arch.config_aliases if alias in cfg})
     for name, value in arch.config_fixed:
         if cfg.get(name, value) != value:
@@ -383,6 +385,8 @@ def _experts(cfg: dict, md: dict, arch: Architecture) -> int:
     if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1:
         raise ConversionError("mixtures with dense layers among the expert ones (mlp_only_layers, "
                               "decoder_sparse_step) are not supported")
+    if int(cfg.get("n_group") or 1) > 1:
+        raise ConversionError(f"grouped expert routing (n_group = {cfg['n_group']}) is not supported")
     md["expert_count"] = n_expert
     md["expert_used_count"] = int(cfg.get("num_experts_per_tok") or cfg["top_k_experts"])
     if arch.writes_expert_gating:
@@ -393,9 +397,14 @@ def _experts(cfg: dict, md: dict, arch: Architecture) -> int:
         md["leading_dense_block_count"] = int(cfg[arch.leading_dense_key])
     if cfg.get("moe_intermediate_size") or arch.writes_expert_ff_length:
         md["expert_feed_forward_length"] = int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
-    shared = cfg.get("shared_expert_intermediate_size") or cfg.get("shared_intermediate_size")
+    shared = (cfg.get("shared_expert_intermediate_size") or cfg.get("shared_intermediate_size")
+              or cfg.get("moe_shared_expert_intermediate_size"))
     if shared:
         md["expert_shared_feed_forward_length"] = int(shared)
+    for name, key, default in arch.expert_config_keys:
+        value = cfg.get(name, default)
+        if value is not None:
+            md[key] = type(default)(value) if default is not None else int(value)
     return n_expert
 
 
@@ -454,12 +463,20 @@ def _mamba2(cfg: dict, n_layer: int, n_head_kv: int, n_embd: int, n_ff: int, sep
     heads_width = md["ssm.time_step_rank"] * int(cfg.get("mamba_head_dim", 0))
     md["ssm.inner_size"] = heads_width or int(cfg.get("mamba_expand", cfg.get("expand", 2))) * n_embd
     kinds = _mamba2_layer_kinds(cfg)
-    if len(kinds) != n_layer or "moe" in kinds or ("mlp" in kinds) != separate:
-        raise ConversionError(f"the layer types ({', '.join(kinds)}) are not {n_layer} Mamba2 and attention "
-                              f"layers{' and MLPs' if separate else ''} (mixtures are not supported)")
+    # (where each layer is one block, its feed-forward blocks are MLPs or, in a mixture, experts: never
+    # both, as llama.cpp's converter reads them)
+    ff_kind = "moe" if "moe" in kinds else "mlp"
+    blocks = {"mamba", "attention", ff_kind} if separate else {"mamba", "attention"}
+    if len(kinds) != n_layer or not set(kinds) <= blocks or separate and ff_kind not in kinds:
+        raise ConversionError(f"the layer types ({', '.join(kinds)}) are not {n_layer} Mamba2 and attention layers"
+                              f"{' and MLPs, or mixtures' if separate else ''} (MLPs beside mixtures, or mixtures "
+                              f"in a layer beside its mixer, are not supported)")
+    if ff_kind == "moe" and "moe_intermediate_size" not in cfg:
+        raise ConversionError("config.json lacks moe_intermediate_size, the experts' width")
+    ff_width = int(cfg["moe_intermediate_size"]) if ff_kind == "moe" else n_ff
     md["attention.head_count_kv"] = [n_head_kv if k == "attention" else 0 for k in kinds]
     if separate:
-        md["feed_forward_length"] = [n_ff if k == "mlp" else 0 for k in kinds]
+        md["feed_forward_length"] = [ff_width if k == ff_kind else 0 for k in kinds]
     md["rope.scaling.finetuned"] = rotates = cfg.get("position_embedding_type") == "rope"
     if not rotates:
         md["context_length"] = 2 ** 20

@@ -118,6 +118,16 @@ class Architecture:
     # config.json values that llama.cpp's graph takes for granted (it reads no key for them): the
     # converter refuses a checkpoint with another value, whose file llama.cpp would compute otherwise
     config_fixed: tuple[tuple[str, object], ...] = ()
+    # the architecture a checkpoint of these model types converts to where some of its layers are
+    # mixtures of experts (Nemotron-H's "E" blocks: nemotron_h_moe, which declares no model type of its
+    # own). llama.cpp's converter decides by num_experts_per_tok, which the published configs give
+    # exactly where they have such layers (transformers 5 saves it, with the other mixture defaults, in
+    # a dense model's config too, which llama.cpp's converter then writes as a mixture without experts)
+    mixture_variant: str | None = None
+    # a mixture's config.json values llama.cpp's converter writes as these keys: (config name, GGUF key,
+    # transformers' default, which it reads through AutoConfig where config.json gives none; None: the
+    # key is written only where config.json gives a value), typed as the default (None: an integer)
+    expert_config_keys: tuple[tuple[str, str, object], ...] = ()
 
     def tensor_name(self, tensor: MODEL_TENSOR, layer: int | None = None, suffix: str | None = "weight") -> str:
         """The GGUF name of one of its tensors, e.g. blk.3.attn_q.weight."""
@@ -181,7 +191,27 @@ ARCHITECTURES = {a.name: a for a in (
                  rms_eps_as_layer_norm=True, rope_theta_default=None, mamba2="mixer", separate_blocks=True,
                  renamed=(("mixer.dt_bias", MODEL_TENSOR.SSM_DT, "bias"), ("mixer.A_log", MODEL_TENSOR.SSM_A, None),
                           ("mixer.D", MODEL_TENSOR.SSM_D, None)),
-                 squeezed=("mixer.conv1d.weight",)),
+                 squeezed=("mixer.conv1d.weight",), mixture_variant="nemotron_h_moe"),
+    # Nemotron-H's mixture (Nemotron 3): Nemotron-H's blocks, its feed-forward blocks ("E") a mixture of
+    # ReLU^2 experts (up and down, no gate) under a sigmoid router with a selection bias (the checkpoint's
+    # e_score_correction_bias, exp_probs_b), beside a shared expert, the experts optionally within latent
+    # projections (moe_latent_size: ffn_latent_down before them, ffn_latent_up after); the per-expert
+    # tensors stacked. Reached from nemotron_h checkpoints whose layers have experts (mixture_variant).
+    Architecture("nemotron_h_moe", MODEL_ARCH.NEMOTRON_H_MOE, (), partial_rope=True, permute_qk=True,
+                 writes_vocab_size=True, writes_rope_dims=True, writes_head_dims=True, rms_eps_key="layer_norm_epsilon",
+                 rms_eps_as_layer_norm=True, rope_theta_default=None, mamba2="mixer", separate_blocks=True,
+                 expert_gating=2, config_aliases=(("n_routed_experts", "num_local_experts"),),
+                 expert_config_keys=(("n_shared_experts", "expert_shared_count", 1),
+                                     ("norm_topk_prob", "expert_weights_norm", True),
+                                     ("routed_scaling_factor", "expert_weights_scale", 1.0),
+                                     ("n_group", "expert_group_count", 1), ("topk_group", "expert_group_used_count", 1),
+                                     ("moe_latent_size", "moe_latent_size", None)),
+                 renamed=(("mixer.dt_bias", MODEL_TENSOR.SSM_DT, "bias"), ("mixer.A_log", MODEL_TENSOR.SSM_A, None),
+                          ("mixer.D", MODEL_TENSOR.SSM_D, None),
+                          ("mixer.experts.up_proj.weight", MODEL_TENSOR.FFN_UP_EXP, "weight"),
+                          ("mixer.experts.down_proj.weight", MODEL_TENSOR.FFN_DOWN_EXP, "weight")),
+                 squeezed=("mixer.conv1d.weight",),
+                 left_out=(("mtp.", "the multi-token prediction layer (llama.cpp's converter with --no-mtp)"),)),
     # gpt-oss: attention sinks and biases, experts picked by their logits (llama.cpp's softmax_weight
     # gating), sliding layers alternating with global ones from the first, YaRN from the file
     Architecture("gpt-oss", MODEL_ARCH.GPT_OSS, ("gpt_oss",), partial_rope=True, swa_pattern=2, expert_gating=3,

@@ -43,6 +43,7 @@ class ModelParams:
     n_ff_exp: int = 0      # hidden size of one expert
     n_ff_shexp: int = 0    # hidden size of the shared expert (Qwen2-MoE)
     n_layer_dense_lead: int = 0  # the first layers' feed-forward is dense whatever else the file holds (LFM2-MoE)
+    moe_latent_size: int = 0  # the experts' input and output width, projected to and from (Nemotron 3; 0: n_embd)
     expert_gating: str = "softmax"  # router logits -> weights: "softmax", "sigmoid" or "softmax_weight"
     expert_weights_norm: bool = False  # renormalize the chosen experts' probabilities to sum to 1
     expert_weights_scale: float = 1.0
@@ -324,6 +325,9 @@ def read_params(f: GGUFFile) -> ModelParams:
     if n_expert and not n_ff_exp:
         raise GGUFError(f"{f.path.name}: neither {key(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)} nor "
                         f"{key(Keys.LLM.FEED_FORWARD_LENGTH)} gives the experts' width")
+    if n_expert and get_int(Keys.LLM.EXPERT_GROUP_COUNT, 0, hi=MAX_EXPERTS) > 1:
+        f.refuse(key(Keys.LLM.EXPERT_GROUP_COUNT), f.get(key(Keys.LLM.EXPERT_GROUP_COUNT)),
+                 "asks for grouped expert routing, which ggrun does not support")
     gating = get_int(Keys.LLM.EXPERT_GATING_FUNC, arch.expert_gating if arch else 1)
     if gating not in _GATING:
         raise GGUFError(f"{f.path.name}: expert gating function {gating} is not supported")
@@ -360,6 +364,7 @@ def read_params(f: GGUFFile) -> ModelParams:
         n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
         n_ff_shexp=get_int(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, n_ff_exp),
         n_layer_dense_lead=get_int(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 0, hi=n_layer),
+        moe_latent_size=get_int(Keys.LLM.MOE_LATENT_SIZE, 0) if n_expert else 0,
         expert_gating=_GATING[gating],
         expert_weights_norm=f.get_bool(key(Keys.LLM.EXPERT_WEIGHTS_NORM), arch.expert_weights_norm if arch else False),
         expert_weights_scale=get_float(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0) or 1.0,

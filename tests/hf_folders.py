@@ -189,8 +189,9 @@ def random_folder(arch: str, folder: Path, llama_cpp_source: Path) -> Path:
 def _draw_weights(model) -> None:
     """Every parameter from a fixed numpy generator (not transformers' initialization, which differs
     by machine): vectors near 1, matrices small; a DeltaNet's A_log near -3, so that its decays are
-    near 1 and its state carries far; then the experts' selection biases (LFM2-MoE's expert_bias
-    buffers, zeros as initialized) spread as wide as the sigmoid probabilities they steer."""
+    near 1 and its state carries far; then the experts' selection biases (LFM2-MoE's expert_bias and
+    Nemotron-H's e_score_correction_bias buffers, zeros as initialized) spread as wide as the sigmoid
+    probabilities they steer."""
     import torch
     rng = np.random.default_rng(0)
     with torch.no_grad():
@@ -199,7 +200,7 @@ def _draw_weights(model) -> None:
             values = values * 0.3 + 1.0 if p.dim() == 1 else values * 0.1
             p.copy_(torch.from_numpy(values - 4.0 if name.endswith("A_log") else values))
         for name, b in sorted(model.named_buffers()):
-            if name.endswith("expert_bias"):
+            if name.endswith(("expert_bias", "e_score_correction_bias")):
                 b.copy_(torch.from_numpy(rng.standard_normal(b.shape, dtype=np.float32) * 0.3))
 
 
@@ -323,6 +324,14 @@ HYBRID_CONFIGS = {
     "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", dict(
         layer_types=["mamba", "mlp", "attention", "mlp", "mamba"], head_dim=64, mamba_num_heads=8, mamba_head_dim=64,
         n_groups=2, ssm_state_size=16, conv_kernel=4, vocab_size=50264)),
+    # Nemotron-H's mixture (Nemotron 3): its MLP blocks 8 ReLU^2 experts (2 chosen by their sigmoid
+    # probabilities plus the drawn selection bias, renormalized, scaled by 2.5) beside a shared expert,
+    # the experts within latent projections (Nemotron 3 Super's; Nano has none); its model_type nemotron_h
+    "nemotron_h_moe": ("NemotronHConfig", "NemotronHForCausalLM", dict(
+        layer_types=["mamba", "moe", "attention", "moe", "mamba"], head_dim=64, mamba_num_heads=8, mamba_head_dim=64,
+        n_groups=2, ssm_state_size=16, conv_kernel=4, vocab_size=50264, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=128, moe_shared_expert_intermediate_size=256, moe_latent_size=128,
+        routed_scaling_factor=2.5)),
 }
 
 
@@ -334,16 +343,21 @@ def _published_granite(cfg: dict) -> dict:
 
 def _published_nemotron_h(cfg: dict) -> dict:
     """Nemotron-H's config as published: the layers as hybrid_override_pattern, their count, and
-    none of the mixture's keys (with which llama.cpp's converter takes it for Nemotron-H-MoE)."""
-    symbols = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
-    kept = {k: v for k, v in cfg.items() if not k.startswith(("moe_", "n_routed", "n_shared", "num_experts", "mtp_"))
-            and k not in ("layers_block_type", "routed_scaling_factor", "n_group", "topk_group", "norm_topk_prob")}
+    none of the multi-token prediction's keys; a dense one's none of the mixture's either (with which
+    llama.cpp's converter takes it for Nemotron-H-MoE)."""
+    symbols = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}
+    mixture = {k for k in cfg if k.startswith(("moe_", "n_routed", "n_shared", "num_experts"))} | {
+        "routed_scaling_factor", "n_group", "topk_group", "norm_topk_prob"}
+    dropped = {k for k in cfg if k.startswith("mtp_")} | {"layers_block_type"} | (
+        set() if "moe" in cfg["layers_block_type"] else mixture)
+    kept = {k: v for k, v in cfg.items() if k not in dropped}
     return {**kept, "hybrid_override_pattern": "".join(symbols[t] for t in cfg["layers_block_type"]),
             "num_hidden_layers": len(cfg["layers_block_type"])}
 
 
 # the config.json as published, where transformers saves it otherwise
-PUBLISHED_CONFIGS = {"granitemoehybrid": _published_granite, "nemotron_h": _published_nemotron_h}
+PUBLISHED_CONFIGS = {"granitemoehybrid": _published_granite, "nemotron_h": _published_nemotron_h,
+                     "nemotron_h_moe": _published_nemotron_h}
 
 
 def hybrid_folder(model_type: str, folder: Path, llama_cpp_source: Path) -> Path:

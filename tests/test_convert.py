@@ -216,7 +216,9 @@ def test_hybrids_convert_and_quantize_as_llama_cpp_does(hybrid_folders, llama_cp
     kept F32, its fused QKV counted with attn_v in Q4_K_M. Qwen3.5-MoE (the same layers, each MLP a
     mixture beside a shared expert): the experts stacked, the shared expert's gate, the expert sizes.
     LFM2-MoE (LFM2's layers, the first dense, the others experts): the experts stacked from their
-    w1/w2/w3, the selection bias as exp_probs_b.bias, the sigmoid gating and leading dense layers."""
+    w1/w2/w3, the selection bias as exp_probs_b.bias, the sigmoid gating and leading dense layers.
+    Nemotron-H-MoE (Mamba2, attention and mixture blocks): the ungated experts stacked, the latent
+    projections, the feed-forward widths per layer as the experts', the mixture's keys."""
     import subprocess
 
     from .test_mixes import tensor_digests
@@ -281,6 +283,21 @@ def test_lfm2_moe_configs_llama_cpp_would_compute_otherwise_are_refused(hybrid_f
     changed = {k: v for k, v in cfg.items() if k != name} if value is None else {**cfg, name: value}
     with pytest.raises(ConversionError, match=name):
         model_from_config(changed)
+
+
+@pytest.mark.parametrize("change, message", [({"n_group": 2, "topk_group": 1}, "grouped expert routing"),
+                                             ({"hybrid_override_pattern": "ME*-M"}, "MLPs beside mixtures")])
+def test_nemotron_h_moe_configs_ggrun_cannot_compute_are_refused(hybrid_folders, change, message):
+    """A Nemotron-H config whose layers have experts converts to nemotron_h_moe (its multi-token
+    prediction layer left out, as llama.cpp's converter with --no-mtp does); grouped expert routing
+    (n_group above 1), which ggrun's router does not compute, and MLP blocks beside mixture blocks,
+    which llama.cpp's converter would write as Mamba2 layers, are refused."""
+    from convert.hf_model import model_from_config
+    cfg = json.loads((hybrid_folders["nemotron_h_moe"] / "config.json").read_text())
+    model = model_from_config(cfg)
+    assert model.arch.name == "nemotron_h_moe" and model.left_out("mtp.layers.0.eh_proj.weight")
+    with pytest.raises(ConversionError, match=message):
+        model_from_config({**cfg, **change})
 
 
 def test_qwen35_multimodal_checkpoint_converts_its_text_model(hybrid_folders, llama_cpp_source, tmp_path):

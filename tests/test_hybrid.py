@@ -1,7 +1,8 @@
 """Hybrid models, whose recurrent layers carry a state per sequence beside the attention layers'
 KV cache (runner/engine/recurrent_state.py): LFM2's short convolutions (and LFM2-MoE's, with its
 biased expert routing), the gated DeltaNet of Qwen3.5 and Qwen3-Next, Granite 4.0-H's and
-Nemotron-H's Mamba2 layers. Whole models against
+Nemotron-H's Mamba2 layers (and Nemotron-H-MoE's, with its biased routing of ReLU^2 experts within
+latent projections). Whole models against
 transformers in fp32, through one prefill, one-token steps and prefills split anywhere; the
 state going back into a verify pass, saved and restored, per sequence in a batch; llama.cpp's
 perplexity on ggrun's files."""
@@ -248,6 +249,20 @@ def test_llama_cpp_computes_ggruns_hybrid_files_alike(hybrid_files, llama_cpp_to
     ours = perplexity(load_model(hybrid_files[arch][0], LoadOptions(kv_type="f32")), PERPLEXITY_TEXT, 128,
                       progress=False).ppl
     assert abs(ours / theirs - 1) < (2e-3 if arch == "qwen3_5_moe_text" else 1e-4), (ours, theirs)
+
+
+def test_a_file_asking_for_grouped_expert_routing_is_refused(hybrid_files, tmp_path):
+    """expert_group_count above 1 (DeepSeek-V3's grouped routing, which llama.cpp computes and ggrun's
+    router does not) is refused by name, not run as plain routing."""
+    from gguf import GGUFValueType
+
+    from gguf_io import GGUFError, GGUFFile, MetadataValue, read_params
+
+    from .gguf_copy import rewritten
+    grouped = rewritten(hybrid_files["nemotron_h_moe"][0], tmp_path / "grouped.gguf",
+                        {"nemotron_h_moe.expert_group_count": MetadataValue(GGUFValueType.UINT32, 2)})
+    with pytest.raises(GGUFError, match="expert_group_count = 2 asks for grouped expert routing"):
+        read_params(GGUFFile(grouped))
 
 
 def test_a_hybrid_chat_resumes_from_its_saved_state_and_outlives_its_context(hybrids, tmp_path):

@@ -56,7 +56,8 @@ class Attention:
 @dataclass
 class FeedForward:
     """A dense gated feed-forward: down(act(gate x) * up x); where gate is None, up holds both,
-    gate rows first (Phi-3, GLM-4)."""
+    gate rows first (Phi-3, GLM-4), or, in a model whose feed-forwards have no gate, up alone:
+    down(act(up x)) (Nemotron-H)."""
     gate: object
     up: object
     down: object
@@ -80,6 +81,9 @@ class MixtureOfExperts:
     down_bias: object = None
     expert_scales: object = None  # (n_expert, 1): each expert's output scaled by its own factor (Gemma 4)
     selection_bias: object = None  # (n_expert,): added to the probabilities to choose experts by, not to weigh them
+    # the experts' input projected to their width and their sum back (Nemotron 3's latent projections)
+    latent_down: object = None  # n_embd -> moe_latent_size
+    latent_up: object = None    # moe_latent_size -> n_embd
 
 
 @dataclass
@@ -150,6 +154,9 @@ class Decoder:
     # with swiglu_clamp's (alpha, limit))
     gated_activation = "silu"
     swiglu_clamp = (1.702, 7.0)
+    # the feed-forwards (experts and shared expert too) have no gate: down(act(up x)), act this
+    # backend.unary kind (Nemotron-H's "relu_sqr"); None: they are gated
+    ungated_activation: str | None = None
     fused_gate_up = False   # the dense feed-forward's gate and up are one matrix, ffn_up (Phi-3, GLM-4)
     kv_type: str            # KV cache precision of new caches (load.LoadOptions sets it)
     value_norm = False      # RMSNorm (without weight) on each value head (Gemma 4)
@@ -289,7 +296,9 @@ class Decoder:
     def load_dense(self, weights: WeightLoader, i: int) -> FeedForward:
         p = self.params
         n_ff = p.layer_ff(i)
-        if self.fused_gate_up:
+        if self.ungated_activation:
+            gate, up = None, weights.matrix(T.FFN_UP, p.n_embd, n_ff, i)
+        elif self.fused_gate_up:
             gate, up = None, weights.matrix(T.FFN_UP, p.n_embd, 2 * n_ff, i)
         else:
             gate, up = (weights.matrix(t, p.n_embd, n_ff, i) for t in (T.FFN_GATE, T.FFN_UP))
@@ -297,25 +306,33 @@ class Decoder:
 
     def load_experts(self, weights: WeightLoader, i: int) -> MixtureOfExperts:
         p = self.params
-        n, e = p.n_ff_exp, p.n_expert
-        if weights.has(T.FFN_GATE_UP_EXP, i):  # (one tensor, each expert's gate rows then its up rows)
-            gate, up = weights.expert_halves(T.FFN_GATE_UP_EXP, p.n_embd, n, e, i)
+        n, e, ungated = p.n_ff_exp, p.n_expert, self.ungated_activation
+        width = p.moe_latent_size or p.n_embd  # (the experts' input and output)
+        if ungated:
+            gate, up = None, weights.experts(T.FFN_UP_EXP, width, n, e, i)
+        elif weights.has(T.FFN_GATE_UP_EXP, i):  # (one tensor, each expert's gate rows then its up rows)
+            gate, up = weights.expert_halves(T.FFN_GATE_UP_EXP, width, n, e, i)
         else:
-            gate, up = (weights.experts(t, p.n_embd, n, e, i) for t in (T.FFN_GATE_EXP, T.FFN_UP_EXP))
+            gate, up = (weights.experts(t, width, n, e, i) for t in (T.FFN_GATE_EXP, T.FFN_UP_EXP))
+        latent = {}
+        if p.moe_latent_size:
+            latent = {"latent_down": weights.matrix(T.MOE_LATENT_DOWN, p.n_embd, width, i),
+                      "latent_up": weights.matrix(T.MOE_LATENT_UP, width, p.n_embd, i)}
         shared = shared_gate = None
         if weights.has(T.FFN_UP_SHEXP, i):
-            shared = FeedForward(*(weights.matrix(t, p.n_embd, p.n_ff_shexp, i) for t in (T.FFN_GATE_SHEXP, T.FFN_UP_SHEXP)),
+            shared = FeedForward(None if ungated else weights.matrix(T.FFN_GATE_SHEXP, p.n_embd, p.n_ff_shexp, i),
+                                 weights.matrix(T.FFN_UP_SHEXP, p.n_embd, p.n_ff_shexp, i),
                                  weights.matrix(T.FFN_DOWN_SHEXP, p.n_ff_shexp, p.n_embd, i))
             if weights.has(T.FFN_GATE_INP_SHEXP, i):
                 shared_gate = weights.matrix(T.FFN_GATE_INP_SHEXP, p.n_embd, 1, i)
         selection_bias = weights.vector if self.expert_selection_bias else weights.optional_vector
         biases = {f"{key}_bias": weights.optional_table(t, n_out, e, i, "bias") for key, t, n_out in
-                  (("gate", T.FFN_GATE_EXP, n), ("up", T.FFN_UP_EXP, n), ("down", T.FFN_DOWN_EXP, p.n_embd))}
+                  (("gate", T.FFN_GATE_EXP, n), ("up", T.FFN_UP_EXP, n), ("down", T.FFN_DOWN_EXP, width))}
         return MixtureOfExperts(weights.matrix(T.FFN_GATE_INP, p.n_embd, e, i), gate, up,
-                                weights.experts(T.FFN_DOWN_EXP, n, p.n_embd, e, i), shared, shared_gate,
+                                weights.experts(T.FFN_DOWN_EXP, n, width, e, i), shared, shared_gate,
                                 router_bias=weights.optional_vector(T.FFN_GATE_INP, e, i, "bias"), **biases,
                                 expert_scales=weights.optional_per_expert(T.FFN_DOWN_EXP, e, i, "scale"),
-                                selection_bias=selection_bias(T.FFN_EXP_PROBS_B, e, i, "bias"))
+                                selection_bias=selection_bias(T.FFN_EXP_PROBS_B, e, i, "bias"), **latent)
 
     def new_cache(self, n_ctx: int, ring: bool = False) -> KVCache:
         """A cache of every layer with K and V of its own, and a hybrid's recurrent state."""
@@ -513,6 +530,8 @@ class Decoder:
         be = self.backend
         if isinstance(ffn, MixtureOfExperts):
             return self.mixture_of_experts(ffn, h)
+        if self.ungated_activation:
+            return be.matmul(ffn.down, be.unary(be.matmul(ffn.up, h), self.ungated_activation))
         if ffn.gate is None:
             gate_up = be.matmul(ffn.up, h)
             n_ff = gate_up.shape[1] // 2
@@ -540,10 +559,17 @@ class Decoder:
                                 moe.selection_bias)
         if moe.expert_scales is not None:
             weights = weights * be.expert_rows(moe.expert_scales, ids).reshape(weights.shape)
-        gate, up = be.expert_matmuls([moe.gate, moe.up], h, ids)
-        gate, up = expert_biased(gate, moe.gate_bias, ids), expert_biased(up, moe.up_bias, ids)
-        (down,) = be.expert_matmuls([moe.down], self.activation(gate, up), ids)
+        x = h if moe.latent_down is None else be.matmul(moe.latent_down, h)
+        if moe.gate is None:  # (ungated experts)
+            (up,) = be.expert_matmuls([moe.up], x, ids)
+            act = be.unary(expert_biased(up, moe.up_bias, ids), self.ungated_activation)
+        else:
+            gate, up = be.expert_matmuls([moe.gate, moe.up], x, ids)
+            act = self.activation(expert_biased(gate, moe.gate_bias, ids), expert_biased(up, moe.up_bias, ids))
+        (down,) = be.expert_matmuls([moe.down], act, ids)
         out = be.expert_combine(expert_biased(down, moe.down_bias, ids), weights)
+        if moe.latent_up is not None:
+            out = be.matmul(moe.latent_up, out)
         if moe.shared is not None:
             shared = self.feed_forward(moe.shared, h)
             if moe.shared_gate is not None:
