@@ -30,7 +30,7 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 SERVED = ("qwen2.5", "qwen3.5", "llama3.2", "mistral-nemo", "mistral-small-3.2", "gpt-oss", "granite3.3", "glm4.6",
           "gemma4", "phi-4-mini", "seed-oss", "functionary-v3.1", "functionary-v3.2", "firefunction-v2", "lfm2",
-          "nemotron-nano-v2", "deepseek-r1-distill-qwen",
+          "nemotron-nano-v2", "deepseek-r1-distill-qwen", "apriel-1.6",
           "smollm3")  # (a family for each format, and one with no tool format)
 
 

@@ -68,6 +68,12 @@ FAMILIES = {
     # (the distills' templates write calls but never show the tools: they are described in a system message)
     "deepseek-r1-distill-qwen": ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "deepseek-r1", _DEEPSEEK),
     "llm-jp-4.1": ("llm-jp-llm-jp-4.1-8b-thinking", "harmony", _HARMONY),  # (gpt-oss's harmony, spaced)
+    "apriel-1.5": ("unsloth-Apriel-1.5", "apriel", ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
+                                                    "<|tool_result|>", "<|content|>")),
+    # (its generation prompt opens the reasoning, which ends at [BEGIN FINAL RESPONSE]: text to ggrun)
+    "apriel-1.6": ("Apriel-1.6-15b-Thinker-fixed", "apriel", ("<|begin_system|>", "<|begin_user|>",
+                                                              "<|begin_assistant|>", "<|begin_tool_result|>",
+                                                              "<|begin_content|>", "<|end|>")),
 }
 # the format of every template in llama.cpp b11434's models/templates ("-": none, Hermes described), so
 # that a new clue that takes an older template away fails; families of architectures ggrun does not
@@ -75,13 +81,12 @@ FAMILIES = {
 EVERY_TEMPLATE = {
     "hermes": ("Bielik-11B-v3.0-Instruct", "MiMo-VL", "MiniMax-M3", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
                "NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "Qwen-QwQ-32B", "Qwen-Qwen2.5-7B-Instruct",
-               "Qwen-Qwen3-0.6B", "Reka-Edge", "ibm-granite-granite-4.0", "ibm-granite-granite-4.1",
-               "unsloth-Apriel-1.5"),
-    "-": ("Apertus-8B-Instruct", "Apriel-1.6-15b-Thinker-fixed", "GigaChat3-10B-A1.8B", "GigaChat3.1-10B-A1.8B",
-          "HuggingFaceTB-SmolLM3-3B", "Kimi-K2-Instruct", "Kimi-K2-Thinking", "Kimi-K3", "MiniMax-M1", "MiniMax-M2",
-          "deepseek-ai-DeepSeek-V3.1", "deepseek-ai-DeepSeek-V3.2", "deepseek-ai-DeepSeek-V4-Flash-0731",
-          "deepseek-ai-DeepSeek-V4", "google-gemma-2-2b-it", "llama-cpp-rwkv-world", "microsoft-Phi-3.5-mini-instruct",
-          "moonshotai-Kimi-K2", "openbmb-MiniCPM5-1B", "tencent-Hy3", "upstage-Solar-Open-100B"),
+               "Qwen-Qwen3-0.6B", "Reka-Edge", "ibm-granite-granite-4.0", "ibm-granite-granite-4.1"),
+    "-": ("Apertus-8B-Instruct", "GigaChat3-10B-A1.8B", "GigaChat3.1-10B-A1.8B", "HuggingFaceTB-SmolLM3-3B",
+          "Kimi-K2-Instruct", "Kimi-K2-Thinking", "Kimi-K3", "MiniMax-M1", "MiniMax-M2", "deepseek-ai-DeepSeek-V3.1",
+          "deepseek-ai-DeepSeek-V3.2", "deepseek-ai-DeepSeek-V4-Flash-0731", "deepseek-ai-DeepSeek-V4",
+          "google-gemma-2-2b-it", "llama-cpp-rwkv-world", "microsoft-Phi-3.5-mini-instruct", "moonshotai-Kimi-K2",
+          "openbmb-MiniCPM5-1B", "tencent-Hy3", "upstage-Solar-Open-100B"),
     "llama3": ("Cohere2MoE", "CohereForAI-c4ai-command-r-plus-tool_use", "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
                "meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
                "meta-llama-Llama-3.3-70B-Instruct", "muse-glimmer"),
@@ -102,6 +107,7 @@ EVERY_TEMPLATE = {
     "nemotron": ("NVIDIA-Nemotron-Nano-v2",),
     "deepseek-r1": ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
                     "llama-cpp-deepseek-r1"),
+    "apriel": ("unsloth-Apriel-1.5", "Apriel-1.6-15b-Thinker-fixed"),
 }
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
@@ -154,7 +160,8 @@ def test_a_templates_calls_parse_back(llama_cpp_source, family):
     whole = template.render(given.input([*user, assistant], TOOLS)[0], False, **variables)
     # (where the generation prompt is not the start of the reply's turn, the reply follows its header)
     header = {"gpt-oss": "<|start|>assistant", "llm-jp-4.1": "<|start|>assistant", "gemma4": "<|turn>model\n",
-              "nemotron-nano-v2": "<SPECIAL_11>Assistant\n"}.get(family, "<｜Assistant｜>")
+              "nemotron-nano-v2": "<SPECIAL_11>Assistant\n",
+              "apriel-1.6": "<|begin_assistant|>\n"}.get(family, "<｜Assistant｜>")
     assert whole.startswith(prompt) or header in whole
     reply = whole[len(prompt):] if whole.startswith(prompt) else \
         whole[whole.index(header, whole.index(question)) + len(header):]

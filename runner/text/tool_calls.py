@@ -329,6 +329,13 @@ class NemotronList(_JsonList):
     opening, separator, closing = "<TOOLCALL>[", ", ", "]</TOOLCALL>"
 
 
+class AprielList(_JsonList):
+    """Apriel 1.5 and 1.6: `<tool_calls>[{"name": NAME, "arguments": {...}}, ...]</tool_calls>` after
+    any text (its reasoning, which ends at `[BEGIN FINAL RESPONSE]`, is text: no format of reasoning.py's)."""
+    name, family = "apriel", "Apriel 1.5-1.6 <tool_calls>[...]</tool_calls>"
+    opening, separator, closing = "<tool_calls>[", ", ", "]</tool_calls>"
+
+
 class FireFunction(_JsonList):
     """FireFunction v2: `functools[{"name": NAME, "arguments": {...}}, ...]` after any text; its
     template takes the tools as JSON text in `functions`, and today's date in `datetime`."""
@@ -778,6 +785,7 @@ FORMATS: tuple[tuple[str, type[ToolFormat]], ...] = (
     ("<function=", FunctionTag),
     ("<|/tool|>", Phi4Mini),
     ("<|tool_call|>", GraniteList),
+    ("<tool_calls>[", AprielList),  # (before Hermes: Apriel 1.5's instructions name <tool_call> tags)
     ("<tool_call>", Hermes),
     ('"parameters": ', Llama3),
 )
