@@ -18,7 +18,7 @@ from .experts import (GATING, ExpertStack, check_expert_ids, combine, expert_pro
                       grouped_products, route, sigmoid_gate)
 from .kv_layout import ELEMENTS, as_kernel_array, cached_rows, export_rows, import_rows, new_cache, store_kv
 from .matmul import FEW_TOKENS, decode_stack, load_matrix, matmuls, stacked
-from .step_program import Recorder, run_step
+from .step_program import Recorder, lane_tokens, run_step
 from .type_sets import WeightTypes
 
 
@@ -67,12 +67,13 @@ class CpuBackend:
     def run(self, compute, batch, memory=None, owner=None, all_logits=False):
         if memory is None or not self.record_steps:
             return compute(batch)
-        shape = (memory.kv_type, len(batch.ids), all_logits, len(batch.lanes))
+        shape = (memory.kv_type, len(batch.ids), all_logits, lane_tokens(batch))
         return run_step(self, compute, batch, self._programs.setdefault(owner, {}), shape, memory)
 
-    def recorded_program(self, owner, kv_type, n_tokens, all_logits, lanes=0):
-        """The step program of owner's passes of this shape (Backend.run); None where the shape
-        does not replay; KeyError before the first such pass."""
+    def recorded_program(self, owner, kv_type, n_tokens, all_logits, lanes=()):
+        """The step program of owner's passes of this shape (Backend.run; lanes: the tokens of
+        each lane, where a pass has lanes); None where the shape does not replay; KeyError before
+        the first such pass."""
         return self._programs[owner][kv_type, n_tokens, all_logits, lanes]
 
     def _record(self, record, *args, out=None):
