@@ -177,8 +177,11 @@ def _chunked_delta_rule(q, k, v, decay, beta, state):
 
 
 def ssm_scan(x, dt, b, c, a, d, state):
-    """kernels_cpu.ops.ssm_scan's Mamba2 scan, token after token, its state updated in place."""
+    """kernels_cpu.ops.ssm_scan's Mamba2 scan, its state updated in place: token after token for a
+    short pass, chunk after chunk for a longer one."""
     per_group = state.shape[0] // b.shape[1]
+    if x.shape[0] > RECURRENT_MAX:
+        return _chunked_ssm_scan(x, dt, b, c, a, state) + x * d[:, None]
     b, c = b.repeat_interleave(per_group, 1), c.repeat_interleave(per_group, 1)  # (head h reads group h // per_group)
     decay = torch.exp(dt * a)
     x_dt = x * dt[:, :, None]
@@ -187,6 +190,36 @@ def ssm_scan(x, dt, b, c, a, d, state):
         state.mul_(decay[t][:, None, None]).add_(x_dt[t][:, :, None] * b[t][:, None, :])
         out[t] = torch.einsum("hij,hj->hi", state, c[t])
     return out + x * d[:, None]
+
+
+def _chunked_ssm_scan(x, dt, b, c, a, state):
+    """The Mamba2 scan but its D term over chunks of CHUNK tokens (Mamba2's SSD form): within a
+    chunk from state S, out_i = sum over j <= i of L[i, j] (c_i . b_j) dt_j x_j + g_i S c_i, with L
+    the within-chunk decays and g those from its start; the state after it g_end S plus the chunk's
+    own (sum over j of L[end, j] dt_j x_j b_j^T), passed on chunk after chunk."""
+    n, heads, head_dim = x.shape
+    groups, d_state = b.shape[1:]
+    size = min(CHUNK, n)
+    x_dt, log_decay = _in_chunks(x * dt[:, :, None], size), _in_chunks(dt * a, size)
+    b, c = _in_chunks(b, size), _in_chunks(c, size)  # (chunks, groups, size, d_state)
+    n_chunks, per_group = x_dt.shape[0], heads // groups
+    within, from_start, to_end = _decays(log_decay)
+    # (a group's heads as (chunks, groups, heads a group, ...); their states side by side as rows
+    # (chunks, groups, heads a group x head_dim, d_state), each group's B and C multiplying them all at once)
+    by_group = (n_chunks, groups, per_group, size)
+    out = (within.view(*by_group, size) * (c @ b.mT)[:, :, None]).view(within.shape) @ x_dt
+    weighted = (x_dt * to_end.exp()[..., None]).view(*by_group, head_dim).transpose(-1, -2)
+    own = weighted.reshape(n_chunks, groups, per_group * head_dim, size) @ b
+    chunk_decay = from_start[..., -1].exp().view(n_chunks, groups, per_group, 1, 1)
+    starts = torch.empty((n_chunks + 1, groups, per_group, head_dim, d_state), dtype=state.dtype, device=state.device)
+    starts[0] = state.reshape(starts.shape[1:])
+    for i in range(n_chunks):
+        torch.addcmul(own[i].view(starts.shape[1:]), starts[i], chunk_decay[i], out=starts[i + 1])
+    state.copy_(starts[-1].view(state.shape))
+    carried = c @ starts[:-1].view(n_chunks, groups, per_group * head_dim, d_state).mT
+    out.view(*by_group, head_dim).add_(
+        from_start.exp().view(*by_group, 1) * carried.view(n_chunks, groups, size, per_group, head_dim).transpose(2, 3))
+    return _from_chunks(out, n)
 
 
 # the smallest sum renormalized expert weights divide by (llama.cpp clamps to float16's smallest normal)
