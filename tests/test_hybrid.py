@@ -83,14 +83,15 @@ def _delta_rule_reference(q, k, v, decay, beta, state, grouped):
 
 @pytest.mark.parametrize("device", ["cpu", "torch-cpu"])
 @pytest.mark.parametrize("grouped", [False, True])
-def test_the_delta_rule_reads_each_value_heads_key_head(device, grouped):
+@pytest.mark.parametrize("n", [1, 3, 5, 70, 193])  # (torch: token after token, then in chunks of 64, the last cut short)
+def test_the_delta_rule_reads_each_value_heads_key_head(device, grouped, n):
     """backend.delta_rule on either layout of the value heads, its state carried in place."""
     if device == "torch-cpu":
         pytest.importorskip("torch")
     be, rng = make_backend(device), np.random.default_rng(5)
-    q, k = (rng.standard_normal((5, 2, 8)).astype(np.float32) / 3 for _ in range(2))
-    v = rng.standard_normal((5, 6, 4)).astype(np.float32)
-    decay, beta = -rng.random((5, 6)).astype(np.float32), rng.random((5, 6)).astype(np.float32)
+    q, k = (rng.standard_normal((n, 2, 8)).astype(np.float32) / 3 for _ in range(2))
+    v = rng.standard_normal((n, 6, 4)).astype(np.float32)
+    decay, beta = -rng.random((n, 6)).astype(np.float32), rng.random((n, 6)).astype(np.float32)
     start = rng.standard_normal((6, 8, 4)).astype(np.float32)
     want, want_state = _delta_rule_reference(q, k, v, decay, beta, start, grouped)
     state = be.new_state(start.shape)

@@ -241,13 +241,18 @@ def test_padded_lengths_are_few_and_cover_the_cache():
     assert len({padded_length(n, 4096) for n in range(1, 4097)}) == 5
 
 
-def test_ssm_scan_matches_numba():
-    from .test_ops import ssm_case
-    operands, start = ssm_case(tokens=6, heads=6, groups=3)
+@pytest.mark.parametrize("tokens", [1, 3, 6, 70, 193])  # (token after token, then in chunks of 64, the last cut short)
+def test_ssm_scan_matches_numba(tokens):
+    from .test_ops import ssm_case, ssm_reference
+    operands, start = ssm_case(tokens=tokens, heads=6, groups=3)
+    exact, exact_state = ssm_reference(*operands, start)  # (float64)
     state, want_state = _t(start), start.copy()
     want = cpu.ssm_scan(*operands, want_state)
-    assert np.allclose(_np(be.ssm_scan(*map(_t, operands), state)), want, atol=1e-5)
+    got = _np(be.ssm_scan(*map(_t, operands), state))
+    assert np.allclose(got, want, atol=1e-5)
     assert np.allclose(_np(state), want_state, atol=1e-5)
+    assert np.abs(got - exact).max() < 1e-6 * np.abs(exact).max()
+    assert np.abs(_np(state) - exact_state).max() < 1e-6 * np.abs(exact_state).max()
 
 
 def test_unary_kinds_match_numba():
