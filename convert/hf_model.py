@@ -230,7 +230,8 @@ def model_from_config(cfg: dict) -> HFModel:
     dense_ff = "intermediate_size" in cfg or not (cfg.get("num_local_experts") or cfg.get("num_experts"))
     try:
         n_layer, n_embd = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
-        n_head, n_ff = int(cfg["num_attention_heads"]), int(cfg["intermediate_size"]) if dense_ff else 0
+        n_head, n_ff = (0, 0) if arch.attention_free else (  # (plain Mamba2: neither)
+            int(cfg["num_attention_heads"]), int(cfg["intermediate_size"]) if dense_ff else 0)
         vocab_size = int(cfg["vocab_size"])
     except (KeyError, TypeError, ValueError) as e:
         raise ConversionError(f"config.json lacks a usable {e}") from None
@@ -238,7 +239,7 @@ def model_from_config(cfg: dict) -> HFModel:
     # (where the config leaves them out, transformers' defaults, which llama.cpp's converter reads)
     if arch.ff_auto_adjust and cfg.get("block_auto_adjust_ff_dim", True):
         n_ff = _adjusted_ff(n_ff, cfg.get("block_ffn_dim_multiplier", 1.0), int(cfg.get("block_multiple_of", 256)))
-    head_dim = int(cfg.get("head_dim") or n_embd // n_head)
+    head_dim = 0 if arch.attention_free else int(cfg.get("head_dim") or n_embd // n_head)
     rope = cfg.get("rope_parameters") or {}
     if isinstance(rope, dict) and "full_attention" in rope:  # per-layer-type parameters (Gemma 3)
         local = rope.get("sliding_attention", {})
@@ -258,7 +259,7 @@ def model_from_config(cfg: dict) -> HFModel:
         "block_count": n_layer,
         **({"feed_forward_length": n_ff} if dense_ff else {}),
         "attention.head_count": n_head,
-        "attention.head_count_kv": n_head_kv,
+        **({} if arch.attention_free else {"attention.head_count_kv": n_head_kv}),
         "attention.layer_norm_epsilon" if arch.rms_eps_as_layer_norm else "attention.layer_norm_rms_epsilon":
             float(cfg.get(arch.rms_eps_key, 1e-6)),
     }
@@ -272,7 +273,7 @@ def model_from_config(cfg: dict) -> HFModel:
     if arch.gated_delta_net:
         md.update(_delta_net(cfg, n_layer))
     if arch.mamba2:
-        md.update(_mamba2(cfg, n_layer, n_head_kv, n_embd, n_ff, arch.separate_blocks))
+        md.update(_mamba2(cfg, n_layer, n_head_kv, n_embd, n_ff, arch))
     sections = scaling.get("mrope_section") or arch.rope_sections_default
     if sections:  # (M-RoPE's: time, height, width and a fourth, 0 where not given)
         md["rope.dimension_sections"] = [int(s) for s in [*sections, 0, 0, 0][:4]]
@@ -287,7 +288,7 @@ def model_from_config(cfg: dict) -> HFModel:
     rotary = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", arch.rotary_share)))
     if arch.writes_rope_dims or rotary != 1.0:
         md["rope.dimension_count"] = int(head_dim * rotary)
-    if arch.writes_head_dims or "head_dim" in cfg or head_dim != n_embd // n_head:
+    if not arch.attention_free and (arch.writes_head_dims or "head_dim" in cfg or head_dim != n_embd // n_head):
         md["attention.key_length"] = head_dim
         md["attention.value_length"] = head_dim
     extra_tensors = _long_rope(cfg, rope, md, rope_type) if arch.long_rope else {}
@@ -318,8 +319,11 @@ def model_from_config(cfg: dict) -> HFModel:
     n_expert = _experts(cfg, md, arch)
     md.update({key: float(cfg[name]) for name, key in _MULTIPLIERS.items() if cfg.get(name)})
     tied = bool(cfg.get("tie_word_embeddings", arch.tied_by_default))
-    return HFModel(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, vocab_size, tied, md, n_expert,
-                   extra_tensors)
+    # (the tokens written: the vocabulary rounded up as llama.cpp's converter rounds it; the embedding stays)
+    multiple = int(cfg.get(arch.vocab_multiple_key) or arch.vocab_multiple) if arch.vocab_multiple_key \
+        else arch.vocab_multiple
+    return HFModel(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, -(-vocab_size // multiple) * multiple,
+                   tied, md, n_expert, extra_tensors)
 
 
 def _yarn(rope: dict, arch: Architecture) -> dict:
@@ -444,24 +448,29 @@ def _delta_net(cfg: dict, n_layer: int) -> dict:
     return md
 
 
-# a Mamba2 hybrid's sizes: GGUF key -> the config names that give it, first found (Granite's mamba_*)
-_MAMBA2_SIZES = {"ssm.conv_kernel": ("conv_kernel", "mamba_d_conv"),  # (Nemotron-H's, then Granite's)
-                 "ssm.state_size": ("ssm_state_size", "mamba_d_state"),
+# a Mamba2 model's sizes: GGUF key -> the config names that give it, first found (Nemotron-H's, Granite's
+# mamba_*, plain Mamba2's)
+_MAMBA2_SIZES = {"ssm.conv_kernel": ("conv_kernel", "mamba_d_conv"),
+                 "ssm.state_size": ("ssm_state_size", "mamba_d_state", "state_size"),
                  "ssm.group_count": ("n_groups", "mamba_n_groups"),
-                 "ssm.time_step_rank": ("mamba_num_heads", "mamba_n_heads")}
+                 "ssm.time_step_rank": ("mamba_num_heads", "mamba_n_heads", "num_heads")}
 
 
-def _mamba2(cfg: dict, n_layer: int, n_head_kv: int, n_embd: int, n_ff: int, separate: bool) -> dict:
-    """A Mamba2 hybrid's keys, as llama.cpp's converter writes them: the Mamba2 layers' sizes (d_inner
-    the heads' width, or the expansion of the hidden size), 0 KV heads but in attention layers (and
-    where each layer is one block, 0 feed-forward width but in feed-forward ones), whether the
-    attention layers rotate."""
+def _mamba2(cfg: dict, n_layer: int, n_head_kv: int, n_embd: int, n_ff: int, arch: Architecture) -> dict:
+    """A Mamba2 model's keys, as llama.cpp's converter writes them: the Mamba2 layers' sizes (d_inner
+    the heads' width, or the expansion of the hidden size); in a hybrid of Mamba2 and attention
+    layers, 0 KV heads but in attention layers (and where each layer is one block, 0 feed-forward
+    width but in feed-forward ones) and whether the attention layers rotate; without attention
+    (plain Mamba2), a context of 2^20."""
     try:
         md = {key: int(next(cfg[n] for n in names if n in cfg)) for key, names in _MAMBA2_SIZES.items()}
     except StopIteration:
         raise ConversionError(f"config.json lacks the Mamba2 layers' sizes ({', '.join(_MAMBA2_SIZES)})") from None
     heads_width = md["ssm.time_step_rank"] * int(cfg.get("mamba_head_dim", 0))
     md["ssm.inner_size"] = heads_width or int(cfg.get("mamba_expand", cfg.get("expand", 2))) * n_embd
+    if arch.attention_free:
+        return {**md, "context_length": 2 ** 20}
+    separate = arch.separate_blocks
     kinds = _mamba2_layer_kinds(cfg)
     # (where each layer is one block, its feed-forward blocks are MLPs or, in a mixture, experts: never
     # both, as llama.cpp's converter reads them)

@@ -218,7 +218,8 @@ def test_hybrids_convert_and_quantize_as_llama_cpp_does(hybrid_folders, llama_cp
     LFM2-MoE (LFM2's layers, the first dense, the others experts): the experts stacked from their
     w1/w2/w3, the selection bias as exp_probs_b.bias, the sigmoid gating and leading dense layers.
     Nemotron-H-MoE (Mamba2, attention and mixture blocks): the ungated experts stacked, the latent
-    projections, the feed-forward widths per layer as the experts', the mixture's keys."""
+    projections, the feed-forward widths per layer as the experts', the mixture's keys. Plain Mamba2
+    (no attention): head_count and feed_forward_length 0, no KV heads, the vocabulary rounded up to 16."""
     import subprocess
 
     from .test_mixes import tensor_digests
@@ -298,6 +299,22 @@ def test_nemotron_h_moe_configs_ggrun_cannot_compute_are_refused(hybrid_folders,
     assert model.arch.name == "nemotron_h_moe" and model.left_out("mtp.layers.0.eh_proj.weight")
     with pytest.raises(ConversionError, match=message):
         model_from_config({**cfg, **change})
+
+
+def test_a_mamba2_vocabulary_rounds_up_as_llama_cpp_rounds_it(hybrid_folders, tmp_path):
+    """llama.cpp's converter rounds a plain Mamba2 vocabulary up to the config's pad_vocab_size_multiple
+    (16 where it gives none) with [PAD] tokens, and leaves the embedding as it is: ggrun writes the
+    same tokens, and refuses a checkpoint whose embedding then falls short of them (a file
+    llama.cpp's loader refuses), naming the sizes."""
+    from convert.hf_model import model_from_config
+    folder = hybrid_folders["mamba2"]
+    cfg = json.loads((folder / "config.json").read_text())
+    assert model_from_config({**cfg, "vocab_size": 50257}).vocab_size == 50272
+    assert model_from_config({**cfg, "pad_vocab_size_multiple": 8}).vocab_size == 50272
+    folder = shutil.copytree(folder, tmp_path / "padded")
+    (folder / "config.json").write_text(json.dumps({**cfg, "pad_vocab_size_multiple": 64}))
+    with pytest.raises(ConversionError, match="vocabulary of 50304 tokens .* the embedding's 50272 rows"):
+        convert_hf(folder, tmp_path / "padded.gguf", "F32", progress=False)
 
 
 def test_qwen35_multimodal_checkpoint_converts_its_text_model(hybrid_folders, llama_cpp_source, tmp_path):

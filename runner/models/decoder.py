@@ -93,7 +93,7 @@ class Layer:
     the residual stream (OLMo 2, EXAONE 4), or both (Gemma 2 and 3, GLM-4). A hybrid's recurrent
     layer has its model's recurrent block where the others have attention."""
     attn: Attention | object
-    ffn: FeedForward | MixtureOfExperts
+    ffn: FeedForward | MixtureOfExperts | None
     attn_norm: object = None
     ffn_norm: object = None
     post_attn_norm: object = None

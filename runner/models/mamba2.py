@@ -1,4 +1,5 @@
-"""Mamba2 layers, as hybrids (Granite 4.0-H, Nemotron-H) have them among attention layers.
+"""Mamba2 layers, as hybrids have them among attention layers (Granite 4.0-H, Nemotron-H), and plain
+Mamba2 alone.
 
 in_proj projects the residual stream to z (the output gate, d_inner wide), xBC (x, then B and C of
 n_group groups of d_state) and dt (one per head). xBC goes through a causal depthwise convolution
