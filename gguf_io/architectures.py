@@ -109,6 +109,13 @@ class Architecture:
     # every layer a Mamba2 block, no attention and no feed-forward (plain Mamba2): llama.cpp's converter
     # writes head_count and feed_forward_length 0, no KV heads, a context of 2^20
     attention_free: bool = False
+    # each layer runs attention and a Mamba2 mixer side by side on the same normed input, then a
+    # feed-forward (Falcon-H1): every layer attends and carries a recurrent state
+    parallel_mixers: bool = False
+    # Falcon-H1's µP multipliers (embedding, lm_head, attention in and out, key, SSM in and out, the
+    # mup_vector's five ssm_multipliers over in_proj's z, x, B, C and dt rows, the MLP's gate and
+    # down), which llama.cpp's converter folds into the weights they scale: its graph has none
+    folded_multipliers: bool = False
     # the vocabulary llama.cpp's converter rounds up to a multiple of this (its Mamba2 models': 8 for
     # Granite 4.0-H and Nemotron-H, the config's pad_vocab_size_multiple or 16 for plain Mamba2), with
     # [PAD] tokens, leaving the embedding as the checkpoint holds it
@@ -231,6 +238,19 @@ ARCHITECTURES = {a.name: a for a in (
                  renamed=(("mixer.dt_bias", MODEL_TENSOR.SSM_DT, "bias"), ("mixer.A_log", MODEL_TENSOR.SSM_A, None),
                           ("mixer.D", MODEL_TENSOR.SSM_D, None)),
                  squeezed=("mixer.conv1d.weight",)),
+    # Falcon-H1: attention (NeoX RoPE) and a Mamba2 mixer side by side in every layer, then a SwiGLU MLP;
+    # its multipliers folded into the weights. llama.cpp's converter names the MLP's norm without a
+    # suffix (blk.N.ffn_norm), as its loader reads it; its graph computes the biases below as absent
+    # (llama.cpp's converter would scale Q, K and V's biases as their weights, and its loader has no
+    # SSM projection biases)
+    Architecture("falcon-h1", MODEL_ARCH.FALCON_H1, ("falcon_h1",), partial_rope=True, writes_vocab_size=True,
+                 writes_head_dims=True, mamba2="mamba", parallel_mixers=True, folded_multipliers=True,
+                 config_fixed=(("attention_bias", False), ("mamba_proj_bias", False), ("projectors_bias", False),
+                               ("hidden_act", "silu")),
+                 renamed=(("mamba.dt_bias", MODEL_TENSOR.SSM_DT, "bias"), ("mamba.A_log", MODEL_TENSOR.SSM_A, None),
+                          ("mamba.D", MODEL_TENSOR.SSM_D, None),
+                          ("pre_ff_layernorm.weight", MODEL_TENSOR.FFN_PRE_NORM, None)),
+                 squeezed=("mamba.conv1d.weight",)),
     # gpt-oss: attention sinks and biases, experts picked by their logits (llama.cpp's softmax_weight
     # gating), sliding layers alternating with global ones from the first, YaRN from the file
     Architecture("gpt-oss", MODEL_ARCH.GPT_OSS, ("gpt_oss",), partial_rope=True, swa_pattern=2, expert_gating=3,

@@ -83,14 +83,18 @@ class ModelParams:
     ssm_heads: int = 0
     ssm_inner: int = 0
     rope_finetuned: bool = True  # False: the attention layers apply no RoPE (Granite hybrids' switch)
+    # each layer attends and runs its recurrent mixer beside the attention (Falcon-H1): its recurrent
+    # layers keep their KV heads
+    parallel_mixers: bool = False
 
     @property
     def kv_dim(self) -> int:
         return self.n_head_kv * self.head_dim
 
     def layer_kv_heads(self, i: int) -> int:
-        """Layer i's KV heads: none in a recurrent layer, which keeps a state instead."""
-        if self.recurrent(i):
+        """Layer i's KV heads: none in a recurrent layer, which keeps a state instead (but beside
+        its attention: parallel_mixers)."""
+        if self.recurrent(i) and not self.parallel_mixers:
             return 0
         return self.kv_heads_by_layer[i] if self.kv_heads_by_layer else self.n_head_kv
 
@@ -113,9 +117,9 @@ class ModelParams:
         return bool(self.recurrent_layers) and self.recurrent_layers[i]
 
     def attends(self, i: int) -> bool:
-        """Whether layer i is an attention layer: neither recurrent nor without KV heads (Nemotron-H's
-        feed-forward blocks)."""
-        return not self.recurrent(i) and self.layer_kv_heads(i) > 0
+        """Whether layer i is an attention layer: neither recurrent (but with its attention beside:
+        parallel_mixers) nor without KV heads (Nemotron-H's feed-forward blocks)."""
+        return (self.parallel_mixers or not self.recurrent(i)) and self.layer_kv_heads(i) > 0
 
     def cache_layer(self, i: int) -> int:
         """The KV cache layer that attention layer i attends over: caches are kept for the layers
@@ -191,15 +195,18 @@ def _sliding_layers(f: GGUFFile, key: str, default: int, n_layer: int) -> tuple[
 
 
 def _recurrent_layers(f: GGUFFile, key, n_layer: int, ssm: dict, kv_heads: tuple[int, ...],
-                      ff_lengths: tuple[int, ...]) -> tuple[bool, ...]:
-    """Which layers of a hybrid with ssm sizes are recurrent: those of 0 KV heads and no feed-forward
-    width of their own (Mamba2 hybrids and plain Mamba2, as llama.cpp reads them; ff_lengths empty:
-    any width), else one flag per layer, else every layer but each full_attention_interval-th
+                      ff_lengths: tuple[int, ...], parallel: bool) -> tuple[bool, ...]:
+    """Which layers of a hybrid with ssm sizes are recurrent: every one where each runs its mixer
+    beside its attention (parallel: Falcon-H1), else those of 0 KV heads and no feed-forward width of
+    their own (Mamba2 hybrids and plain Mamba2, as llama.cpp reads them; ff_lengths empty: any
+    width), else one flag per layer, else every layer but each full_attention_interval-th
     (llama.cpp's default 4: gated-DeltaNet hybrids); with the state's sizes checked."""
     if not (ssm["ssm_state"] and ssm["ssm_groups"] and ssm["ssm_heads"] and ssm["ssm_heads"] % ssm["ssm_groups"] == 0
             and ssm["ssm_inner"] % ssm["ssm_heads"] == 0 and 1 < ssm["ssm_conv_kernel"] <= 64):
         f.refuse(key(Keys.SSM.TIME_STEP_RANK), ssm["ssm_heads"],
                  f"does not fit the other ssm sizes ({', '.join(f'{k} {v}' for k, v in ssm.items())})")
+    if parallel:
+        return (True,) * n_layer
     if 0 in kv_heads:
         return tuple(k == 0 and not (ff_lengths and ff_lengths[i]) for i, k in enumerate(kv_heads))
     flags = key("{arch}.attention.recurrent_layers")
@@ -283,8 +290,9 @@ def read_params(f: GGUFFile) -> ModelParams:
         ff_lengths = (0,) * n_layer
     else:
         ff_lengths = _per_layer(f, key(Keys.LLM.FEED_FORWARD_LENGTH), n_layer, lo=0 if separate else 1)
+    parallel = bool(arch and arch.parallel_mixers)
     recurrent_layers = (tuple(k == 0 for k in kv_heads) if conv_kernel else
-                        _recurrent_layers(f, key, n_layer, ssm, kv_heads, ff_lengths if separate else ())
+                        _recurrent_layers(f, key, n_layer, ssm, kv_heads, ff_lengths if separate else (), parallel)
                         if ssm["ssm_conv_kernel"] else ())
     if n_head == 0 and not all(recurrent_layers):
         f.refuse(key(Keys.Attention.HEAD_COUNT), n_head, "leaves the attention layers without heads")
@@ -392,6 +400,7 @@ def read_params(f: GGUFFile) -> ModelParams:
         recurrent_layers=recurrent_layers,
         conv_kernel=conv_kernel,
         rope_finetuned=f.get_bool(key(Keys.Rope.SCALING_FINETUNED), True),
+        parallel_mixers=parallel,
         **ssm,
     )
     _check_widths(f, params, key)

@@ -337,6 +337,14 @@ HYBRID_CONFIGS = {
     "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", dict(
         num_hidden_layers=3, num_heads=8, head_dim=64, n_groups=2, state_size=16, conv_kernel=4, vocab_size=50272,
         tie_word_embeddings=True)),
+    # Falcon-H1: attention (RoPE) beside a Mamba2 mixer (8 heads of 64, two groups, no norm, as published)
+    # in each of two layers, every multiplier other than 1
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", dict(
+        num_hidden_layers=2, head_dim=64, mamba_d_ssm=512, mamba_n_heads=8, mamba_d_head=64, mamba_n_groups=2,
+        mamba_d_state=16, mamba_d_conv=4, mamba_rms_norm=False, mamba_norm_before_gate=False,
+        embedding_multiplier=5.66, lm_head_multiplier=0.039, attention_in_multiplier=0.75,
+        attention_out_multiplier=0.94, key_multiplier=0.39, ssm_in_multiplier=1.25, ssm_out_multiplier=0.24,
+        mlp_multipliers=[0.88, 0.59], ssm_multipliers=[0.35, 0.25, 0.71, 0.5, 1.41])),
 }
 
 

@@ -2,7 +2,8 @@
 KV cache (runner/engine/recurrent_state.py): LFM2's short convolutions (and LFM2-MoE's, with its
 biased expert routing), the gated DeltaNet of Qwen3.5 and Qwen3-Next, Granite 4.0-H's and
 Nemotron-H's Mamba2 layers (and Nemotron-H-MoE's, with its biased routing of ReLU^2 experts within
-latent projections), and plain Mamba2's without attention (a sequence's state alone). Whole models against
+latent projections), Falcon-H1's beside its attention, and plain Mamba2's without attention (a
+sequence's state alone). Whole models against
 transformers in fp32, through one prefill, one-token steps and prefills split anywhere; the
 state going back into a verify pass, saved and restored, per sequence in a batch; llama.cpp's
 perplexity on ggrun's files."""
@@ -53,7 +54,7 @@ def test_hybrids_match_transformers(hybrid_folders, hybrid_files, arch, device):
         assert Op.SHORT_CONV in program.code[:, 0] and lm.backend.replay_checked
         assert (Op.DELTA_RULE in program.code[:, 0]) == arch.startswith("qwen")
         assert (Op.ROUTE in program.code[:, 0]) == (lm.params.n_expert > 0)  # (LFM2-MoE's with its selection bias)
-        assert (Op.SSM_SCAN in program.code[:, 0]) == arch.startswith(("granite", "nemotron", "mamba2"))
+        assert (Op.SSM_SCAN in program.code[:, 0]) == arch.startswith(("granite", "nemotron", "mamba2", "falcon"))
 
 
 @pytest.mark.parametrize("arch", list(HYBRID_CONFIGS))

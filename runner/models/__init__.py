@@ -2,6 +2,7 @@
 each one is otherwise (hyperparameter defaults, tensor names, conversion) is declared in
 gguf_io.architectures."""
 from .exaone4 import EXAONE4
+from .falcon_h1 import FalconH1
 from .gemma2 import Gemma2
 from .gemma3 import Gemma3
 from .gemma4 import Gemma4
@@ -28,4 +29,4 @@ MODELS = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3, "gemma3": Gemma3, "qwe
           "mistral3": Llama, "gpt-oss": GptOss, "gemma4": Gemma4,
           "lfm2": LFM2, "lfm2moe": LFM2MoE, "qwen35": Qwen35, "qwen35moe": Qwen35, "qwen3next": Qwen3Next,
           "granitehybrid": GraniteHybrid, "nemotron_h": NemotronH, "nemotron_h_moe": NemotronHMoE,
-          "mamba2": PlainMamba2}
+          "mamba2": PlainMamba2, "falcon-h1": FalconH1}
