@@ -63,9 +63,14 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True, s
         if name is not None:
             planned.append((name, tuple(reversed(shape)),
                             lambda n=name, h=parts, hn=hf_name: hf.transform(n, hf.orient(hn, _read(ckpt, h)))))
-    if not any(p[0] == "token_embd.weight" for p in planned):
+    embedding = next((shape for name, shape, _ in planned if name == "token_embd.weight"), None)
+    if embedding is None:
         raise ConversionError("the checkpoint has no token embedding (model.embed_tokens.weight)")
-    kv_heads = hf.metadata["attention.head_count_kv"]  # (layer 0's, where given per layer)
+    if embedding[-1] != hf.vocab_size:  # (llama.cpp's converter would write a file its loader refuses)
+        raise ConversionError(f"the vocabulary of {hf.vocab_size} tokens (config.json's vocab_size, rounded up as "
+                              f"llama.cpp's converter rounds a {hf.arch.name} vocabulary) does not fit the "
+                              f"embedding's {embedding[-1]} rows")
+    kv_heads = hf.metadata.get("attention.head_count_kv", 0)  # (layer 0's, where given per layer; none: no attention)
     types = mix_types(file_type, {name: shape for name, shape, _ in planned}, hf.n_layer, hf.n_head,
                       kv_heads[0] if isinstance(kv_heads, list) else kv_heads, hf.n_expert)
     tensors = [PlannedTensor(name, shape, types[name], load) for name, shape, load in planned]

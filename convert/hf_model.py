@@ -33,6 +33,8 @@ class HFModel:
     metadata: dict  # GGUF key (without the architecture prefix) -> value
     n_expert: int = 0  # a mixture's experts per layer (0: dense)
     extra_tensors: dict = field(default_factory=dict)  # GGUF name -> values the config holds (LongRoPE factors)
+    # tensor -> the multipliers folded into it, in turn: (rows, factor), rows None for all (Falcon-H1's)
+    folded: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self._names = self.arch.hf_names(self.n_layer)
@@ -156,6 +158,10 @@ class HFModel:
             # (rounded from float64: torch's float32 exp, which llama.cpp's converter takes, is within
             # one unit in the last place of it and mostly equal; numpy's float32 exp is further off)
             w = (-np.exp(w.astype(np.float64))).astype(np.float32)
+        if tensor in self.folded:  # (one float32 product after another, as llama.cpp's converter takes them)
+            w = w.copy()
+            for rows, factor in self.folded[tensor]:
+                w[slice(None) if rows is None else rows] *= np.float32(factor)
         if self.arch.permute_qk and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = self.n_head if "attn_q" in gguf_name else self.n_head_kv
             w = w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -230,7 +236,8 @@ def model_from_config(cfg: dict) -> HFModel:
     dense_ff = "intermediate_size" in cfg or not (cfg.get("num_local_experts") or cfg.get("num_experts"))
     try:
         n_layer, n_embd = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
-        n_head, n_ff = int(cfg["num_attention_heads"]), int(cfg["intermediate_size"]) if dense_ff else 0
+        n_head, n_ff = (0, 0) if arch.attention_free else (  # (plain Mamba2: neither)
+            int(cfg["num_attention_heads"]), int(cfg["intermediate_size"]) if dense_ff else 0)
         vocab_size = int(cfg["vocab_size"])
     except (KeyError, TypeError, ValueError) as e:
         raise ConversionError(f"config.json lacks a usable {e}") from None
@@ -238,7 +245,7 @@ def model_from_config(cfg: dict) -> HFModel:
     # (where the config leaves them out, transformers' defaults, which llama.cpp's converter reads)
     if arch.ff_auto_adjust and cfg.get("block_auto_adjust_ff_dim", True):
         n_ff = _adjusted_ff(n_ff, cfg.get("block_ffn_dim_multiplier", 1.0), int(cfg.get("block_multiple_of", 256)))
-    head_dim = int(cfg.get("head_dim") or n_embd // n_head)
+    head_dim = 0 if arch.attention_free else int(cfg.get("head_dim") or n_embd // n_head)
     rope = cfg.get("rope_parameters") or {}
     if isinstance(rope, dict) and "full_attention" in rope:  # per-layer-type parameters (Gemma 3)
         local = rope.get("sliding_attention", {})
@@ -258,7 +265,7 @@ def model_from_config(cfg: dict) -> HFModel:
         "block_count": n_layer,
         **({"feed_forward_length": n_ff} if dense_ff else {}),
         "attention.head_count": n_head,
-        "attention.head_count_kv": n_head_kv,
+        **({} if arch.attention_free else {"attention.head_count_kv": n_head_kv}),
         "attention.layer_norm_epsilon" if arch.rms_eps_as_layer_norm else "attention.layer_norm_rms_epsilon":
             float(cfg.get(arch.rms_eps_key, 1e-6)),
     }
@@ -272,7 +279,7 @@ def model_from_config(cfg: dict) -> HFModel:
     if arch.gated_delta_net:
         md.update(_delta_net(cfg, n_layer))
     if arch.mamba2:
-        md.update(_mamba2(cfg, n_layer, n_head_kv, n_embd, n_ff, arch.separate_blocks))
+        md.update(_mamba2(cfg, n_layer, n_head_kv, n_embd, n_ff, arch))
     sections = scaling.get("mrope_section") or arch.rope_sections_default
     if sections:  # (M-RoPE's: time, height, width and a fourth, 0 where not given)
         md["rope.dimension_sections"] = [int(s) for s in [*sections, 0, 0, 0][:4]]
@@ -287,7 +294,7 @@ def model_from_config(cfg: dict) -> HFModel:
     rotary = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", arch.rotary_share)))
     if arch.writes_rope_dims or rotary != 1.0:
         md["rope.dimension_count"] = int(head_dim * rotary)
-    if arch.writes_head_dims or "head_dim" in cfg or head_dim != n_embd // n_head:
+    if not arch.attention_free and (arch.writes_head_dims or "head_dim" in cfg or head_dim != n_embd // n_head):
         md["attention.key_length"] = head_dim
         md["attention.value_length"] = head_dim
     extra_tensors = _long_rope(cfg, rope, md, rope_type) if arch.long_rope else {}
@@ -316,10 +323,17 @@ def model_from_config(cfg: dict) -> HFModel:
     if arch.global_layers_apart:
         extra_tensors.update(_global_layers(cfg, md, local, rope, n_layer))
     n_expert = _experts(cfg, md, arch)
-    md.update({key: float(cfg[name]) for name, key in _MULTIPLIERS.items() if cfg.get(name)})
     tied = bool(cfg.get("tie_word_embeddings", arch.tied_by_default))
-    return HFModel(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, vocab_size, tied, md, n_expert,
-                   extra_tensors)
+    if arch.folded_multipliers:
+        folded = _falcon_h1_multipliers(cfg, md, tied)
+    else:
+        folded = {}
+        md.update({key: float(cfg[name]) for name, key in _MULTIPLIERS.items() if cfg.get(name)})
+    # (the tokens written: the vocabulary rounded up as llama.cpp's converter rounds it; the embedding stays)
+    multiple = int(cfg.get(arch.vocab_multiple_key) or arch.vocab_multiple) if arch.vocab_multiple_key \
+        else arch.vocab_multiple
+    return HFModel(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, -(-vocab_size // multiple) * multiple,
+                   tied, md, n_expert, extra_tensors, folded)
 
 
 def _yarn(rope: dict, arch: Architecture) -> dict:
@@ -444,24 +458,32 @@ def _delta_net(cfg: dict, n_layer: int) -> dict:
     return md
 
 
-# a Mamba2 hybrid's sizes: GGUF key -> the config names that give it, first found (Granite's mamba_*)
-_MAMBA2_SIZES = {"ssm.conv_kernel": ("conv_kernel", "mamba_d_conv"),  # (Nemotron-H's, then Granite's)
-                 "ssm.state_size": ("ssm_state_size", "mamba_d_state"),
+# a Mamba2 model's sizes: GGUF key -> the config names that give it, first found (Nemotron-H's, Granite's
+# and Falcon-H1's mamba_*, plain Mamba2's)
+_MAMBA2_SIZES = {"ssm.conv_kernel": ("conv_kernel", "mamba_d_conv"),
+                 "ssm.state_size": ("ssm_state_size", "mamba_d_state", "state_size"),
                  "ssm.group_count": ("n_groups", "mamba_n_groups"),
-                 "ssm.time_step_rank": ("mamba_num_heads", "mamba_n_heads")}
+                 "ssm.time_step_rank": ("mamba_num_heads", "mamba_n_heads", "num_heads")}
 
 
-def _mamba2(cfg: dict, n_layer: int, n_head_kv: int, n_embd: int, n_ff: int, separate: bool) -> dict:
-    """A Mamba2 hybrid's keys, as llama.cpp's converter writes them: the Mamba2 layers' sizes (d_inner
-    the heads' width, or the expansion of the hidden size), 0 KV heads but in attention layers (and
-    where each layer is one block, 0 feed-forward width but in feed-forward ones), whether the
-    attention layers rotate."""
+def _mamba2(cfg: dict, n_layer: int, n_head_kv: int, n_embd: int, n_ff: int, arch: Architecture) -> dict:
+    """A Mamba2 model's keys, as llama.cpp's converter writes them: the Mamba2 layers' sizes (d_inner
+    Falcon-H1's mamba_d_ssm, the heads' width, or the expansion of the hidden size); in a hybrid of
+    Mamba2 and attention layers, 0 KV heads but in attention layers (and where each layer is one
+    block, 0 feed-forward width but in feed-forward ones) and whether the attention layers rotate;
+    without attention (plain Mamba2), a context of 2^20; where every layer has both (Falcon-H1), no more."""
     try:
         md = {key: int(next(cfg[n] for n in names if n in cfg)) for key, names in _MAMBA2_SIZES.items()}
     except StopIteration:
         raise ConversionError(f"config.json lacks the Mamba2 layers' sizes ({', '.join(_MAMBA2_SIZES)})") from None
     heads_width = md["ssm.time_step_rank"] * int(cfg.get("mamba_head_dim", 0))
-    md["ssm.inner_size"] = heads_width or int(cfg.get("mamba_expand", cfg.get("expand", 2))) * n_embd
+    md["ssm.inner_size"] = int(cfg.get("mamba_d_ssm") or heads_width
+                               or int(cfg.get("mamba_expand", cfg.get("expand", 2))) * n_embd)
+    if arch.attention_free:
+        return {**md, "context_length": 2 ** 20}
+    if arch.parallel_mixers:
+        return md
+    separate = arch.separate_blocks
     kinds = _mamba2_layer_kinds(cfg)
     # (where each layer is one block, its feed-forward blocks are MLPs or, in a mixture, experts: never
     # both, as llama.cpp's converter reads them)
@@ -481,6 +503,37 @@ def _mamba2(cfg: dict, n_layer: int, n_head_kv: int, n_embd: int, n_ff: int, sep
     if not rotates:
         md["context_length"] = 2 ** 20
     return md
+
+
+def _falcon_h1_multipliers(cfg: dict, md: dict, tied: bool) -> dict:
+    """Falcon-H1's multipliers as llama.cpp's converter folds them into the weights they scale: tensor
+    -> (rows, factor) in turn (rows None: all). Refused: a tied embedding whose two multipliers differ
+    (the one matrix would carry the embedding's), and a mixer normed before its gate (llama.cpp's
+    graph norms after it)."""
+    def get(name):
+        value = cfg.get(name)
+        return 1.0 if value is None else float(value)
+    if tied and get("embedding_multiplier") != get("lm_head_multiplier"):
+        raise ConversionError("a tied embedding with embedding_multiplier and lm_head_multiplier apart is not "
+                              "supported: llama.cpp's converter folds the embedding's into the one shared matrix")
+    if cfg.get("mamba_rms_norm") and cfg.get("mamba_norm_before_gate", True):
+        raise ConversionError("mamba_norm_before_gate is not supported: llama.cpp's graph norms the mixer's "
+                              "output after its gate")
+    gate, down = cfg.get("mlp_multipliers") or (1.0, 1.0)
+    z, x, b, c, dt = cfg.get("ssm_multipliers") or (1.0,) * 5
+    inner, groups = md["ssm.inner_size"], md["ssm.group_count"] * md["ssm.state_size"]
+    # (in_proj's rows: z, x, B, C, dt)
+    bounds = np.cumsum([0, inner, inner, groups, groups])
+    ssm_in = [(None, get("ssm_in_multiplier"))] + [
+        (slice(lo, hi), m) for lo, hi, m in zip(bounds, [*bounds[1:], None], (z, x, b, c, dt))]
+    attention_in = get("attention_in_multiplier")
+    return {MODEL_TENSOR.TOKEN_EMBD: [(None, get("embedding_multiplier"))],
+            MODEL_TENSOR.OUTPUT: [(None, get("lm_head_multiplier"))],
+            MODEL_TENSOR.ATTN_Q: [(None, attention_in)], MODEL_TENSOR.ATTN_V: [(None, attention_in)],
+            MODEL_TENSOR.ATTN_K: [(None, get("key_multiplier")), (None, attention_in)],
+            MODEL_TENSOR.ATTN_OUT: [(None, get("attention_out_multiplier"))],
+            MODEL_TENSOR.SSM_IN: ssm_in, MODEL_TENSOR.SSM_OUT: [(None, get("ssm_out_multiplier"))],
+            MODEL_TENSOR.FFN_GATE: [(None, float(gate))], MODEL_TENSOR.FFN_DOWN: [(None, float(down))]}
 
 
 def _mamba2_layer_kinds(cfg: dict) -> list[str]:

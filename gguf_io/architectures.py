@@ -106,6 +106,21 @@ class Architecture:
     # width), attention (0 feed-forward width) or a feed-forward (0 KV heads); llama.cpp's converter writes
     # both per layer, from hybrid_override_pattern (M, *, -) or the layer types
     separate_blocks: bool = False
+    # every layer a Mamba2 block, no attention and no feed-forward (plain Mamba2): llama.cpp's converter
+    # writes head_count and feed_forward_length 0, no KV heads, a context of 2^20
+    attention_free: bool = False
+    # each layer runs attention and a Mamba2 mixer side by side on the same normed input, then a
+    # feed-forward (Falcon-H1): every layer attends and carries a recurrent state
+    parallel_mixers: bool = False
+    # Falcon-H1's µP multipliers (embedding, lm_head, attention in and out, key, SSM in and out, the
+    # mup_vector's five ssm_multipliers over in_proj's z, x, B, C and dt rows, the MLP's gate and
+    # down), which llama.cpp's converter folds into the weights they scale: its graph has none
+    folded_multipliers: bool = False
+    # the vocabulary llama.cpp's converter rounds up to a multiple of this (its Mamba2 models': 8 for
+    # Granite 4.0-H and Nemotron-H, the config's pad_vocab_size_multiple or 16 for plain Mamba2), with
+    # [PAD] tokens, leaving the embedding as the checkpoint holds it
+    vocab_multiple: int = 1
+    vocab_multiple_key: str | None = None  # config.json's name for it, where the config may give it
     # M-RoPE's rope.dimension_sections where the config gives no mrope_section (llama.cpp's loader
     # requires them of Qwen3.5, and its converter writes its published [11, 11, 10])
     rope_sections_default: tuple[int, ...] = ()
@@ -177,6 +192,7 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("granitehybrid", MODEL_ARCH.GRANITE_HYBRID, ("granitemoehybrid",), partial_rope=True,
                  permute_qk=True, no_bos_vocab_size=49152, sentencepiece_first=True, writes_vocab_size=True,
                  writes_rope_dims=True, expert_weights_norm=True, mamba2="mamba", shared_mlp_dense=True,
+                 vocab_multiple=8,
                  fused_gate_up=(
                      ("block_sparse_moe.input_linear.weight", MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP,
                       "weight"),
@@ -189,6 +205,7 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("nemotron_h", MODEL_ARCH.NEMOTRON_H, ("nemotron_h",), partial_rope=True, permute_qk=True,
                  writes_vocab_size=True, writes_rope_dims=True, writes_head_dims=True, rms_eps_key="layer_norm_epsilon",
                  rms_eps_as_layer_norm=True, rope_theta_default=None, mamba2="mixer", separate_blocks=True,
+                 vocab_multiple=8,
                  renamed=(("mixer.dt_bias", MODEL_TENSOR.SSM_DT, "bias"), ("mixer.A_log", MODEL_TENSOR.SSM_A, None),
                           ("mixer.D", MODEL_TENSOR.SSM_D, None)),
                  squeezed=("mixer.conv1d.weight",), mixture_variant="nemotron_h_moe"),
@@ -200,7 +217,7 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("nemotron_h_moe", MODEL_ARCH.NEMOTRON_H_MOE, (), partial_rope=True, permute_qk=True,
                  writes_vocab_size=True, writes_rope_dims=True, writes_head_dims=True, rms_eps_key="layer_norm_epsilon",
                  rms_eps_as_layer_norm=True, rope_theta_default=None, mamba2="mixer", separate_blocks=True,
-                 expert_gating=2, config_aliases=(("n_routed_experts", "num_local_experts"),),
+                 expert_gating=2, vocab_multiple=8, config_aliases=(("n_routed_experts", "num_local_experts"),),
                  expert_config_keys=(("n_shared_experts", "expert_shared_count", 1),
                                      ("norm_topk_prob", "expert_weights_norm", True),
                                      ("routed_scaling_factor", "expert_weights_scale", 1.0),
@@ -212,6 +229,28 @@ ARCHITECTURES = {a.name: a for a in (
                           ("mixer.experts.down_proj.weight", MODEL_TENSOR.FFN_DOWN_EXP, "weight")),
                  squeezed=("mixer.conv1d.weight",),
                  left_out=(("mtp.", "the multi-token prediction layer (llama.cpp's converter with --no-mtp)"),)),
+    # plain Mamba2: every layer a Mamba2 block (Nemotron-H's blocks, of one kind), no attention; its
+    # projections without biases and its convolution with one, as llama.cpp's loader reads them
+    Architecture("mamba2", MODEL_ARCH.MAMBA2, ("mamba2",), partial_rope=True, rms_eps_key="layer_norm_epsilon",
+                 rope_theta_default=None, mamba2="mixer", separate_blocks=True, attention_free=True,
+                 vocab_multiple=16, vocab_multiple_key="pad_vocab_size_multiple",
+                 config_fixed=(("use_bias", False), ("use_conv_bias", True), ("hidden_act", "silu")),
+                 renamed=(("mixer.dt_bias", MODEL_TENSOR.SSM_DT, "bias"), ("mixer.A_log", MODEL_TENSOR.SSM_A, None),
+                          ("mixer.D", MODEL_TENSOR.SSM_D, None)),
+                 squeezed=("mixer.conv1d.weight",)),
+    # Falcon-H1: attention (NeoX RoPE) and a Mamba2 mixer side by side in every layer, then a SwiGLU MLP;
+    # its multipliers folded into the weights. llama.cpp's converter names the MLP's norm without a
+    # suffix (blk.N.ffn_norm), as its loader reads it; its graph computes the biases below as absent
+    # (llama.cpp's converter would scale Q, K and V's biases as their weights, and its loader has no
+    # SSM projection biases)
+    Architecture("falcon-h1", MODEL_ARCH.FALCON_H1, ("falcon_h1",), partial_rope=True, writes_vocab_size=True,
+                 writes_head_dims=True, mamba2="mamba", parallel_mixers=True, folded_multipliers=True,
+                 config_fixed=(("attention_bias", False), ("mamba_proj_bias", False), ("projectors_bias", False),
+                               ("hidden_act", "silu")),
+                 renamed=(("mamba.dt_bias", MODEL_TENSOR.SSM_DT, "bias"), ("mamba.A_log", MODEL_TENSOR.SSM_A, None),
+                          ("mamba.D", MODEL_TENSOR.SSM_D, None),
+                          ("pre_ff_layernorm.weight", MODEL_TENSOR.FFN_PRE_NORM, None)),
+                 squeezed=("mamba.conv1d.weight",)),
     # gpt-oss: attention sinks and biases, experts picked by their logits (llama.cpp's softmax_weight
     # gating), sliding layers alternating with global ones from the first, YaRN from the file
     Architecture("gpt-oss", MODEL_ARCH.GPT_OSS, ("gpt_oss",), partial_rope=True, swa_pattern=2, expert_gating=3,

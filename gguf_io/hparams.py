@@ -83,14 +83,18 @@ class ModelParams:
     ssm_heads: int = 0
     ssm_inner: int = 0
     rope_finetuned: bool = True  # False: the attention layers apply no RoPE (Granite hybrids' switch)
+    # each layer attends and runs its recurrent mixer beside the attention (Falcon-H1): its recurrent
+    # layers keep their KV heads
+    parallel_mixers: bool = False
 
     @property
     def kv_dim(self) -> int:
         return self.n_head_kv * self.head_dim
 
     def layer_kv_heads(self, i: int) -> int:
-        """Layer i's KV heads: none in a recurrent layer, which keeps a state instead."""
-        if self.recurrent(i):
+        """Layer i's KV heads: none in a recurrent layer, which keeps a state instead (but beside
+        its attention: parallel_mixers)."""
+        if self.recurrent(i) and not self.parallel_mixers:
             return 0
         return self.kv_heads_by_layer[i] if self.kv_heads_by_layer else self.n_head_kv
 
@@ -113,9 +117,9 @@ class ModelParams:
         return bool(self.recurrent_layers) and self.recurrent_layers[i]
 
     def attends(self, i: int) -> bool:
-        """Whether layer i is an attention layer: neither recurrent nor without KV heads (Nemotron-H's
-        feed-forward blocks)."""
-        return not self.recurrent(i) and self.layer_kv_heads(i) > 0
+        """Whether layer i is an attention layer: neither recurrent (but with its attention beside:
+        parallel_mixers) nor without KV heads (Nemotron-H's feed-forward blocks)."""
+        return (self.parallel_mixers or not self.recurrent(i)) and self.layer_kv_heads(i) > 0
 
     def cache_layer(self, i: int) -> int:
         """The KV cache layer that attention layer i attends over: caches are kept for the layers
@@ -173,7 +177,7 @@ def _per_layer(f: GGUFFile, key: str, n_layer: int, default=_REQUIRED, uniform: 
     if isinstance(value, np.ndarray):
         values = tuple(int(v) for v in f.get_numbers(key, size=n_layer, integer=True))
     else:
-        values = (f.get_int(key, default, lo=1, hi=hi),) * n_layer
+        values = (f.get_int(key, default, lo=min(lo, 1), hi=hi),) * n_layer
     if not all(lo <= v <= hi for v in values):
         f.refuse(key, value, f"must be {lo}..{hi} in every layer")
     if uniform and len(set(values)) > 1:
@@ -191,15 +195,18 @@ def _sliding_layers(f: GGUFFile, key: str, default: int, n_layer: int) -> tuple[
 
 
 def _recurrent_layers(f: GGUFFile, key, n_layer: int, ssm: dict, kv_heads: tuple[int, ...],
-                      ff_lengths: tuple[int, ...]) -> tuple[bool, ...]:
-    """Which layers of a hybrid with ssm sizes are recurrent: those of 0 KV heads and no feed-forward
-    width of their own (Mamba2 hybrids, as llama.cpp reads them; ff_lengths empty: any width), else
-    one flag per layer, else every layer but each full_attention_interval-th (llama.cpp's default 4:
-    gated-DeltaNet hybrids); with the state's sizes checked."""
+                      ff_lengths: tuple[int, ...], parallel: bool) -> tuple[bool, ...]:
+    """Which layers of a hybrid with ssm sizes are recurrent: every one where each runs its mixer
+    beside its attention (parallel: Falcon-H1), else those of 0 KV heads and no feed-forward width of
+    their own (Mamba2 hybrids and plain Mamba2, as llama.cpp reads them; ff_lengths empty: any
+    width), else one flag per layer, else every layer but each full_attention_interval-th
+    (llama.cpp's default 4: gated-DeltaNet hybrids); with the state's sizes checked."""
     if not (ssm["ssm_state"] and ssm["ssm_groups"] and ssm["ssm_heads"] and ssm["ssm_heads"] % ssm["ssm_groups"] == 0
             and ssm["ssm_inner"] % ssm["ssm_heads"] == 0 and 1 < ssm["ssm_conv_kernel"] <= 64):
         f.refuse(key(Keys.SSM.TIME_STEP_RANK), ssm["ssm_heads"],
                  f"does not fit the other ssm sizes ({', '.join(f'{k} {v}' for k, v in ssm.items())})")
+    if parallel:
+        return (True,) * n_layer
     if 0 in kv_heads:
         return tuple(k == 0 and not (ff_lengths and ff_lengths[i]) for i, k in enumerate(kv_heads))
     flags = key("{arch}.attention.recurrent_layers")
@@ -264,7 +271,6 @@ def read_params(f: GGUFFile) -> ModelParams:
 
     n_layer = _block_count(f, key(Keys.LLM.BLOCK_COUNT))
     n_embd = get_int(Keys.LLM.EMBEDDING_LENGTH, lo=1)
-    n_head = _per_layer(f, key(Keys.Attention.HEAD_COUNT), n_layer, uniform=True, hi=MAX_HEADS)[0]
     # a hybrid's recurrent layers have no KV heads (LFM2's convolutions)
     conv_kernel = get_int(Keys.ShortConv.L_CACHE, 0, hi=64)
     if conv_kernel == 1:
@@ -272,6 +278,9 @@ def read_params(f: GGUFFile) -> ModelParams:
     ssm = {name: get_int(k, 0) for name, k in (("ssm_conv_kernel", Keys.SSM.CONV_KERNEL),
                                               ("ssm_state", Keys.SSM.STATE_SIZE), ("ssm_groups", Keys.SSM.GROUP_COUNT),
                                               ("ssm_heads", Keys.SSM.TIME_STEP_RANK), ("ssm_inner", Keys.SSM.INNER_SIZE))}
+    # (no attention heads at all in a model of Mamba2 layers alone, as llama.cpp's converter writes plain Mamba2)
+    n_head = _per_layer(f, key(Keys.Attention.HEAD_COUNT), n_layer, uniform=True, hi=MAX_HEADS,
+                        lo=0 if ssm["ssm_conv_kernel"] else 1)[0]
     kv_heads = _per_layer(f, key(Keys.Attention.HEAD_COUNT_KV), n_layer, n_head,
                           lo=0 if conv_kernel or ssm["ssm_conv_kernel"] else 1)
     # (a mixture whose every layer has experts may have no dense width: Qwen3.5-MoE's files; layers
@@ -281,9 +290,12 @@ def read_params(f: GGUFFile) -> ModelParams:
         ff_lengths = (0,) * n_layer
     else:
         ff_lengths = _per_layer(f, key(Keys.LLM.FEED_FORWARD_LENGTH), n_layer, lo=0 if separate else 1)
+    parallel = bool(arch and arch.parallel_mixers)
     recurrent_layers = (tuple(k == 0 for k in kv_heads) if conv_kernel else
-                        _recurrent_layers(f, key, n_layer, ssm, kv_heads, ff_lengths if separate else ())
+                        _recurrent_layers(f, key, n_layer, ssm, kv_heads, ff_lengths if separate else (), parallel)
                         if ssm["ssm_conv_kernel"] else ())
+    if n_head == 0 and not all(recurrent_layers):
+        f.refuse(key(Keys.Attention.HEAD_COUNT), n_head, "leaves the attention layers without heads")
     bad_kv = next((k for k in kv_heads if k and n_head % k), None)
     if bad_kv is not None:
         f.refuse(key(Keys.Attention.HEAD_COUNT_KV), f.get(key(Keys.Attention.HEAD_COUNT_KV)),
@@ -295,8 +307,9 @@ def read_params(f: GGUFFile) -> ModelParams:
     ff_by_layer = ff_lengths if len(set(ff_lengths)) > 1 else ()
     if n_head > n_embd and f.get(key(Keys.Attention.KEY_LENGTH)) is None:
         f.refuse(key(Keys.Attention.HEAD_COUNT), n_head, f"is above the embedding length {n_embd}")
-    head_dim = get_int(Keys.Attention.KEY_LENGTH, n_embd // n_head, lo=1)
-    value_dim = get_int(Keys.Attention.VALUE_LENGTH, head_dim, lo=1)
+    # (none in a model without attention)
+    head_dim = get_int(Keys.Attention.KEY_LENGTH, n_embd // n_head, lo=1) if n_head else 0
+    value_dim = get_int(Keys.Attention.VALUE_LENGTH, head_dim, lo=1) if n_head else 0
     scaling = f.get_str(key(Keys.Rope.SCALING_TYPE), "none")
     if scaling not in ("none", "linear", "yarn"):
         raise GGUFError(f"{f.path.name}: RoPE scaling {scaling!r} is not supported")
@@ -387,6 +400,7 @@ def read_params(f: GGUFFile) -> ModelParams:
         recurrent_layers=recurrent_layers,
         conv_kernel=conv_kernel,
         rope_finetuned=f.get_bool(key(Keys.Rope.SCALING_FINETUNED), True),
+        parallel_mixers=parallel,
         **ssm,
     )
     _check_widths(f, params, key)

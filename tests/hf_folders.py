@@ -332,6 +332,19 @@ HYBRID_CONFIGS = {
         n_groups=2, ssm_state_size=16, conv_kernel=4, vocab_size=50264, n_routed_experts=8, num_experts_per_tok=2,
         moe_intermediate_size=128, moe_shared_expert_intermediate_size=256, moe_latent_size=128,
         routed_scaling_factor=2.5)),
+    # plain Mamba2: three Mamba2 layers (8 heads of 64, two groups), no attention, tied embeddings; the
+    # vocabulary a multiple of 16, as llama.cpp's converter pads it
+    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", dict(
+        num_hidden_layers=3, num_heads=8, head_dim=64, n_groups=2, state_size=16, conv_kernel=4, vocab_size=50272,
+        tie_word_embeddings=True)),
+    # Falcon-H1: attention (RoPE) beside a Mamba2 mixer (8 heads of 64, two groups, no norm, as published)
+    # in each of two layers, every multiplier other than 1
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", dict(
+        num_hidden_layers=2, head_dim=64, mamba_d_ssm=512, mamba_n_heads=8, mamba_d_head=64, mamba_n_groups=2,
+        mamba_d_state=16, mamba_d_conv=4, mamba_rms_norm=False, mamba_norm_before_gate=False,
+        embedding_multiplier=5.66, lm_head_multiplier=0.039, attention_in_multiplier=0.75,
+        attention_out_multiplier=0.94, key_multiplier=0.39, ssm_in_multiplier=1.25, ssm_out_multiplier=0.24,
+        mlp_multipliers=[0.88, 0.59], ssm_multipliers=[0.35, 0.25, 0.71, 0.5, 1.41])),
 }
 
 
@@ -365,8 +378,9 @@ def hybrid_folder(model_type: str, folder: Path, llama_cpp_source: Path) -> Path
     so that the folder is the same on every machine."""
     import transformers as tf
     config_name, model_name, extra = HYBRID_CONFIGS[model_type]
-    common = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=512, vocab_size=GPT2_VOCAB, num_hidden_layers=len(extra["layer_types"]))
+    common = dict(hidden_size=256, vocab_size=GPT2_VOCAB, num_hidden_layers=len(extra.get("layer_types", ())))
+    if model_type != "mamba2":  # (plain Mamba2 has neither attention nor MLPs)
+        common.update(intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
     config = getattr(tf, config_name)(**{**common, **extra})
     model = getattr(tf, model_name)(config).eval()
     _draw_weights(model)

@@ -189,6 +189,19 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+def _assert_same_tensors_but_a_within_an_ulp(ours: Path, theirs: Path) -> None:
+    """Every tensor byte for byte with its type, but the recurrent layers' A (ssm_a, -exp(A_log)),
+    whose values are within one unit in the last place."""
+    from .test_mixes import tensor_digests
+    a, b = (sorted(d for d in tensor_digests(path) if ".ssm_a" not in d[0]) for path in (ours, theirs))
+    assert a == b
+    mine, reference = GGUFFile(ours), GGUFFile(theirs)
+    assert sorted(n for n in mine.tensors if ".ssm_a" in n) == sorted(n for n in reference.tensors if ".ssm_a" in n)
+    for name in (n for n in mine.tensors if ".ssm_a" in n):
+        x, y = (f.tensor_bytes(name).view(np.int32).astype(np.int64) for f in (mine, reference))
+        assert mine.tensors[name].type == reference.tensors[name].type == T.F32 and np.abs(x - y).max() <= 1, name
+
+
 def _convert_hybrid_with_llama_cpp(source: Path, folder: Path, out: Path, arch: str) -> Path:
     """folder (of hybrid_folders[arch]) converted by convert_hf_to_gguf.py --outtype f32 with
     LLAMA_CPP_OPTIONS[arch], after _BEFORE_CONVERTING[arch]."""
@@ -218,7 +231,11 @@ def test_hybrids_convert_and_quantize_as_llama_cpp_does(hybrid_folders, llama_cp
     LFM2-MoE (LFM2's layers, the first dense, the others experts): the experts stacked from their
     w1/w2/w3, the selection bias as exp_probs_b.bias, the sigmoid gating and leading dense layers.
     Nemotron-H-MoE (Mamba2, attention and mixture blocks): the ungated experts stacked, the latent
-    projections, the feed-forward widths per layer as the experts', the mixture's keys."""
+    projections, the feed-forward widths per layer as the experts', the mixture's keys. Plain Mamba2
+    (no attention): head_count and feed_forward_length 0, no KV heads, the vocabulary rounded up to 16.
+    Falcon-H1 (attention beside a Mamba2 mixer): every multiplier folded into its weights, the MLP's
+    norm without a suffix. A, -exp(A_log), within one unit in the last place: llama.cpp's converter
+    takes torch's float32 exp (the machine's math library's rounding), ggrun the exact one."""
     import subprocess
 
     from .test_mixes import tensor_digests
@@ -229,7 +246,7 @@ def test_hybrids_convert_and_quantize_as_llama_cpp_does(hybrid_folders, llama_cp
     for file_type, reference in (("F32", theirs), ("Q4_K_M", theirs_q4)):
         ours = tmp_path / f"ours-{file_type}.gguf"
         convert_hf(folder, ours, file_type, progress=False)
-        assert sorted(tensor_digests(ours)) == sorted(tensor_digests(reference)), file_type
+        _assert_same_tensors_but_a_within_an_ulp(ours, reference)
         assert _typed_metadata(ours) == _typed_metadata(reference), file_type
     requantized = tmp_path / "requantized.gguf"
     requantize(theirs, requantized, "Q4_K_M", progress=False)
@@ -296,6 +313,38 @@ def test_nemotron_h_moe_configs_ggrun_cannot_compute_are_refused(hybrid_folders,
     cfg = json.loads((hybrid_folders["nemotron_h_moe"] / "config.json").read_text())
     model = model_from_config(cfg)
     assert model.arch.name == "nemotron_h_moe" and model.left_out("mtp.layers.0.eh_proj.weight")
+    with pytest.raises(ConversionError, match=message):
+        model_from_config({**cfg, **change})
+
+
+def test_a_mamba2_vocabulary_rounds_up_as_llama_cpp_rounds_it(hybrid_folders, tmp_path):
+    """llama.cpp's converter rounds a plain Mamba2 vocabulary up to the config's pad_vocab_size_multiple
+    (16 where it gives none) with [PAD] tokens, and leaves the embedding as it is: ggrun writes the
+    same tokens, and refuses a checkpoint whose embedding then falls short of them (a file
+    llama.cpp's loader refuses), naming the sizes."""
+    from convert.hf_model import model_from_config
+    folder = hybrid_folders["mamba2"]
+    cfg = json.loads((folder / "config.json").read_text())
+    assert model_from_config({**cfg, "vocab_size": 50257}).vocab_size == 50272
+    assert model_from_config({**cfg, "pad_vocab_size_multiple": 8}).vocab_size == 50272
+    folder = shutil.copytree(folder, tmp_path / "padded")
+    (folder / "config.json").write_text(json.dumps({**cfg, "pad_vocab_size_multiple": 64}))
+    with pytest.raises(ConversionError, match="vocabulary of 50304 tokens .* the embedding's 50272 rows"):
+        convert_hf(folder, tmp_path / "padded.gguf", "F32", progress=False)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"tie_word_embeddings": True}, "tied embedding with embedding_multiplier and lm_head_multiplier apart"),
+    ({"mamba_rms_norm": True, "mamba_norm_before_gate": True}, "mamba_norm_before_gate"),
+    ({"attention_bias": True}, "attention_bias"), ({"mamba_proj_bias": True}, "mamba_proj_bias")])
+def test_falcon_h1_configs_llama_cpp_would_compute_otherwise_are_refused(hybrid_folders, change, message):
+    """Falcon-H1 configs whose multipliers llama.cpp's converter cannot fold (a tied embedding under
+    two multipliers, Q/K/V biases, which it would scale as their weights), whose mixer norms before its
+    gate (llama.cpp's graph norms after it) or has projection biases (llama.cpp's loader has none) are
+    refused; its published form (a mixer without norm) and one normed after the gate convert."""
+    from convert.hf_model import model_from_config
+    cfg = json.loads((hybrid_folders["falcon_h1"] / "config.json").read_text())
+    assert model_from_config(cfg).folded and model_from_config({**cfg, "mamba_rms_norm": True}).folded
     with pytest.raises(ConversionError, match=message):
         model_from_config({**cfg, **change})
 

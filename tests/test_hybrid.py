@@ -2,7 +2,8 @@
 KV cache (runner/engine/recurrent_state.py): LFM2's short convolutions (and LFM2-MoE's, with its
 biased expert routing), the gated DeltaNet of Qwen3.5 and Qwen3-Next, Granite 4.0-H's and
 Nemotron-H's Mamba2 layers (and Nemotron-H-MoE's, with its biased routing of ReLU^2 experts within
-latent projections). Whole models against
+latent projections), Falcon-H1's beside its attention, and plain Mamba2's without attention (a
+sequence's state alone). Whole models against
 transformers in fp32, through one prefill, one-token steps and prefills split anywhere; the
 state going back into a verify pass, saved and restored, per sequence in a batch; llama.cpp's
 perplexity on ggrun's files."""
@@ -53,7 +54,7 @@ def test_hybrids_match_transformers(hybrid_folders, hybrid_files, arch, device):
         assert Op.SHORT_CONV in program.code[:, 0] and lm.backend.replay_checked
         assert (Op.DELTA_RULE in program.code[:, 0]) == arch.startswith("qwen")
         assert (Op.ROUTE in program.code[:, 0]) == (lm.params.n_expert > 0)  # (LFM2-MoE's with its selection bias)
-        assert (Op.SSM_SCAN in program.code[:, 0]) == arch.startswith(("granite", "nemotron"))
+        assert (Op.SSM_SCAN in program.code[:, 0]) == arch.startswith(("granite", "nemotron", "mamba2", "falcon"))
 
 
 @pytest.mark.parametrize("arch", list(HYBRID_CONFIGS))
@@ -211,7 +212,7 @@ def test_the_memory_arithmetic_counts_what_a_hybrids_cache_holds(hybrids):
         assert fit.cache_bytes(256, users=2) == 2 * (fit.kv_bytes(256) + fit.state_bytes)
 
 
-@pytest.mark.parametrize("arch", ["lfm2", "qwen3_next"])
+@pytest.mark.parametrize("arch", ["lfm2", "qwen3_next", "mamba2"])
 def test_a_hybrid_resumes_a_shared_prefix_from_its_state_checkpoint(hybrids, arch):
     """A prompt that starts with another's first block prefills only what follows it, from the
     state the pool kept after that block (a run's there); the text is what a run alone gives."""

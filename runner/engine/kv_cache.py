@@ -82,9 +82,10 @@ class KVCache:
         self.kv_type, self.head_shapes = kv_type, [tuple(map(int, s)) for s in head_shapes]
         self.windowed = [w > 0 for w in layer_windows]
         self.capacity = [min(n_ctx, w + max_batch) if w else n_ctx for w in layer_windows]
-        # in the backend's layout: the cache only hands them to its store_kv and attention
-        self.keys, self.values = map(list, zip(*[backend.new_kv(*shape, cap, kv_type)
-                                                 for shape, cap in zip(self.head_shapes, self.capacity)]))
+        # in the backend's layout: the cache only hands them to its store_kv and attention (none in a
+        # model without attention layers: plain Mamba2)
+        pairs = [backend.new_kv(*shape, cap, kv_type) for shape, cap in zip(self.head_shapes, self.capacity)]
+        self.keys, self.values = [k for k, _ in pairs], [v for _, v in pairs]
         # each layer's kind: ("window" or "global", capacity); layers of one kind share a position table
         kinds = [("window", cap) if w else ("global", cap) for w, cap in zip(self.windowed, self.capacity)]
         self.kind_list = sorted(set(kinds))

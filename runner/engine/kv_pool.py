@@ -55,8 +55,8 @@ class KVPool:
         self.block = backend.kv_block
         self.n_blocks = max(1, -(-n_tokens // self.block))
         self.n_slots = self.n_blocks * self.block
-        self.keys, self.values = map(list, zip(*[backend.new_kv(*shape, self.n_slots, kv_type)
-                                                 for shape in head_shapes]))
+        pairs = [backend.new_kv(*shape, self.n_slots, kv_type) for shape in head_shapes]  # (none without attention)
+        self.keys, self.values = [k for k, _ in pairs], [v for _, v in pairs]
         self.bytes_per_token = sum(a.nbytes + b.nbytes for a, b in zip(self.keys, self.values)) // self.n_slots
         self.refs = [0] * self.n_blocks
         self.free = list(range(self.n_blocks))  # a heap: the lowest block first keeps memory touched low
@@ -333,8 +333,11 @@ class SequenceCache:
             self.chain.append(self.pool.register(self.table[k], self.chain[-1] if k else 0,
                                                  self.tokens[k * size:(k + 1) * size]))
         high = (max(self.table) + 1) * size
-        return Batch(np.asarray(tokens, dtype=np.int64), positions, (slots,), (self._key_positions[:high],),
-                     (self.pool.n_slots,))
+        # (one kind of slots for every layer; none where no layer attends, as a KVCache of such a model
+        # has none: the passes of both are the same recorded step)
+        kinds = 1 if self.keys else 0
+        return Batch(np.asarray(tokens, dtype=np.int64), positions, (slots,)[:kinds],
+                     (self._key_positions[:high],)[:kinds], (self.pool.n_slots,)[:kinds])
 
     def _checkpoint(self) -> None:
         """Where the tokens so far fill whole blocks, the pool keeps the hybrid's state after the last

@@ -67,8 +67,9 @@ class MemoryFit:
         return (p.layer_head_dim(i) + p.layer_value_dim(i)) * p.layer_kv_heads(i) * KV_ELEMENT_BYTES[self.kv_type]
 
     def kv_bytes_per_token_per_layer(self) -> float:
-        """One token's keys and values in a cached layer (on average where layers differ)."""
-        return sum(map(self._token_bytes, self.layer_windows)) / len(self.layer_windows)
+        """One token's keys and values in a cached layer (on average where layers differ; 0 where no
+        layer attends: plain Mamba2)."""
+        return sum(map(self._token_bytes, self.layer_windows)) / max(1, len(self.layer_windows))
 
     def kv_bytes_per_token(self) -> float:
         """What one more token of context costs once every sliding window is full (global layers only)."""

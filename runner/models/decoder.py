@@ -91,13 +91,15 @@ class Layer:
     """One block's weights. Its branches' norms (RMSNorm; None where the architecture has none):
     before attention and the feed-forward (the Llama family), on their outputs before these join
     the residual stream (OLMo 2, EXAONE 4), or both (Gemma 2 and 3, GLM-4). A hybrid's recurrent
-    layer has its model's recurrent block where the others have attention."""
+    layer has its model's recurrent block where the others have attention, or beside it (mixer:
+    Falcon-H1's, on the same normed input)."""
     attn: Attention | object
-    ffn: FeedForward | MixtureOfExperts
+    ffn: FeedForward | MixtureOfExperts | None
     attn_norm: object = None
     ffn_norm: object = None
     post_attn_norm: object = None
     post_ffn_norm: object = None
+    mixer: object = None
 
 
 @dataclass(frozen=True)

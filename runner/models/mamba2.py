@@ -1,4 +1,5 @@
-"""Mamba2 layers, as hybrids (Granite 4.0-H, Nemotron-H) have them among attention layers.
+"""Mamba2 layers, as hybrids have them among attention layers (Granite 4.0-H, Nemotron-H) or beside
+them (Falcon-H1), and plain Mamba2 alone.
 
 in_proj projects the residual stream to z (the output gate, d_inner wide), xBC (x, then B and C of
 n_group groups of d_state) and dt (one per head). xBC goes through a causal depthwise convolution
@@ -6,7 +7,8 @@ of kernel K (with the last K - 1 inputs as its state) plus its bias, then SiLU. 
 head_dim channels of x, reading group h // (heads / groups) of B and C) keeps a (head_dim,
 d_state) state that decays by exp(dt A[h]), dt = softplus(dt + dt_bias) (the file holds A, that is
 -exp(A_log)), and takes in x dt B; its output is the state times C, plus D[h] x. That output,
-times silu(z), is RMS-normed in n_group groups (each with its own weights) and projected back.
+times silu(z), is RMS-normed in n_group groups (each with its own weights; where the file has
+them: Falcon-H1's mixers may have no norm, as llama.cpp's graph reads them) and projected back.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ class Mamba2:
     dt_bias: object    # (heads,)
     a: object          # (heads,): -exp(A_log)
     d: object          # (heads,)
-    norm: object       # (d_inner,): each group's weights
+    norm: object       # (d_inner,): each group's weights, or None: no norm
     out: object        # d_inner -> n_embd
 
 
@@ -41,7 +43,8 @@ class Mamba2Layers:
                       weights.optional_vector(T.SSM_CONV1D, width, i, "bias"),
                       weights.vector(T.SSM_DT, heads, i, "bias"),
                       *(weights.flat(t, (1, heads), i, suffix=None) for t in (T.SSM_A, T.SSM_D)),
-                      weights.flat(T.SSM_NORM, (inner // p.ssm_groups, p.ssm_groups), i),
+                      weights.flat(T.SSM_NORM, (inner // p.ssm_groups, p.ssm_groups), i)
+                      if weights.has(T.SSM_NORM, i) else None,
                       weights.matrix(T.SSM_OUT, inner, p.n_embd, i))
 
     @staticmethod
@@ -65,5 +68,6 @@ class Mamba2Layers:
             return be.ssm_scan(x, dt[rows], b, c, m.a, m.d, state).reshape(n, inner)
         y = be.silu_mul(z, self.each_sequence(cache, h.shape[0], sequence))
         # (each group's RMS norm, then the groups' weights, as one row: a scale of 1 changes nothing)
-        y = be.rms_norm(y.reshape(-1, group_width), self.ones(group_width), p.rms_eps).reshape(-1, inner) * m.norm
+        if m.norm is not None:
+            y = be.rms_norm(y.reshape(-1, group_width), self.ones(group_width), p.rms_eps).reshape(-1, inner) * m.norm
         return be.matmul(m.out, y)

@@ -488,10 +488,13 @@ def _print_fit(f, p, n_ctx, mem, users, kv_type):
     click.echo(f"weights: {fit.weight_bytes / mib:.1f} MiB (" + ", ".join(
         f"{t} {b / mib:.1f}" for t, b in sorted(fit.weight_bytes_by_type.items(), key=lambda kv: -kv[1])) + ")")
     windows = list(fit.layer_windows.values())
-    click.echo(f"KV cache ({kv_type}): {fit.kv_bytes_per_token_per_layer():.0f} bytes per token per layer, "
-               f"{fit.kv_bytes_per_token() / 1024:.1f} KiB per token over {windows.count(0)} global layers"
-               + (f"; {len(windows) - windows.count(0)} layers capped at their "
-                  f"{'/'.join(map(str, sorted(set(windows) - {0})))}-token window" if any(windows) else ""))
+    if not windows:
+        click.echo("KV cache: none (no layer attends)")
+    else:
+        click.echo(f"KV cache ({kv_type}): {fit.kv_bytes_per_token_per_layer():.0f} bytes per token per layer, "
+                   f"{fit.kv_bytes_per_token() / 1024:.1f} KiB per token over {windows.count(0)} global layers"
+                   + (f"; {len(windows) - windows.count(0)} layers capped at their "
+                      f"{'/'.join(map(str, sorted(set(windows) - {0})))}-token window" if any(windows) else ""))
     if fit.state_bytes:
         click.echo(f"recurrent state: {fit.state_bytes / mib:.1f} MiB per sequence")
     click.echo(f"context {n_ctx} x {users} user(s): KV {fit.kv_bytes(n_ctx, users) / mib:.1f} MiB, "
