@@ -18,7 +18,7 @@ from .experts import (GATING, ExpertStack, check_expert_ids, combine, expert_pro
                       grouped_products, route, sigmoid_gate)
 from .kv_layout import ELEMENTS, as_kernel_array, cached_rows, export_rows, import_rows, new_cache, store_kv
 from .matmul import FEW_TOKENS, decode_stack, load_matrix, matmuls, stacked
-from .step_program import Recorder, lane_tokens, run_step
+from .step_program import Recorder, batch_shape, run_step
 from .type_sets import WeightTypes
 
 
@@ -67,14 +67,18 @@ class CpuBackend:
     def run(self, compute, batch, memory=None, owner=None, all_logits=False):
         if memory is None or not self.record_steps:
             return compute(batch)
-        shape = (memory.kv_type, len(batch.ids), all_logits, lane_tokens(batch))
+        shape = (memory.kv_type, all_logits, *batch_shape(batch))
         return run_step(self, compute, batch, self._programs.setdefault(owner, {}), shape, memory)
 
     def recorded_program(self, owner, kv_type, n_tokens, all_logits, lanes=()):
         """The step program of owner's passes of this shape (Backend.run; lanes: the tokens of
         each lane, where a pass has lanes); None where the shape does not replay; KeyError before
         the first such pass."""
-        return self._programs[owner][kv_type, n_tokens, all_logits, lanes]
+        found = [program for (kind, logits, tokens, lane_tokens, _), program in self._programs[owner].items()
+                 if (kind, logits, tokens, lane_tokens) == (kv_type, all_logits, n_tokens, lanes)]
+        if not found:
+            raise KeyError((kv_type, n_tokens, all_logits, lanes))
+        return found[-1]
 
     def _record(self, record, *args, out=None):
         """What the model gets of an operation's output `out` (an array, a tuple of them, or None

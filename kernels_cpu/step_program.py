@@ -754,14 +754,16 @@ class StepProgram:
         return self.output.copy()
 
 
-def lane_tokens(batch) -> tuple:
-    """The tokens of each lane of a pass of lanes (Batch.lanes), which its recording depends on."""
-    return tuple(len(lane.ids) for lane in batch.lanes)
+def batch_shape(batch) -> tuple:
+    """What a pass's recording depends on besides its batch's values: its tokens, each lane's
+    tokens (Batch.lanes), and how many arrays the batch has (its cache's kinds of layer: a plain
+    cache keeps a sliding window's apart, a pool does not)."""
+    return len(batch.ids), tuple(len(lane.ids) for lane in batch.lanes), len(batch.arrays())
 
 
 def run_step(backend, compute, batch, programs: dict, shape, memory):
     """A pass of a few tokens (a decode step, a verified draft): replayed from programs[shape]
-    (the backend's for the pass's model: one program per kv type, number of tokens, all_logits and lanes;
+    (the backend's for the pass's model: one program per kv type, all_logits and batch_shape;
     None where the shape does not replay), bound to memory's buffers, or run eagerly and recorded.
     A backend's first replay of each shape also runs eagerly (a pass over the same slots writes the
     same keys and values, so the two agree bit for bit) and drops the program if they differ: a
@@ -773,7 +775,7 @@ def run_step(backend, compute, batch, programs: dict, shape, memory):
     if program is None:  # recorded once and found not replayable
         return compute(batch)
     if program is not False:
-        checked = (len(batch.ids), lane_tokens(batch), *program.output.shape)
+        checked = (*batch_shape(batch), *program.output.shape)
         if checked in backend.replay_checked:
             return program.replay(batch, memory.keys, memory.values, states)
         before = [s.copy() for s in states]  # (the eager pass that checks the replay starts where it did)

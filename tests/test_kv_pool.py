@@ -174,6 +174,8 @@ def test_a_pool_computes_what_a_cache_computes(model, kv_type, smollm_path, gemm
         got = m.forward_lanes([[5 + step], [7 + step]], views)
         want = [m.forward([5 + step], plain[0]), m.forward([7 + step], plain[1])]
         worst = max(worst, np.abs(got - np.stack(want)).max())
+    for step in range(3):  # (one sequence's steps through the pool and through a cache, by turns)
+        worst = max(worst, np.abs(m.forward([9 + step], views[0]) - m.forward([9 + step], plain[0])).max())
     assert worst == 0 if model == "smollm" else worst < 1e-3, worst
 
 
