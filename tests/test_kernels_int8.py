@@ -228,21 +228,42 @@ PATHS = {"avx2": ("haswell", "+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,+
          "generic": ("ivybridge", "+avx,+f16c,+popcnt,+sse4.2")}
 
 
+def _runnable(path: str) -> bool:
+    return {f[1:] for f in PATHS[path][1].split(",") if f} <= set(target_features())
+
+
+@pytest.fixture(scope="module")
+def path_runs():
+    """The product tests, each path this CPU runs but the native one in a fresh process of its
+    own, all started at once: each compiles every kernel alone, on one core, for its target."""
+    runs = {}
+    for path, (cpu, features) in PATHS.items():
+        if _runnable(path):
+            env = {**os.environ, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": features}
+            code = "from kernels_cpu.cpu_features import int8_isa; print(int8_isa())"
+            tests = "(exact_on_rounded and (normal or random) and not 130) or alone_or_together"
+            runs[path] = (subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True),
+                          subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                                            "-o", "addopts=", __file__, "-k", tests], env=env,
+                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    yield runs
+    for check, run in runs.values():
+        for process in (check, run):  # (a test that failed before reading them leaves them running)
+            process.kill()
+            process.wait()
+            process.stdout.close()
+
+
 @pytest.mark.parametrize("path", ["native", *PATHS])
-def test_every_instruction_path_this_cpu_runs(path):
+def test_every_instruction_path_this_cpu_runs(path, path_runs):
     """The product tests above, compiled for each path this CPU can execute: here (the native
     one) and, in a fresh process, the AVX2-only and the generic targets."""
     if path == "native":
         assert int8_isa() in ("vnni", "avx2", "generic")
         return
-    cpu, features = PATHS[path]
-    if not {f[1:] for f in features.split(",") if f} <= set(target_features()):
+    if not _runnable(path):
         pytest.skip(f"this CPU cannot run the {path} path")
-    env = {**os.environ, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": features}
-    check = subprocess.run([sys.executable, "-c", "from kernels_cpu.cpu_features import int8_isa; print(int8_isa())"],
-                           env=env, capture_output=True, text=True, check=True)
-    assert check.stdout.strip() == path
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
-                             "-k", "(exact_on_rounded and (normal or random) and not 130) or alone_or_together"],
-                            env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    check, run = path_runs[path]
+    assert check.communicate()[0].strip() == path
+    output = run.communicate()[0]
+    assert run.returncode == 0, output[-5000:]
