@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 # a text to measure perplexity on: the first 6000 characters of the Declaration of Independence
@@ -19,6 +20,16 @@ def convert_with_llama_cpp(source: Path, folder: Path, out: Path, *options: str)
                     "--outfile", out],
                    check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(source / "gguf-py")})
     return out
+
+
+def beside(reference, ours):
+    """ours() while reference() (llama.cpp's tools: subprocesses, which a thread waits on) runs in a
+    thread beside it, the two on the machine's two cores; ours()'s result once both are done."""
+    with ThreadPoolExecutor(1) as pool:
+        done = pool.submit(reference)
+        result = ours()
+        done.result()
+    return result
 
 
 def llama_cpp_perplexity(tools: Path, model: Path, text_file: Path) -> float:

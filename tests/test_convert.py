@@ -19,7 +19,7 @@ from gguf_io import GGUFFile, read_params, read_vocab
 
 from .gguf_copy import rewritten
 from .hf_folders import HYBRID_CONFIGS, MOE_CONFIGS, RANDOM_ARCHS, transformers_logits
-from .llama_cpp import PERPLEXITY_TEXT, convert_with_llama_cpp, llama_cpp_perplexity
+from .llama_cpp import PERPLEXITY_TEXT, beside, convert_with_llama_cpp, llama_cpp_perplexity
 
 pytest.importorskip("transformers")
 
@@ -140,12 +140,15 @@ def test_random_models_convert_as_llama_cpp_does(random_models, llama_cpp_source
 
     from .test_mixes import tensor_digests
     folder = random_models[arch]
-    theirs = convert_with_llama_cpp(llama_cpp_source, folder, tmp_path / "theirs-f32.gguf")
-    subprocess.run([llama_cpp_tools / "llama-quantize", theirs, tmp_path / "theirs-q4.gguf", "Q4_K_M"], check=True,
-                   capture_output=True)
+    theirs = tmp_path / "theirs-f32.gguf"
+
+    def llama_cpps():
+        convert_with_llama_cpp(llama_cpp_source, folder, theirs)
+        subprocess.run([llama_cpp_tools / "llama-quantize", theirs, tmp_path / "theirs-q4.gguf", "Q4_K_M"],
+                       check=True, capture_output=True)
+    beside(llama_cpps, lambda: [convert_hf(folder, tmp_path / f"ours-{t}.gguf", t, progress=False) for t in ("F32", "Q4_K_M")])
     for file_type, reference in (("F32", theirs), ("Q4_K_M", tmp_path / "theirs-q4.gguf")):
         ours = tmp_path / f"ours-{file_type}.gguf"
-        convert_hf(folder, ours, file_type, progress=False)
         assert sorted(tensor_digests(ours)) == sorted(tensor_digests(reference)), file_type
         a, b = GGUFFile(ours), GGUFFile(reference)
         differ = {k for k in set(a.metadata) | set(b.metadata) if str(a.get(k)) != str(b.get(k))}
@@ -244,11 +247,14 @@ def test_hybrids_convert_and_quantize_as_llama_cpp_does(hybrid_folders, llama_cp
     from .test_mixes import tensor_digests
     folder = hybrid_folders[arch]
     theirs, theirs_q4 = tmp_path / "theirs-f32.gguf", tmp_path / "theirs-q4.gguf"
-    _convert_hybrid_with_llama_cpp(llama_cpp_source, folder, theirs, arch)
-    subprocess.run([llama_cpp_tools / "llama-quantize", theirs, theirs_q4, "Q4_K_M"], check=True, capture_output=True)
+
+    def llama_cpps():
+        _convert_hybrid_with_llama_cpp(llama_cpp_source, folder, theirs, arch)
+        subprocess.run([llama_cpp_tools / "llama-quantize", theirs, theirs_q4, "Q4_K_M"], check=True,
+                       capture_output=True)
+    beside(llama_cpps, lambda: [convert_hf(folder, tmp_path / f"ours-{t}.gguf", t, progress=False) for t in ("F32", "Q4_K_M")])
     for file_type, reference in (("F32", theirs), ("Q4_K_M", theirs_q4)):
         ours = tmp_path / f"ours-{file_type}.gguf"
-        convert_hf(folder, ours, file_type, progress=False)
         _assert_same_tensors_but_a_within_an_ulp(ours, reference)
         assert _typed_metadata(ours) == _typed_metadata(reference), file_type
     requantized = tmp_path / "requantized.gguf"
