@@ -775,7 +775,7 @@ def run_step(backend, compute, batch, programs: dict, shape, memory):
     if program is None:  # recorded once and found not replayable
         return compute(batch)
     if program is not False:
-        checked = (*batch_shape(batch), *program.output.shape)
+        checked = (*shape, *program.output.shape)
         if checked in backend.replay_checked:
             return program.replay(batch, memory.keys, memory.values, states)
         before = [s.copy() for s in states]  # (the eager pass that checks the replay starts where it did)

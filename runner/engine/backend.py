@@ -38,8 +38,8 @@ class Backend(Protocol):
         owner the model that computes it (two models on one backend never share a recording), and
         all_logits whether it returns the logits of every token or of the last. The backend keeps
         its recordings itself, each for as long as what it is kept by lives: the CPU a step program
-        per owner, kv type, number of tokens, all_logits and number of lanes, which binds the buffers of whichever
-        memory it replays over; CUDA graphs per memory, which replay over the buffers they were
+        per owner, kv type, all_logits and batch shape (its tokens, each lane's, its arrays), which
+        binds the buffers of whichever memory it replays over; CUDA graphs per memory, which replay over the buffers they were
         recorded on. Without memory the pass runs eagerly."""
 
     def upload(self, batch) -> Any:
