@@ -14,9 +14,9 @@ exp is exactly 0: the same arithmetic, bit for bit.
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import carray, njit, prange
 
-from .intrinsics import cache_product, exp_f32, max_f32, rows_tag
+from .intrinsics import cache_product, exp_f32, max_f32, pointer_at, rows_tag
 from .kv_layout import KEY_TILE, as_kernel_array, head_dims, key_columns, value_rows
 from .threads import in_parallel
 
@@ -79,17 +79,15 @@ def softmax_visible(scores, q_pos, k_pos, window, softcap, sink):
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, maxima, sums, partial, firsts,
-                   group_tag):
-    """Job (token, kv head, chunk of slots) of attention_few: the chunk's softmax max and sum and
-    its weighted values, from register-blocked cache_product calls, and the first position it
-    sees (the order in which chunks are added up)."""
+def _attention_job(job, t, kv, first, q, keys, values, q_pos, k_pos, scale, window, softcap, maxima, sums,
+                   partial, firsts, group_tag):
+    """Job `job` of attention_lanes: token t's query heads of KV head kv over the chunk of slots
+    from `first` (none past its lane's len(k_pos)): the chunk's softmax max and sum and its
+    weighted values, from register-blocked cache_product calls, and the first position it sees
+    (the order in which chunks are added up)."""
     _, n_head, key_dim = q.shape
-    n_kv = keys.shape[0]
     n_slots = k_pos.shape[0]
-    group = n_head // n_kv
-    n_chunks = (n_slots + SLOT_CHUNK - 1) // SLOT_CHUNK
-    t, kv, first = job // (n_kv * n_chunks), job // n_chunks % n_kv, job % n_chunks * SLOT_CHUNK
+    group = n_head // keys.shape[0]
     # only the span of the chunk's slots that the query can see (a sliding window's ring holds
     # up to twice the window; the slots outside it cost as much as the ones inside)
     qp, begin, end, lowest = q_pos[t], SLOT_CHUNK, 0, NO_POSITION
@@ -119,18 +117,26 @@ def _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, m
 
 
 @njit(cache=True, parallel=True, fastmath=True)
-def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, sinks, out, group_tag):
-    """Grouped-query attention of a few queries q (T, heads, dim) over the first len(k_pos) slots
-    of the cache, keys and values as new_cache lays them out, with each head's sink logit
-    (sinks, MASKED where none); group_tag is
-    intrinsics.rows_tag(heads per KV head).
+def attention_lanes(q, keys, values, q_pos, key_inputs, first_input, input_stride, starts, scale, window, softcap,
+                    sinks, out, group_tag):
+    """Grouped-query attention of a few queries q (T, heads, dim) of several sequences (lanes)
+    over one cache, keys and values as new_cache lays them out: lane j's queries, rows
+    starts[j]..starts[j + 1] - 1, over the slots whose positions (int32) row first_input + j *
+    input_stride of key_inputs (address, count) holds, with each head's sink logit (sinks, MASKED
+    where none); group_tag is intrinsics.rows_tag(heads per KV head). One sequence is one lane.
 
-    Jobs are (token, kv head, chunk of slots), run on all threads even for a short context (a
-    second, serial driver for those would save nothing measurable and would add as much compile
-    time as this one); each
-    chunk keeps its own softmax max and sum, rescaled when the chunks are added up."""
+    Jobs are (token, kv head, chunk of slots), all the lanes' in one parallel loop (a loop per
+    lane cost each decode step of several sequences a start of the threads per layer and lane), run
+    on all threads even for a short context (a second, serial driver for those would save nothing
+    measurable and would add as much compile time as this one); each chunk keeps its own softmax
+    max and sum, rescaled when the chunks are added up. Callers guarantee that each lane's count
+    is at most the cache's slots and that starts ends at T."""
     n_kv = keys.shape[0]
-    n_chunks = (k_pos.shape[0] + SLOT_CHUNK - 1) // SLOT_CHUNK
+    n_lanes = starts.shape[0] - 1
+    most = 0
+    for j in range(n_lanes):
+        most = max(most, key_inputs[first_input + j * input_stride, 1])
+    n_chunks = (most + SLOT_CHUNK - 1) // SLOT_CHUNK  # (a lane with fewer slots leaves its last jobs empty)
     n_jobs = q.shape[0] * n_kv * n_chunks
     group = q.shape[1] // n_kv
     maxima = np.empty((n_jobs, group), dtype=np.float32)
@@ -141,8 +147,14 @@ def attention_few(q, keys, values, q_pos, k_pos, scale, window, softcap, sinks, 
     # function each becomes a parallel region of its own, whose start costs more than a small
     # model's whole call)
     for job in prange(n_jobs):
-        _attention_job(job, q, keys, values, q_pos, k_pos, scale, window, softcap, maxima, sums, partial, firsts,
-                       group_tag)
+        t = job // (n_kv * n_chunks)
+        lane = 0
+        while starts[lane + 1] <= t:
+            lane += 1
+        row = first_input + lane * input_stride
+        k_pos = carray(pointer_at(key_inputs[row, 0], np.int32), (key_inputs[row, 1],))
+        _attention_job(job, t, job // n_chunks % n_kv, job % n_chunks * SLOT_CHUNK, q, keys, values, q_pos, k_pos,
+                       scale, window, softcap, maxima, sums, partial, firsts, group_tag)
     _combine_chunks(maxima, sums, partial, firsts, sinks, n_kv, n_chunks, out)
 
 
@@ -190,6 +202,22 @@ def _chunk_order(firsts, order):
         order[j] = c
 
 
+def few_attention(q, keys, values, q_pos, key_positions: list, starts: list, scale, window, softcap, sinks):
+    """Attention of a few queries q (T, heads, dim) at positions q_pos, lane by lane
+    (attention_lanes): lane j's queries, rows starts[j]..starts[j + 1] - 1, over the cache's
+    slots whose positions key_positions[j] holds; returns (T, heads, value dim)."""
+    key_positions = [np.ascontiguousarray(k, dtype=np.int32) for k in key_positions]
+    if len(starts) != len(key_positions) + 1 or starts[0] != 0 or starts[-1] != q.shape[0] \
+            or any(len(k) > values.shape[1] for k in key_positions):  # (the kernel reads them unchecked)
+        raise ValueError("lanes of attention that do not match the queries or the cache")
+    out = np.empty((*q.shape[:2], head_dims(keys, values)[1]), dtype=np.float32)
+    table = np.array([(k.ctypes.data, len(k)) for k in key_positions], dtype=np.int64).reshape(-1, 2)
+    attention_lanes(q, as_kernel_array(keys), as_kernel_array(values), q_pos, table, 0, 1,
+                    np.asarray(starts, dtype=np.int32), np.float32(scale), int(window), np.float32(softcap), sinks, out,
+                    rows_tag(q.shape[1] // keys.shape[0]))
+    return out
+
+
 def attention(q, keys, values, q_pos, k_pos, scale, window, softcap, sinks):
     """Attention of queries q (T, heads, dim) at positions q_pos over the cache's first len(k_pos)
     slots, beside each head's sink logit (sinks (heads,), MASKED where none); returns (T, heads,
@@ -198,9 +226,7 @@ def attention(q, keys, values, q_pos, k_pos, scale, window, softcap, sinks):
     out = np.empty((n_tokens, n_head, head_dims(keys, values)[1]), dtype=np.float32)
     args = (np.float32(scale), int(window), np.float32(softcap))
     if n_tokens <= FEW_QUERIES:
-        attention_few(q, as_kernel_array(keys), as_kernel_array(values), q_pos, k_pos, *args, sinks, out,
-                      rows_tag(n_head // keys.shape[0]))
-        return out
+        return few_attention(q, keys, values, q_pos, [k_pos], [0, n_tokens], scale, window, softcap, sinks)
     group = n_head // keys.shape[0]
     chunks = [(a, min(a + QUERY_CHUNK, n_tokens)) for a in range(0, n_tokens, QUERY_CHUNK)]
     spans = [_visible_slots(q_pos[a:b], k_pos, args[1]) for a, b in chunks]

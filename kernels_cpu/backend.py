@@ -9,7 +9,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from . import amx, ops
-from .attention import MASKED, SLOT_CHUNK, attention
+from .attention import MASKED, SLOT_CHUNK, attention, few_attention
 from .bandwidth import read_bandwidth
 from .blocks import SUPPORTED_TYPES
 from .activations import rounding_kind
@@ -283,13 +283,24 @@ class CpuBackend:
         self._record(Recorder.store_kv, keys, values, slots, k, v)
 
     def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap, sinks=None):
-        q = np.ascontiguousarray(q)
-        if sinks is None:  # (a sink at MASKED takes no weight)
-            sinks = self._no_sinks.get(q.shape[1])
-            if sinks is None:
-                sinks = self._no_sinks[q.shape[1]] = self.load_vector(np.full(q.shape[1], MASKED))
+        q, sinks = np.ascontiguousarray(q), self._sinks(q.shape[1], sinks)
         out = attention(q, keys, values, q_pos, k_pos, scale, window, softcap, sinks)
-        return self._record(Recorder.attention, q, keys, values, q_pos, k_pos, scale, window, softcap, sinks, out=out)
+        return self._record(Recorder.attention, q, keys, values, q_pos, [k_pos], [0, len(q)], scale, window, softcap,
+                            sinks, out=out)
+
+    def attention_lanes(self, q, keys, values, q_pos, key_positions, starts, scale, window, softcap, sinks=None):
+        q, sinks = np.ascontiguousarray(q), self._sinks(q.shape[1], sinks)
+        out = few_attention(q, keys, values, q_pos, key_positions, starts, scale, window, softcap, sinks)
+        return self._record(Recorder.attention, q, keys, values, q_pos, key_positions, starts, scale, window, softcap,
+                            sinks, out=out)
+
+    def _sinks(self, n_head, sinks):
+        """sinks, or a sink at MASKED for every head, which takes no weight."""
+        if sinks is None:
+            sinks = self._no_sinks.get(n_head)
+            if sinks is None:
+                sinks = self._no_sinks[n_head] = self.load_vector(np.full(n_head, MASKED))
+        return sinks
 
     @staticmethod
     def _gate_operands(gate, up):

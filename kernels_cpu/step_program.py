@@ -28,7 +28,7 @@ from numba import carray, njit
 from numba.extending import overload
 
 from . import ops
-from .attention import attention_few
+from .attention import attention_lanes
 from .intrinsics import pointer_at, rows_tag
 from .kv_layout import as_kernel_array, head_dims, store_kv
 from .activations import rounding_kind
@@ -104,10 +104,12 @@ Rope, _ = _operation("Rope", x="f32", tokens="count", heads="count", dim="count"
                      n="count", neox="flag")
 StoreKv, _ = _operation("StoreKv", cache="cache", slots="input", k="f32", v="f32", tokens="count",
                         key_dim="count", value_dim="count")
+# (lanes: sequences whose queries take rows starts[j]..; lane j's key positions are the input
+# key_positions + j * lane_stride)
 Attention, AttentionParams = _operation(
     "Attention", ("scale", "softcap"), q="f32", tokens="count", heads="count", cache="cache",
     query_positions="input", key_positions="input", out="f32", window="count", key_dim="count",
-    value_dim="count", sinks="f32", group="flag")
+    value_dim="count", sinks="f32", group="flag", lanes="count", lane_stride="count", starts="i32")
 Gated, _ = _operation("Gated", gate="f32", up="f32", rows="count", width="count")
 Softcap, SoftcapParams = _operation("Softcap", ("cap",), x="f32", out="f32", n="count")
 Route, RouteParams = _operation("Route", ("scale",), logits="f32", ids="i32", weights="f32", tokens="count",
@@ -257,14 +259,15 @@ def _recurrent_op_impl(tag, op, a, states):
     return run
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, streams, group_tags, mixture,
                 states, recurrent):
     """One replay of a recorded step; kv_like (empty) has the cache's element type, rounding
     (activations.rounding_kind) says how the products round activations, streams how they read
     the weights (cpu_features.memory_streams), group_tags the queries per KV head of attention
     (intrinsics.rows_tag), mixture (mixture_tag) whether it runs a mixture's operations; states
-    the addresses of the recurrent states it updates, recurrent (recurrent_tag) whether it does."""
+    the addresses of the recurrent states it updates, recurrent (recurrent_tag) whether it does.
+    Without the GIL: a server's event loop streams the last step's tokens meanwhile."""
     for i in range(code.shape[0]):
         op, a, f = code[i, 0], code[i, 1:], params[i]
         if op == Op.EMBED:
@@ -319,16 +322,17 @@ def run_program(code, params, mats, tasks, caches, inputs, kv_like, rounding, st
             q = _f32(a[Attention.Q], shape + (a[Attention.KEY_DIM],))
             out = _f32(a[Attention.OUT], shape + (a[Attention.VALUE_DIM],))
             q_pos = _input(inputs, a[Attention.QUERY_POSITIONS], np.int32)
-            k_pos = _input(inputs, a[Attention.KEY_POSITIONS], np.int32)
+            first, stride = a[Attention.KEY_POSITIONS], a[Attention.LANE_STRIDE]
+            starts = _i32(a[Attention.STARTS], (a[Attention.LANES] + 1,))
             scale, softcap = np.float32(f[AttentionParams.SCALE]), np.float32(f[AttentionParams.SOFTCAP])
             sinks = _f32(a[Attention.SINKS], (shape[1],))
             # (each tag is a type, fixed when this compiles: one call site per tag)
             if a[Attention.GROUP] == 0:
-                attention_few(q, keys, values, q_pos, k_pos, scale, a[Attention.WINDOW], softcap, sinks, out,
-                              group_tags[0])
+                attention_lanes(q, keys, values, q_pos, inputs, first, stride, starts, scale, a[Attention.WINDOW],
+                                softcap, sinks, out, group_tags[0])
             else:
-                attention_few(q, keys, values, q_pos, k_pos, scale, a[Attention.WINDOW], softcap, sinks, out,
-                              group_tags[1])
+                attention_lanes(q, keys, values, q_pos, inputs, first, stride, starts, scale, a[Attention.WINDOW],
+                                softcap, sinks, out, group_tags[1])
         elif op == Op.SILU_MUL or op == Op.GELU_MUL:
             shape = (a[Gated.ROWS], a[Gated.WIDTH])
             gate, up = _f32(a[Gated.GATE], shape), _f32(a[Gated.UP], shape)
@@ -465,6 +469,12 @@ class Recorder:
         self._memory.add(at)
         return at
 
+    def constant(self, array) -> int:
+        """The address of an array of the program's own, kept as the recording made it."""
+        self.keep[id(array)] = array
+        self._memory.add(array.ctypes.data)
+        return array.ctypes.data
+
     def input(self, array, dtype) -> int:
         i = self._input_ids.get(id(array))
         if i is None or self.inputs[i] != dtype:
@@ -558,10 +568,8 @@ class Recorder:
         key = (n_rot, base, pos_scale, None if freq_factors is None else freq_factors.tobytes(), magnitude)
         if key not in self.rope_tables:
             frequencies = ops.rope_frequencies(n_rot, base, freq_factors)
-            self.keep[id(frequencies)] = frequencies
-            self._memory.add(frequencies.ctypes.data)
             cos, sin = (self.traced(table) for table in ops.rope_table(positions, frequencies, pos_scale, magnitude))
-            self.add(Op.ROPE_TABLE, positions=self.input(positions, np.int32), frequencies=frequencies.ctypes.data,
+            self.add(Op.ROPE_TABLE, positions=self.input(positions, np.int32), frequencies=self.constant(frequencies),
                      n=cos.shape[1], cos=self.address(cos, cos.size), sin=self.address(sin, sin.size),
                      position_scale=pos_scale, magnitude=magnitude)
             self.rope_tables[key] = cos, sin
@@ -581,7 +589,13 @@ class Recorder:
                  k=self.address(k, k.size), v=self.address(v, v.size), tokens=k.shape[0], key_dim=key_dim,
                  value_dim=value_dim)
 
-    def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap, sinks, out):
+    def attention(self, q, keys, values, q_pos, key_positions, starts, scale, window, softcap, sinks, out):
+        """Attention of lanes (attention.few_attention: key_positions, one array per lane, are the
+        batch's arrays, a lane's as far from the one before as every other's)."""
+        lanes = [self.input(k_pos, np.int32) for k_pos in key_positions]
+        strides = {b - a for a, b in zip(lanes, lanes[1:])}
+        if len(strides) > 1:
+            self.fail("lanes whose key positions lie unevenly among the batch's arrays")
         group = q.shape[1] // keys.shape[0]
         if group not in self.groups:
             self.groups.append(group)
@@ -590,10 +604,10 @@ class Recorder:
         key_dim, value_dim = head_dims(keys, values)
         self.add(Op.ATTENTION, q=self.address(q, q.size), tokens=q.shape[0], heads=q.shape[1],
                  cache=self.cache(keys, values), query_positions=self.input(q_pos, np.int32),
-                 key_positions=self.input(k_pos, np.int32), out=self.address(out, out.size), window=window,
+                 key_positions=lanes[0], out=self.address(out, out.size), window=window,
                  key_dim=key_dim, value_dim=value_dim, sinks=self.address(sinks, q.shape[1]),
-                 group=min(self.groups.index(group), 1), scale=scale,
-                 softcap=softcap)
+                 group=min(self.groups.index(group), 1), lanes=len(lanes), lane_stride=strides.pop() if strides else 0,
+                 starts=self.constant(np.asarray(starts, dtype=np.int32)), scale=scale, softcap=softcap)
 
     def _gated(self, op: Op, gate, up, **params):
         """gate = act(gate) * up, with the activation's parameters (the clamped SwiGLU's)."""

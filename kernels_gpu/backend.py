@@ -143,6 +143,11 @@ class TorchBackend:
     def attention(self, q, keys, values, q_pos, k_pos, scale, window, softcap, sinks=None):
         return ops.attention(q, keys, values, self._tensor(q_pos), self._tensor(k_pos), scale, window, softcap, sinks)
 
+    def attention_lanes(self, q, keys, values, q_pos, key_positions, starts, scale, window, softcap, sinks=None):
+        # (lane by lane: a lane's keys are a slice of the pool that its own positions mask)
+        return torch.cat([self.attention(q[a:b], keys, values, q_pos[a:b], k_pos, scale, window, softcap, sinks)
+                          for a, b, k_pos in zip(starts, starts[1:], key_positions)])
+
     def silu_mul(self, gate, up):
         return ops.silu_mul(gate, up)
 

@@ -233,6 +233,16 @@ def test_attention_matches_numba(window, softcap, n_tok, kv_type):
     assert np.allclose(_np(got), want, atol=2e-5)
 
 
+def test_lanes_attention_matches_numba():
+    """Two sequences' queries (2 and 1 tokens) in one call, each over its own slots of one cache."""
+    q, keys, values, q_pos, k_pos = attention_case(3, np.float32, 37)
+    lanes = [np.where(np.arange(len(k_pos)) % 2 == j, k_pos, -1).astype(np.int32) for j in range(2)]
+    want = cpu.attention_lanes(q, *filled_cache(cpu, keys, values), q_pos, lanes, [0, 2, 3], 0.3, 0, 0.0)
+    got = be.attention_lanes(_t(q), *filled_cache(be, keys, values, _t), _t(q_pos), [_t(k) for k in lanes],
+                             [0, 2, 3], 0.3, 0, 0.0)
+    assert np.allclose(_np(got), want, atol=2e-5)
+
+
 def test_padded_lengths_are_few_and_cover_the_cache():
     assert padded_length(1, 4096) == MIN_SLOTS
     assert padded_length(MIN_SLOTS + 1, 4096) == 2 * MIN_SLOTS

@@ -258,6 +258,36 @@ def test_attention_is_the_same_wherever_the_cache_keeps_its_keys(window, n_tok):
     assert np.array_equal(be.attention(q, *pool, q_pos, k_pos, 0.125, window, 0.0), want)
 
 
+@pytest.mark.parametrize("window", [0, 40])
+def test_lanes_attend_in_one_call_as_each_alone(window):
+    """Several sequences' queries (lanes of 1, 3 and 2 tokens) over one pool, each lane over its
+    own slots (scattered, of different spans, one past a chunk of SLOT_CHUNK slots): the same bits
+    as each lane's attention alone."""
+    from kernels_cpu.attention import SLOT_CHUNK
+    n_kv, d, slots = 2, 64, 3 * SLOT_CHUNK + 120
+    pool = be.new_kv(n_kv, d, d, slots, "f16")
+    be.store_kv(*pool, np.arange(slots, dtype=np.int64),
+                *(rng.standard_normal((slots, n_kv, d)).astype(np.float32) for _ in range(2)))
+    lengths, tokens = (70, SLOT_CHUNK + 30, 5), (1, 3, 2)
+    owner = rng.permutation(np.repeat(np.arange(3), [slots // 3] * 3))  # (each slot one lane's)
+    key_positions, q_pos = [], []
+    for lane, (n, t) in enumerate(zip(lengths, tokens)):
+        held = np.flatnonzero(owner == lane)[:n]
+        k_pos = np.full(held.max() + 1, -1, dtype=np.int32)
+        k_pos[held] = rng.permutation(n)
+        key_positions.append(k_pos)
+        q_pos.append(np.arange(n - t, n, dtype=np.int32))
+    starts = np.cumsum([0, *tokens]).tolist()
+    q = rng.standard_normal((starts[-1], 6, d)).astype(np.float32)
+    q_pos = np.concatenate(q_pos)
+    got = be.attention_lanes(q, *pool, q_pos, key_positions, starts, 0.125, window, 0.0)
+    alone = [be.attention(q[a:b], *pool, q_pos[a:b], k_pos, 0.125, window, 0.0)
+             for a, b, k_pos in zip(starts, starts[1:], key_positions)]
+    assert np.array_equal(got, np.concatenate(alone))
+    with pytest.raises(ValueError, match="lanes"):
+        be.attention_lanes(q, *pool, q_pos, key_positions, starts[:-1], 0.125, window, 0.0)
+
+
 def ssm_case(tokens=5, heads=4, groups=2, head_dim=8, d_state=16, seed=2):
     """Operands of ssm_scan (x, dt, B, C, A, D) and a starting state."""
     r = np.random.default_rng(seed)

@@ -151,6 +151,11 @@ class Backend(Protocol):
         """Causal grouped-query attention of q (T, heads, dim) over cache slots at positions k_pos;
         sinks (heads,), where given, are logits that join each head's softmax without a value."""
 
+    def attention_lanes(self, q, keys, values, q_pos, key_positions: list, starts: list, scale: float, window: int,
+                        softcap: float, sinks=None) -> Any:
+        """attention of several sequences' few queries over one cache in one call: sequence j's,
+        rows starts[j]..starts[j + 1] - 1 of q, over slots at positions key_positions[j]."""
+
     def silu_mul(self, gate, up) -> Any: ...
     def gelu_mul(self, gate, up) -> Any: ...
     def clamped_swiglu(self, gate, up, alpha: float, limit: float) -> Any:

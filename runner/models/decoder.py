@@ -482,11 +482,7 @@ class Decoder:
             rotate(q, batch.positions, magnitude=p.rope_attn_factor)
         if k is not None:
             k, v = self.keys_values(a, k, v, batch, rotate)
-        if lanes is None:
-            out = self.attend(a, q, k, v, batch, cache, i)
-        else:
-            out = be.concat([self.attend(a, q[rows], None if k is None else k[rows], None if v is None else v[rows],
-                                         lane_batch, lane_cache, i) for rows, lane_batch, lane_cache in lanes])
+        out = self.attend(a, q, k, v, batch, cache, i) if lanes is None else self.attend_lanes(a, q, k, v, batch, cache, i)
         out = out.reshape(n, heads * a.value_dim)
         out = be.matmul(a.wo, out if gate is None else out * gate)
         return out if a.bo is None else out + a.bo
@@ -500,12 +496,28 @@ class Decoder:
         temperature = self.query_temperature(np.arange(cache.used - n, cache.used)) if p.attn_temp_scale else None
         if temperature is not None:
             q = q * be.asarray(temperature[:, None, None])
-        if k is None:
-            keys, values, key_pos = cache.read(a.kv_layer, batch)
-        else:
-            keys, values, key_pos = cache.store(a.kv_layer, k, v, batch)
-        scale = self.query_scale or p.attention_scale or 1.0 / math.sqrt(a.head_dim)
-        return be.attention(q, keys, values, batch.positions, key_pos, scale, a.window, p.attn_softcap, a.sinks)
+        keys, values, key_pos = cache.read(a.kv_layer, batch) if k is None else cache.store(a.kv_layer, k, v, batch)
+        return be.attention(q, keys, values, batch.positions, key_pos, self.attention_scale(a), a.window,
+                            p.attn_softcap, a.sinks)
+
+    def attend_lanes(self, a: Attention, q, k, v, batch: Batch, lanes: Lanes, i: int):
+        """attend for the lanes of a pass: in one call where their caches share their buffers (a
+        pool's sequences), else lane by lane."""
+        be, p = self.backend, self.params
+        rows = lanes.rows()
+        if p.attn_temp_scale:  # (each lane's queries scaled at its own positions)
+            return be.concat([self.attend(a, q[r], None if k is None else k[r], None if v is None else v[r], b, c, i)
+                              for r, b, c in rows])
+        held = [c.read(a.kv_layer, b) if k is None else c.store(a.kv_layer, k[r], v[r], b) for r, b, c in rows]
+        keys, values, _ = held[0]
+        if any(h[0] is not keys for h in held):
+            return be.concat([be.attention(q[r], h[0], h[1], b.positions, h[2], self.attention_scale(a), a.window,
+                                           p.attn_softcap, a.sinks) for (r, b, _), h in zip(rows, held)])
+        return be.attention_lanes(q, keys, values, batch.positions, [h[2] for h in held], list(lanes.starts),
+                                  self.attention_scale(a), a.window, p.attn_softcap, a.sinks)
+
+    def attention_scale(self, a: Attention) -> float:
+        return self.query_scale or self.params.attention_scale or 1.0 / math.sqrt(a.head_dim)
 
     def key_rotation(self, a: Attention, cache: KVCache):
         """The layer's RoPE, rotate(x, positions, magnitude=1.0) in place, at the cache's context."""
