@@ -29,7 +29,8 @@ N_CTX = 1024
 KEY = "sesame"
 WIDE, NARROW = {"width": 1280, "height": 800}, {"width": 390, "height": 844}
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--disable-dev-shm-usage"]  # (a container's /dev/shm may be too small for the renderer)
 WEBUI = Path(__file__).parent.parent / "runner" / "serve" / "webui"
 
 
