@@ -3,6 +3,7 @@ reaches into kernels or model code).
 
 - server.py: the socket, uvicorn, and a clean stop on Ctrl-C or SIGTERM;
 - app.py: the Starlette routes, the API key, errors, health, props, metrics, tokenize;
+- page.py: the chat page's files (webui/), served at / with a Content-Security-Policy;
 - openai_api.py, ollama_api.py: the two APIs' endpoints;
 - fields.py: a request's JSON checked (types, known fields, sampling options) and ApiError;
 - model.py: the model's names and facts, and prompts into token ids that fit a sequence's context;

@@ -1,7 +1,7 @@
 """The Starlette application: the routes of OpenAI's API (openai_api.py), Ollama's (ollama_api.py)
 and llama-server's own (/completion in llama_api.py; /health, /props, /metrics, /tokenize,
-/detokenize, /apply-template); the API key; client mistakes as 4xx answers in OpenAI's error shape
-(Ollama's on /api/); one log line per request."""
+/detokenize, /apply-template); the chat page at / (page.py); the API key; client mistakes as 4xx
+answers in OpenAI's error shape (Ollama's on /api/); one log line per request."""
 from __future__ import annotations
 
 import hmac
@@ -16,9 +16,10 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from ..engine.sampler import SamplingOptions
-from . import llama_api, ollama_api, openai_api
+from . import llama_api, ollama_api, openai_api, page
 from .fields import ApiError, Fields, read_json
 from .model import ModelCard, ServedModel
+from .options import ServeOptions
 from .replies import LEFT, USAGE
 from .scheduler import Scheduler
 
@@ -33,6 +34,7 @@ class ServeState:
     card: ModelCard
     sampling: SamplingOptions
     api_key: str | None = None
+    webui: bool = ServeOptions.webui
     model: ServedModel | None = None
     fingerprint: str = f"ggrun-{version('ggrun')}"
 
@@ -144,6 +146,8 @@ async def detokenize(request):
 
 
 async def root(request):
+    if request.app.state.serve.webui and page.wants_page(request):
+        return page.answer(request, page.INDEX)
     return PlainTextResponse("ggrun is running")  # (as Ollama answers it: tools check for it)
 
 
@@ -168,8 +172,8 @@ ROUTES = [
 
 
 class Gate:
-    """Around every HTTP request: the API key (where one is set; not on OPEN_PATHS), and one log
-    line once it is answered: method, path, status, tokens, time."""
+    """Around every HTTP request: the API key (where one is set; not on OPEN_PATHS nor the page), and
+    one log line once it is answered: method, path, status, tokens, time."""
 
     def __init__(self, app, state: ServeState, log):
         self.app, self.state, self.log = app, state, log
@@ -184,7 +188,7 @@ class Gate:
                 status.append(message["status"])
             await send(message)
         try:
-            if self.state.api_key and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
+            if self.state.api_key and not self._open(scope["path"]) and not self._authorized(scope):
                 message = "invalid API key" if _header(scope, b"authorization") else "an API key is required"
                 await error_response(scope["path"], ApiError(401, message))(scope, receive, sending)
             else:
@@ -196,6 +200,9 @@ class Gate:
             answered = "client left" if scope.get(LEFT) or not status else status[0]
             self.log(f"{scope['method']} {scope['path']} {answered}{tokens} {time.perf_counter() - start:.3f} s")
 
+    def _open(self, path: str) -> bool:
+        return path in OPEN_PATHS or (self.state.webui and page.is_page(path))  # (the page asks for the key)
+
     def _authorized(self, scope) -> bool:
         given = _header(scope, b"authorization").removeprefix("Bearer ").strip() or _header(scope, b"x-api-key")
         return hmac.compare_digest(given.encode(), self.state.api_key.encode())
@@ -206,7 +213,7 @@ def _header(scope, name: bytes) -> str:
 
 
 def create_app(state: ServeState, log) -> Gate:
-    app = Starlette(routes=ROUTES, exception_handlers={ApiError: _api_error, HTTPException: _http_error,
-                                                       Exception: _server_error})
+    app = Starlette(routes=ROUTES + (page.ROUTES if state.webui else []),
+                    exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error})
     app.state.serve = state
     return Gate(app, state, log)

@@ -11,7 +11,8 @@ class ServeOptions:
     parallel: int = 1               # sequences that run together (llama-server's -np)
     kv_size: int | None = None      # tokens of the KV pool they share (None: every sequence may fill its context)
     max_queue: int = 64             # requests that may wait for a sequence; more get 503
-    api_key: str | None = None      # required on every route but /health
+    api_key: str | None = None      # required on every route but /health and the chat page
+    webui: bool = True              # the chat page at / (page.py)
     drafter: Callable | None = None  # drafter(lm, n_ctx): speculative decoding while one request runs alone
     draft_max: int = 16
     draft_min: int = 0

@@ -71,7 +71,7 @@ def serving_state(load: Callable, card: ModelCard, sampling: SamplingOptions, op
             f"({pool.n_slots * pool.bytes_per_token / 2**20:.0f} MiB at most)")
 
     scheduler = Scheduler(load, options, on_ready=ready)
-    state = ServeState(scheduler, card, sampling, options.api_key)  # (ready() sets its model)
+    state = ServeState(scheduler, card, sampling, options.api_key, options.webui)  # (ready() sets its model)
     return state
 
 

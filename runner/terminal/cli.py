@@ -827,19 +827,22 @@ def chat(model, system, system_file, n_predict, ctx_size, chat_template, save_kv
 @click.option("--max-queue", default=ServeOptions.max_queue, show_default=True, type=click.IntRange(1),
               help="Requests that may wait to run; more get 503.")
 @click.option("--api-key", envvar="GGRUN_API_KEY", show_envvar=True,
-              help="Require this key (Authorization: Bearer KEY) on every route but /health.")
+              help="Require this key (Authorization: Bearer KEY) on every route but /health and the chat page "
+                   "(which asks for the key).")
+@click.option("--webui/--no-webui", default=ServeOptions.webui, show_default=True,
+              help="Serve the chat page at / (a browser's request; other clients get a plain answer).")
 @click.option("-a", "--alias", help="The model's name in the API (default: as given, or its file name).")
 @sampling_options
 @load_options
 @draft_options
-def serve(model, host, port, parallel, ctx_size, kv_size, max_queue, api_key, alias, sampling, load, draft, lookup,
-          draft_max, draft_min, draft_p_min):
+def serve(model, host, port, parallel, ctx_size, kv_size, max_queue, api_key, webui, alias, sampling, load, draft,
+          lookup, draft_max, draft_min, draft_p_min):
     """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models) and
     Ollama's (/api/chat, /api/generate, /api/tags, /api/show), plus /health, /props, /metrics,
-    /tokenize and /detokenize. The sampling options are the defaults that requests override. With
-    --draft or --lookup, speculative decoding runs while one request runs alone; several batch
-    instead, which uses the same spare compute. One log line per request on stderr; Ctrl-C or
-    SIGTERM cancel what runs and stop."""
+    /tokenize and /detokenize, and a chat page at / for a browser. The sampling options are the
+    defaults that requests override. With --draft or --lookup, speculative decoding runs while one
+    request runs alone; several batch instead, which uses the same spare compute. One log line per
+    request on stderr; Ctrl-C or SIGTERM cancel what runs and stop."""
     import time
     from pathlib import Path
 
@@ -855,7 +858,8 @@ def serve(model, host, port, parallel, ctx_size, kv_size, max_queue, api_key, al
         from ..engine.speculative import make_drafter
         return make_drafter(lm, draft, lookup, n_ctx, False, draft_p_min, _draft_loader(load))
     options = ServeOptions(n_ctx=ctx_size, parallel=parallel, kv_size=kv_size, max_queue=max_queue, api_key=api_key,
-                           drafter=drafter if draft or lookup else None, draft_max=draft_max, draft_min=draft_min)
+                           webui=webui, drafter=drafter if draft or lookup else None, draft_max=draft_max,
+                           draft_min=draft_min)
     # (the memory check sizes the KV pool, which holds every sequence's tokens)
     sized = replace(load, n_ctx=ctx_size, kv_tokens=kv_size or parallel * (ctx_size or 0) or None)
     stopped_by = run_server(lambda: _load(str(path), sized), card, sampling, sock, options,
