@@ -9,6 +9,8 @@ state going back into a verify pass, saved and restored, per sequence in a batch
 perplexity on ggrun's files."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -17,7 +19,9 @@ from runner.engine.backend import make_backend
 from runner.engine.batching import Batcher
 from runner.engine.generate import generate
 from runner.engine.kv_state import KVState
+from runner.engine.kv_pool import STATE_CHECKPOINTS, states_held
 from runner.engine.load import LoadOptions, load_model, memory_fit
+from runner.engine.memory_fit import MemoryFitError
 from runner.engine.sampler import Sampler, SamplingOptions
 from runner.engine.speculative import (
     SpeculationStats,
@@ -210,6 +214,28 @@ def test_the_memory_arithmetic_counts_what_a_hybrids_cache_holds(hybrids):
         assert sum(a.nbytes for a in cache.keys + cache.values) == fit.kv_bytes(256)
         assert sum(a.nbytes for a in cache.recurrent.arrays.values()) == fit.state_bytes > 0
         assert fit.cache_bytes(256, users=2) == 2 * (fit.kv_bytes(256) + fit.state_bytes)
+
+
+def test_a_servers_memory_check_counts_its_pools_state_checkpoints(hybrids, hybrid_files, monkeypatch):
+    """A pool keeps recurrent states for its running sequences and its checkpoints: at most
+    states_held of them however many prompts pass (LRU), and the memory check that a server's
+    load runs counts them all, refusing where one state each would have fitted."""
+    lm = hybrids["lfm2"]
+    block = lm.backend.kv_block
+    batcher = Batcher(lm, slots=2, n_ctx=1024, kv_tokens=(2 * STATE_CHECKPOINTS + 12) * block)  # (room to keep all)
+    for j in range(STATE_CHECKPOINTS + 4):  # (each prompt fills a block of its own)
+        batcher.add(list(range(1000 + j, 1000 + j + block + 3)), Sampler(GREEDY), 1, stop_ids=())
+    while batcher.step():
+        pass
+    assert len(batcher.pool.checkpoints) == STATE_CHECKPOINTS and states_held(2) == 2 + STATE_CHECKPOINTS
+    fit = memory_fit(lm.file, lm.params, "f32")
+    one_each = fit.cache_bytes(1024, users=2)
+    assert fit.cache_bytes(1024, users=2, states=states_held(2)) == one_each + STATE_CHECKPOINTS * fit.state_bytes
+    monkeypatch.setattr("runner.engine.load.available_host_memory", lambda: int(one_each) + 1)
+    options = LoadOptions(kv_type="f32", n_ctx=1024, kv_tokens=2048)
+    load_model(hybrid_files["lfm2"][0], options)
+    with pytest.raises(MemoryFitError, match="recurrent states"):
+        load_model(hybrid_files["lfm2"][0], replace(options, states=states_held(2)))
 
 
 @pytest.mark.parametrize("arch", ["lfm2", "qwen3_next", "mamba2"])

@@ -43,6 +43,11 @@ from .recurrent_state import RecurrentState
 STATE_CHECKPOINTS = 16
 
 
+def states_held(sequences: int) -> int:
+    """The most recurrent states (a hybrid's) that a pool's running sequences and its checkpoints hold."""
+    return sequences + STATE_CHECKPOINTS
+
+
 class PoolExhausted(RuntimeError):
     """A sequence needed a block beyond its reservation and the pool had none."""
 

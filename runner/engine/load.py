@@ -56,22 +56,23 @@ def memory_fit(f: GGUFFile, params: ModelParams, kv_type: str) -> MemoryFit:
     return MemoryFit.of(f, params, kv_type, per_layer * sum(map(params.recurrent, range(params.n_layer))))
 
 
-def _check_fit(f: GGUFFile, params: ModelParams, backend, kv_type: str, n_ctx: int) -> None:
-    """Refuse, before anything is allocated, a model whose KV cache (and on a device with its own
-    memory, weights) exceed the memory free for them, saying how much it needs and the longest
-    context that fits. On the host the weights are mapped from the file, not allocated."""
+def _check_fit(f: GGUFFile, params: ModelParams, backend, kv_type: str, n_ctx: int, states: int) -> None:
+    """Refuse, before anything is allocated, a model whose KV cache and recurrent states (and on a
+    device with its own memory, weights) exceed the memory free for them, saying how much it needs
+    and the longest context that fits. On the host the weights are mapped from the file, not
+    allocated."""
     fit = memory_fit(f, params, kv_type)
     device_free = backend.free_memory()
     on_device = device_free is not None
     free = device_free if on_device else available_host_memory()
-    need = fit.total_bytes(n_ctx) if on_device else fit.cache_bytes(n_ctx)
+    need = fit.total_bytes(n_ctx, states=states) if on_device else fit.cache_bytes(n_ctx, states=states)
     if free is None or need <= free:
         return
     gib = 2**30
     needs = (f"weights {fit.weight_bytes / gib:.2f} GiB + " if on_device else "") + \
         f"{kv_type} KV cache {fit.kv_bytes(n_ctx) / gib:.2f} GiB at context {n_ctx}" + \
-        (f" + recurrent state {fit.state_bytes / gib:.2f} GiB" if fit.state_bytes else "")
-    best = fit.max_context(free, weights=on_device)
+        (f" + recurrent states {states * fit.state_bytes / gib:.2f} GiB" if fit.state_bytes else "")
+    best = fit.max_context(free, weights=on_device, states=states)
     advice = f"the longest context that fits is {best} tokens (-c)" if best >= MIN_CONTEXT else "nothing fits"
     raise MemoryFitError(f"{f.path.name} needs {needs}, but {free / gib:.2f} GiB are free on {backend.name}: "
                          f"{advice}" + ("; or try --device cpu" if on_device else ""))
@@ -97,6 +98,7 @@ class LoadOptions:
     kv_type: str = "f16"         # the KV cache's type: f16, f32 (exact) or q8_0
     n_ctx: int | None = None     # the context the memory check sizes the cache for (None: the model's default)
     kv_tokens: int | None = None  # the KV tokens the memory check sizes for, where a server's pool holds more (None: n_ctx)
+    states: int = 1              # a hybrid's recurrent states the memory check counts (a server's: more)
     precise: bool = False        # see backend.make_backend
 
 
@@ -108,7 +110,8 @@ def load_model(path, options: LoadOptions = LoadOptions()) -> LoadedModel:
     tokenizer = Tokenizer(read_vocab(f))
     backend = make_backend(options.device, options.threads, options.precise)
     _check_kv_type(params, backend, options.kv_type)
-    _check_fit(f, params, backend, options.kv_type, options.kv_tokens or options.n_ctx or default_context(params))
+    _check_fit(f, params, backend, options.kv_type, options.kv_tokens or options.n_ctx or default_context(params),
+               options.states)
     weights = WeightLoader(f, backend, arch)
     model = MODELS[arch.name](params, weights, backend)
     weights.check_all_read()

@@ -79,20 +79,21 @@ class MemoryFit:
         return users * sum(self._token_bytes(i) * (min(n_ctx, w) if w else n_ctx)
                            for i, w in self.layer_windows.items())
 
-    def cache_bytes(self, n_ctx: int, users: int = 1) -> float:
-        """What the users' sequences hold: KV caches and recurrent states."""
-        return self.kv_bytes(n_ctx, users) + users * self.state_bytes
+    def cache_bytes(self, n_ctx: int, users: int = 1, states: int | None = None) -> float:
+        """What the users' sequences hold: KV caches and recurrent states (states of them: one per
+        user where None; a server's pool keeps checkpoints too)."""
+        return self.kv_bytes(n_ctx, users) + (users if states is None else states) * self.state_bytes
 
-    def total_bytes(self, n_ctx: int, users: int = 1) -> float:
-        return self.weight_bytes + self.cache_bytes(n_ctx, users)
+    def total_bytes(self, n_ctx: int, users: int = 1, states: int | None = None) -> float:
+        return self.weight_bytes + self.cache_bytes(n_ctx, users, states)
 
-    def max_context(self, memory: int, users: int = 1, weights: bool = True) -> int:
+    def max_context(self, memory: int, users: int = 1, weights: bool = True, states: int | None = None) -> int:
         """The longest context (up to the trained length) whose weights (where weights) + KV cache
-        fit in memory."""
+        and recurrent states fit in memory."""
         lo, hi = 0, self.params.context_length
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.cache_bytes(mid, users) + (self.weight_bytes if weights else 0) <= memory:
+            if self.cache_bytes(mid, users, states) + (self.weight_bytes if weights else 0) <= memory:
                 lo = mid
             else:
                 hi = mid - 1

@@ -21,6 +21,7 @@ from ..engine.backend import DEVICES, BackendError
 from ..engine.constraint import Grammar, GrammarError
 from ..engine.generate import ModelOutputError, PromptError
 from ..engine.kv_cache import DEFAULT_CONTEXT, MIN_CONTEXT, ContextFullError
+from ..engine.kv_pool import states_held
 from ..engine.load import LoadOptions
 from ..engine.memory_fit import MemoryFitError
 from ..engine.sampler import OptionError, SamplingOptions
@@ -860,8 +861,9 @@ def serve(model, host, port, parallel, ctx_size, kv_size, max_queue, api_key, we
     options = ServeOptions(n_ctx=ctx_size, parallel=parallel, kv_size=kv_size, max_queue=max_queue, api_key=api_key,
                            webui=webui, drafter=drafter if draft or lookup else None, draft_max=draft_max,
                            draft_min=draft_min)
-    # (the memory check sizes the KV pool, which holds every sequence's tokens)
-    sized = replace(load, n_ctx=ctx_size, kv_tokens=kv_size or parallel * (ctx_size or 0) or None)
+    # (the memory check sizes the KV pool, which holds every sequence's tokens, and a hybrid's states)
+    sized = replace(load, n_ctx=ctx_size, kv_tokens=kv_size or parallel * (ctx_size or 0) or None,
+                    states=states_held(parallel))
     stopped_by = run_server(lambda: _load(str(path), sized), card, sampling, sock, options,
                             lambda line: click.echo(f"{time.strftime('%H:%M:%S')} {line}", err=True))
     if stopped_by == signal.SIGINT:
