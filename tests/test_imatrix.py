@@ -87,3 +87,26 @@ def test_imatrix_equals_llama_imatrix(model, request, llama_cpp_tools, tmp_path)
         assert spread.max() < 1e-3 and np.median(spread) < 1e-5
     else:
         assert np.median(spread) < 0.02
+
+
+def test_mixture_imatrix_counts_each_expert_as_llama_imatrix(llama_cpp_tools, tmp_path):
+    """A random F32 mixture (8 experts, 2 per token): per expert, the same counts and sums."""
+    from convert.random_model import LlamaShape, write_random_llama
+    shape = LlamaShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, vocab_size=1000, n_expert=8,
+                       n_expert_used=2, n_ff_exp=256, head_dim=64)
+    path, text = tmp_path / "moe.gguf", tmp_path / "text.txt"
+    write_random_llama(path, shape, "F32", progress=False)
+    text.write_text(PERPLEXITY_TEXT)
+    command = [llama_cpp_tools / "llama-imatrix", "-m", path, "-f", text, "-o", tmp_path / "theirs.gguf", "-c", "128",
+               "--chunks", "2", "-t", "1", "--no-ppl", "-fa", "off", "-ctk", "f32", "-ctv", "f32"]
+    ggrun = ["imatrix", str(path), "-f", str(text), "-o", str(tmp_path / "ours.gguf"), "-c", "128", "--chunks", "2",
+             "-t", "1", "--kv-type", "f32"]
+    result = beside(lambda: subprocess.run(command, capture_output=True, check=True, timeout=300),
+                    lambda: CliRunner().invoke(main, ggrun))
+    assert result.exit_code == 0, result.output
+    a, b = read_imatrix(tmp_path / "ours.gguf"), read_imatrix(tmp_path / "theirs.gguf")
+    assert a.entries.keys() == b.entries.keys() and "blk.1.ffn_down_exps.weight" in a.entries
+    for name, e in b.entries.items():
+        assert a.entries[name].counts.tolist() == e.counts.tolist()
+        assert e.counts.sum() == (2 * 256 if "_exps" in name else 256)
+        assert np.abs(a.entries[name].sums - e.sums).max() < 1e-4 * e.sums.max()
