@@ -5,7 +5,8 @@ a token's input counts once for each expert it is routed to).
 
 The text is tokenized and chunked as for perplexity (each chunk of n_ctx tokens from an empty
 cache, its first token BOS where the model adds one), and every token of a chunk counts. As
-llama.cpp does, a dense product of fewer than 16 rows is not counted (a mixture's always is).
+llama.cpp does, a dense product of fewer than 16 rows is not counted (a mixture's always is): a
+chunk goes through the model in passes of at most 512 tokens, llama.cpp's micro-batches.
 
 Normal runs pay nothing for it: the model computes on a backend that observes its products only
 while a collection runs (model.backend swapped for the observer, then restored)."""
@@ -41,11 +42,17 @@ class _Sums:
         self.act = np.zeros((n_mat, n_cols))
         self.counts = np.zeros(n_mat, dtype=np.int64)
 
-    def add(self, row: int, x: np.ndarray) -> None:
-        x = x.astype(np.float64)
-        self.sq[row] += np.einsum("ij,ij->j", x, x)
-        self.act[row] += x.sum(axis=0)
-        self.counts[row] += len(x)
+    def add(self, row: int, totals: tuple) -> None:
+        sq, act, n = totals
+        self.sq[row] += sq
+        self.act[row] += act
+        self.counts[row] += n
+
+
+def _totals(x: np.ndarray) -> tuple:
+    """x's rows squared and summed, summed, and counted: what one product adds to its matrices' sums."""
+    x = x.astype(np.float64)
+    return np.einsum("ij,ij->j", x, x), x.sum(axis=0), len(x)
 
 
 class _Observer:
@@ -74,8 +81,9 @@ class _Observer:
     def matmuls(self, ws, x):
         if x.shape[0] >= MIN_ROWS:
             sums, rows = self._observed(ws, x)
+            totals = _totals(rows) if sums else None
             for s in sums:
-                s.add(0, rows)
+                s.add(0, totals)
         return self._backend.matmuls(ws, x)
 
     def expert_matmuls(self, ws, x, ids):
@@ -85,15 +93,17 @@ class _Observer:
             # slot t * k + j's input: x's row t (one row per token) or its row t * k + j
             inputs = rows if len(rows) == len(slots) else np.repeat(rows, len(slots) // len(rows), axis=0)
             for expert in np.unique(slots):
-                chosen = inputs[slots == expert]
+                totals = _totals(inputs[slots == expert])
                 for s in sums:
-                    s.add(int(expert), chosen)
+                    s.add(int(expert), totals)
         return self._backend.expert_matmuls(ws, x, ids)
 
 
 def collect_imatrix(lm, text: str, options: ImatrixOptions) -> tuple[Imatrix, float]:
     """The importance matrix of lm over the text's chunks, and the seconds it took."""
     n_ctx = options.n_ctx
+    if n_ctx < MIN_ROWS:
+        raise ValueError(f"a chunk of {n_ctx} tokens is too short: products of under {MIN_ROWS} rows are not counted")
     tokens = text_tokens(lm, text)
     n_chunks = min(len(tokens) // n_ctx, options.chunks or len(tokens))
     if n_chunks == 0:
