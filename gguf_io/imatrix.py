@@ -79,9 +79,12 @@ def read_imatrix(path) -> Imatrix:
     """An imatrix file of either format (a GGUF file by its magic, else a .dat file), as llama.cpp's
     loader reads it. GGUFError where it is neither."""
     path = Path(path)
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    return _read_gguf(path) if magic == b"GGUF" else _read_dat(path)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        return _read_gguf(path) if magic == b"GGUF" else _read_dat(path)
+    except OSError as e:
+        raise GGUFError(f"cannot read {path}: {e.strerror or e}") from None
 
 
 def _read_gguf(path: Path) -> Imatrix:

@@ -90,7 +90,9 @@ def test_imatrix_equals_llama_imatrix(model, request, llama_cpp_tools, tmp_path)
 
 
 def test_mixture_imatrix_counts_each_expert_as_llama_imatrix(llama_cpp_tools, tmp_path):
-    """A random F32 mixture (8 experts, 2 per token): per expert, the same counts and sums."""
+    """A random F32 mixture (8 experts, 2 per token): per expert, the same counts and sums. And
+    llama-imatrix reads ggrun's file: rewritten as GGUF, the same values; as .dat, which ggrun
+    reads, each expert's mean times the chunks its entry saw."""
     from convert.random_model import LlamaShape, write_random_llama
     shape = LlamaShape(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, vocab_size=1000, n_expert=8,
                        n_expert_used=2, n_ff_exp=256, head_dim=64)
@@ -110,3 +112,16 @@ def test_mixture_imatrix_counts_each_expert_as_llama_imatrix(llama_cpp_tools, tm
         assert a.entries[name].counts.tolist() == e.counts.tolist()
         assert e.counts.sum() == (2 * 256 if "_exps" in name else 256)
         assert np.abs(a.entries[name].sums - e.sums).max() < 1e-4 * e.sums.max()
+    for out, fmt in (("again.gguf", "gguf"), ("legacy.dat", "dat")):
+        subprocess.run([llama_cpp_tools / "llama-imatrix", "-m", path, "--in-file", tmp_path / "ours.gguf", "-o",
+                        tmp_path / out, "--output-format", fmt, "-c", "128"], capture_output=True, check=True, timeout=60)
+    again, legacy = read_imatrix(tmp_path / "again.gguf"), read_imatrix(tmp_path / "legacy.dat")
+    assert (again.datasets, again.chunk_count, again.chunk_size) == (a.datasets, 2, 128)
+    assert legacy.legacy and (legacy.datasets, legacy.chunk_count) == (a.datasets, 2)
+    for name, e in a.entries.items():
+        r = again.entries[name]
+        assert np.array_equal(r.sums, e.sums) and np.array_equal(r.counts, e.counts)
+        assert np.array_equal(r.activations, e.activations)
+        chunks = -(-e.counts.max() // 128)  # (the chunks its most counted expert saw, rounded up)
+        assert legacy.entries[name].counts.tolist() == [chunks]
+        assert np.allclose(legacy.entries[name].sums, (e.sums / e.counts[:, None] * chunks).reshape(1, -1), rtol=1e-6)
