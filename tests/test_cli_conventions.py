@@ -85,6 +85,9 @@ def test_data_errors_are_errors_not_usage(smollm_path, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("Hi")
     _error(ggrun("perplexity", smollm_path, "-f", short, "-c", "64"))
+    assert "at least 64" in _error(ggrun("imatrix", smollm_path, "-f", short, "-c", "64", "-o", tmp_path / "m.gguf"))
+    assert "same file" in _error(ggrun("imatrix", smollm_path, "-f", short, "-o", short))
+    assert "too short" in _error(ggrun("imatrix", smollm_path, "-f", short, "-c", "8", "-o", tmp_path / "m.gguf"))
     junk = tmp_path / "junk.npz"
     junk.write_bytes(b"not numpy")
     long_text = tmp_path / "long.txt"

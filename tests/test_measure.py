@@ -63,10 +63,10 @@ def test_perplexity_matches_a_direct_computation(smollm):
 def test_perplexity_reads_special_token_texts_as_plain_text(smollm):
     """As llama-perplexity tokenizes a document: "<|im_start|>" written in it is text, not a
     control token."""
-    from runner.measure.perplexity import _text_tokens
+    from runner.measure.perplexity import text_tokens
     text = "A prompt is plain text: `<|im_start|>` typed in it is those characters."
     im_start = smollm.tokenizer.encode("<|im_start|>", add_special=False)
-    assert len(im_start) == 1 and im_start[0] not in _text_tokens(smollm, text)
+    assert len(im_start) == 1 and im_start[0] not in text_tokens(smollm, text)
 
 
 def test_kl_against_itself_is_zero(smollm, tmp_path):

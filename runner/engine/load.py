@@ -116,4 +116,5 @@ def load_model(path, options: LoadOptions = LoadOptions()) -> LoadedModel:
     model = MODELS[arch.name](params, weights, backend)
     weights.check_all_read()
     model.kv_type = options.kv_type
+    model.weight_names = weights.names
     return LoadedModel(f, params, tokenizer, model, backend)

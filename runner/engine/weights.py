@@ -13,6 +13,8 @@ class WeightLoader:
     def __init__(self, f: GGUFFile, backend, arch: Architecture):
         self.f, self.backend, self.arch = f, backend, arch
         self.read: set[str] = set()  # the tensors the model took (check_all_read)
+        # id of each weight matrix the model took -> its tensor's name and its matrices (experts, or 1)
+        self.names: dict[int, tuple[str, int]] = {}
         unsupported = sorted({f"{t.type.name} ({name})" for name, t in f.tensors.items()
                               if t.type not in backend.supported_types and t.n_elements > 1})
         if unsupported:
@@ -43,7 +45,7 @@ class WeightLoader:
         """A weight matrix mapping n_in features to n_out (GGML shape [n_in, n_out])."""
         name = self.arch.tensor_name(tensor, layer)
         t = self._info(name, (n_in, n_out))
-        return self._loaded(name, self.backend.load_matrix(t.type, self.f.tensor_bytes(name), n_in))
+        return self._named(name, self._loaded(name, self.backend.load_matrix(t.type, self.f.tensor_bytes(name), n_in)))
 
     def table(self, tensor: MODEL_TENSOR, n_in: int, n_out: int):
         """A matrix that is only looked up by rows (backend.load_table): an untied embedding."""
@@ -56,17 +58,24 @@ class WeightLoader:
         [n_in, n_out, n_expert])."""
         name = self.arch.tensor_name(tensor, layer)
         t = self._info(name, (n_in, n_out, n_expert))
-        return self._loaded(name, self.backend.load_experts(t.type, self.f.tensor_bytes(name), n_in, n_expert))
+        return self._named(name, self._loaded(name, self.backend.load_experts(t.type, self.f.tensor_bytes(name), n_in,
+                                                                              n_expert)), n_expert)
 
     def expert_halves(self, tensor: MODEL_TENSOR, n_in: int, n_out: int, n_expert: int, layer: int) -> tuple:
         """The two halves of a mixture's experts held as one tensor of 2 * n_out rows each (GGML
         shape [n_in, 2 * n_out, n_expert]: ffn_gate_up_exps), loaded as two expert matrices
-        (copies of the file's rows: each expert's first n_out rows, then its last)."""
+        (copies of the file's rows: each expert's first n_out rows, then its last). The first alone
+        carries the tensor's name: both take one input, which llama.cpp's imatrix counts once."""
         name = self.arch.tensor_name(tensor, layer)
         t = self._info(name, (n_in, 2 * n_out, n_expert))
         rows = self.f.tensor_bytes(name).reshape(n_expert, 2, n_out, -1)
-        return tuple(self.backend.load_experts(t.type, np.ascontiguousarray(rows[:, j]).reshape(n_expert * n_out, -1),
-                                               n_in, n_expert) for j in (0, 1))
+        halves = (np.ascontiguousarray(rows[:, j]).reshape(n_expert * n_out, -1) for j in (0, 1))
+        first, second = (self.backend.load_experts(t.type, half, n_in, n_expert) for half in halves)
+        return self._named(name, first, n_expert), second
+
+    def _named(self, name: str, m, n_matrices: int = 1):
+        self.names[id(m)] = (name, n_matrices)
+        return m
 
     def _loaded(self, name: str, m):
         if not getattr(m, "reads_file", True):  # the backend keeps a copy: the mapped pages can go

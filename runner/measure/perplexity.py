@@ -89,10 +89,20 @@ def _check_base(base, vocab_size: int, n_ctx: int, n_positions: int) -> None:
         raise ValueError("the base logits come from a different vocabulary, context size or text")
 
 
-def _text_tokens(lm, text: str) -> list[int]:
+def text_tokens(lm, text: str) -> list[int]:
     """The text's tokens as llama-perplexity makes them: special-token texts (<|im_start|> in a
     document) are plain text there, not control tokens."""
     return lm.tokenizer.encode(text, parse_special=False)
+
+
+def text_chunks(lm, tokens: list[int], n_ctx: int, n_chunks: int) -> list[list[int]]:
+    """The first n_chunks chunks of n_ctx tokens, each with its first token replaced by BOS where
+    the model adds one: what llama.cpp's perplexity and imatrix tools evaluate, each from an empty cache."""
+    vocab = lm.tokenizer.vocab
+    chunks = [list(tokens[c * n_ctx:(c + 1) * n_ctx]) for c in range(n_chunks)]
+    for chunk in chunks if vocab.add_bos and vocab.bos_id >= 0 else ():
+        chunk[0] = vocab.bos_id
+    return chunks
 
 
 def perplexity(lm, text: str, n_ctx: int, base: dict | None = None, progress: bool = True,
@@ -100,19 +110,16 @@ def perplexity(lm, text: str, n_ctx: int, base: dict | None = None, progress: bo
     """`base` (from load_base) makes the run also record what KL divergence needs. ubatch: each
     chunk goes through the model in forward passes of that many tokens (llama.cpp's -ub); up to
     matmul.FEW_TOKENS, every product then runs on decode's kernels, whose rounding is then scored."""
-    tokens = _text_tokens(lm, text)
+    tokens = text_tokens(lm, text)
     n_chunks = len(tokens) // n_ctx
     if n_chunks == 0:
         raise ValueError(f"the text has {len(tokens)} tokens; at least {n_ctx} (one chunk of -c) are needed")
-    vocab = lm.tokenizer.vocab
     first = n_ctx // 2
-    _check_base(base, len(vocab), n_ctx, n_chunks * (n_ctx - 1 - first))
+    _check_base(base, len(lm.tokenizer.vocab), n_ctx, n_chunks * (n_ctx - 1 - first))
     scores = _Scores(base)
     start = time.perf_counter()
-    for c in progress_bar(range(n_chunks), desc="perplexity", unit="chunk", disable=not progress):
-        chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
-        if vocab.add_bos and vocab.bos_id >= 0:
-            chunk[0] = vocab.bos_id
+    for chunk in progress_bar(text_chunks(lm, tokens, n_ctx, n_chunks), desc="perplexity", unit="chunk",
+                              disable=not progress):
         cache, step = lm.model.new_cache(n_ctx), ubatch or n_ctx
         logits = np.concatenate([lm.model.forward(chunk[i:i + step], cache, all_logits=True)
                                  for i in range(0, n_ctx, step)])
@@ -124,7 +131,7 @@ def ring_perplexity(lm, text: str, n_ring: int, base: dict | None = None, progre
                     step: int = 256) -> PerplexityResult:
     """Stream the whole text through one ring of n_ring slots, scoring every token once
     (from the second on). The first tokens are pinned, as chat and run pin them."""
-    tokens = _text_tokens(lm, text)
+    tokens = text_tokens(lm, text)
     if len(tokens) < 2:
         raise ValueError("the text is too short to score")
     _check_base(base, len(lm.tokenizer.vocab), n_ring, len(tokens) - 1)

@@ -720,6 +720,34 @@ def perplexity(model, text_file, ctx_size, ring, ubatch, save_logits, kl_base, l
                    f"(base PPL {kl['ppl_base']:.4f})")
 
 
+@main.command(cls=Command)
+@model_argument
+@click.option("-f", "--file", "text_file", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Text to collect over.")
+@click.option("-o", "--output", default="imatrix.gguf", show_default=True, type=click.Path(dir_okay=False),
+              help="GGUF imatrix file to write.")
+@click.option("-c", "--ctx-size", default=512, show_default=True, type=click.IntRange(8), help="Tokens per chunk.")
+@click.option("--chunks", type=click.IntRange(1), help="Stop after N chunks (default: all the text has).")
+@load_options
+def imatrix(model, text_file, output, ctx_size, chunks, load):
+    """An importance matrix of MODEL over a text, collected as llama-imatrix does: per weight
+    matrix input column (and per expert), the squared activations summed and their counts."""
+    from gguf_io.imatrix import write_imatrix
+
+    from ..fetch.registry import resolve
+    from ..measure.imatrix import ImatrixOptions, collect_imatrix
+    text = read_text(text_file)
+    check_output(output, [resolve(model), text_file])
+    lm = _load(model, replace(load, n_ctx=ctx_size))
+    try:
+        result, seconds = collect_imatrix(lm, text, ImatrixOptions(n_ctx=ctx_size, chunks=chunks, dataset=text_file))
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    write_imatrix(output, result)
+    click.echo(f"{len(result.entries)} matrices over {result.chunk_count} chunks of {ctx_size} tokens, "
+               f"{seconds:.1f} s: {output}", err=True)
+
+
 @main.command("quant-report", cls=Command)
 @click.argument("source", type=click.Path(exists=True))
 @click.option("-f", "--file", "text_file", required=True, type=click.Path(exists=True, dir_okay=False))
