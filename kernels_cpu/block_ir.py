@@ -123,6 +123,16 @@ def _q8_0(b, p):  # d:f16 qs[32] int8
     return Block([Group(load_f16(b, p, 0), None, [load_bytes(b, p, 2, 32)], True)])
 
 
+def _table_lookup(b, codes, table):
+    """<16 x i8> or <32 x i8> of 4-bit codes -> table[code] (16 bytes) in one vpshufb, or None
+    where the target lacks it."""
+    n = codes.type.count
+    shuffle = {16: ("ssse3", "llvm.x86.ssse3.pshuf.b.128"), 32: ("avx2", "llvm.x86.avx2.pshuf.b")}.get(n)
+    if not shuffle or shuffle[0] not in target_features():
+        return None
+    return x86_call(b, shuffle[1], codes.type, [const_vector(I8, list(table) * (n // 16)), codes])
+
+
 # MXFP4's values plus this offset are unsigned bytes (0..24): its products then take the unsigned
 # path of Q4_0's (one vpdpbusd a word, the offset times the activations' sum taken off once a
 # block), where signed bytes take two more instructions a word
@@ -134,10 +144,9 @@ def fp4_values(b, codes):
     the target has it, else the E2M1 arithmetic (magnitude m < 4 is itself, above it
     (2 + m % 2) * 2, doubled again from 6 on)."""
     n = codes.type.count
-    shuffle = {16: ("ssse3", "llvm.x86.ssse3.pshuf.b.128"), 32: ("avx2", "llvm.x86.avx2.pshuf.b")}.get(n)
-    if shuffle and shuffle[0] in target_features():
-        table = [v + FP4_OFFSET for v in MXFP4_VALUES] * (n // 16)
-        return x86_call(b, shuffle[1], codes.type, [const_vector(I8, table), codes])
+    looked_up = _table_lookup(b, codes, [v + FP4_OFFSET for v in MXFP4_VALUES])
+    if looked_up is not None:
+        return looked_up
     m = _and(b, codes, 7)
 
     def at_least(k):
