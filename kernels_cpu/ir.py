@@ -261,3 +261,9 @@ def signed_byte_quad_sums(b, isa, acc, w, s):
         return b.add(acc, b.add(b.add(quads[0], quads[1]), b.add(quads[2], quads[3])))
     return byte_quad_sums(b, isa, acc, *_signs_moved(b, w, s))
 
+
+def signed_byte_pair_sums(b, isa, w, s):
+    """byte_pair_sums for signed bytes w (|w| <= 127: exact), as signed_byte_quad_sums."""
+    if isa == "generic":
+        return _word_pair_sums(b, b.sext(w, vector(I16, w.type.count)), b.sext(s, vector(I16, s.type.count)))
+    return byte_pair_sums(b, isa, *_signs_moved(b, w, s))
