@@ -1,6 +1,6 @@
 """A whole model whose matrices are IQ4_XS and IQ4_NL (token embedding and output included) runs as
 the function of its own weights widened back to F32: prefill's many tokens and decode's one, on
-the CPU backend's paths and on the torch backend."""
+the CPU backend's paths and on the torch backend; and as llama.cpp runs the file."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,6 +13,7 @@ from convert.random_model import LlamaShape, write_random_llama
 from runner.engine.load import LoadOptions, load_model
 
 from .gguf_copy import rewritten
+from .llama_cpp import PERPLEXITY_TEXT, llama_cpp_perplexity
 
 
 def _iq4_type(name, rows):
@@ -59,3 +60,13 @@ def test_an_iq4_model_computes_its_own_weights(iq4_models, options):
     got = _logits(iq4, ids, **options)
     # (8-bit activations round as llama.cpp's do; the precise path and torch's float32 keep them)
     assert np.corrcoef(got.ravel(), exact.ravel())[0, 1] > (0.999 if not options else 0.99999)
+
+
+def test_llama_cpp_computes_the_iq4_file_alike(iq4_models, llama_cpp_tools, tmp_path):
+    """llama-perplexity on the IQ4 file is ggrun's: both round activations to Q8_0 and Q8_K blocks
+    and sum the products as integers (F32 caches, no flash attention's float16 products)."""
+    from runner.measure.perplexity import perplexity
+    (tmp_path / "text.txt").write_text(PERPLEXITY_TEXT)
+    theirs = llama_cpp_perplexity(llama_cpp_tools, iq4_models[0], tmp_path / "text.txt")
+    ours = perplexity(load_model(iq4_models[0], LoadOptions(kv_type="f32")), PERPLEXITY_TEXT, 128, progress=False).ppl
+    assert abs(ours / theirs - 1) < 1e-4, (ours, theirs)
