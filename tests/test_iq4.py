@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
+from gguf import LlamaFileType
 from gguf.quants import dequantize
 
 from convert.quants import quantize
@@ -36,7 +37,7 @@ def iq4_models(tmp_path_factory):
 
     def widened(name, rows):
         return T.F32, dequantize(quantize(rows, types[name]).reshape(-1), types[name]).reshape(rows.shape)
-    rewritten(root / "f32.gguf", root / "iq4.gguf", {}, iq4)
+    rewritten(root / "f32.gguf", root / "iq4.gguf", {"general.file_type": int(LlamaFileType.MOSTLY_IQ4_XS)}, iq4)
     rewritten(root / "f32.gguf", root / "widened.gguf", {}, widened)
     assert {T.IQ4_NL, T.IQ4_XS} == set(types.values())
     return root / "iq4.gguf", root / "widened.gguf"
