@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 from numba.extending import overload
 
-from gguf_io.quant_types import BLOCK_TYPES, MXFP4_VALUES
+from gguf_io.quant_types import BLOCK_TYPES, IQ4_VALUES, MXFP4_VALUES
 from kernels_cpu.blocks import F16_TABLE, quantize_q8_0
 from kernels_cpu.intrinsics import f16_bits
 from kernels_cpu.type_sets import tagged_dtype, tagged_types
@@ -505,9 +505,107 @@ def _q6_k(x, out):  # ql[128] qh[64] scales[16] d
                                                 | ((L[j + l + 64] >> 4) << 4) | ((L[j + l + 96] >> 4) << 6))
 
 
+# ---- IQ4_NL and IQ4_XS (quantize_row_iq4_nl_impl, as quantize_iq4_nl/_xs call it: no importance
+# weights, seven tries either side of the first scale) ---------------------------------------
+
+_IQ4 = np.array(IQ4_VALUES, dtype=np.int8)
+_IQ4_TRIES = 7
+
+
+@njit(cache=True, inline="always")
+def _iq4_index(x):
+    """best_index_int8: the index of the IQ4 value nearest x, the upper of equals."""
+    if x <= F32(_IQ4[0]):
+        return 0
+    if x >= F32(_IQ4[15]):
+        return 15
+    lo, hi = 0, 15
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if x < F32(_IQ4[mid]):
+            hi = mid
+        else:
+            lo = mid
+    return hi - 1 if x - F32(_IQ4[hi - 1]) < F32(_IQ4[hi]) - x else hi
+
+
+@njit(cache=True, inline="always")
+def _iq4_sums(x, inv):
+    """(sum w q x, sum w q^2) over x's values q of the IQ4 values nearest x * inv, w = x^2."""
+    sumqx = F32(0.0)
+    sumq2 = F32(0.0)
+    for v in x:
+        q = F32(_IQ4[_iq4_index(inv * v)])
+        wq = v * v * q
+        sumqx += wq * v
+        sumq2 += wq * q
+    return sumqx, sumq2
+
+
+@njit(cache=True)
+def _iq4_scale(x):
+    """The scale of a 32-weight block: the best fit of the values nearest x / d over d from max /
+    -127 and the tries around it (0 for a block of zeros)."""
+    amax, mx = _absmax_signed(x)
+    if amax < GROUP_MAX_EPS:
+        return F32(0.0)
+    d = -mx / F32(_IQ4[0])
+    sumqx, sumq2 = _iq4_sums(x, F32(1.0) / d)
+    d = sumqx / sumq2 if sumq2 > 0 else F32(0.0)
+    best = d * sumqx
+    for t in range(-_IQ4_TRIES, _IQ4_TRIES + 1):
+        sumqx, sumq2 = _iq4_sums(x, F32(t + np.int32(_IQ4[0])) / mx)
+        if sumq2 > 0 and sumqx * sumqx > best * sumq2:
+            d = sumqx / sumq2
+            best = d * sumqx
+    return d
+
+
+@njit(cache=True, inline="always")
+def _iq4_codes(x, d, out, at):
+    """x's 32 values as the codes of their IQ4 values nearest x / d, packed as Q4_0's nibbles."""
+    inv = F32(1.0) / d if d != 0 else F32(0.0)
+    for j in range(16):
+        out[at + j] = np.uint8(_iq4_index(inv * x[j]) | (_iq4_index(inv * x[j + 16]) << 4))
+
+
+@njit(cache=True)
+def _iq4_nl(x, out):
+    d = _iq4_scale(x)
+    _put_f16(out, 0, d)
+    _iq4_codes(x, d, out, 2)
+
+
+@njit(cache=True)
+def _iq4_xs(x, out):
+    """Eight block scales, then a super-block scale d = -(the one of largest magnitude) / 32 and
+    6-bit block scales l in -32..31 (stored plus 32) with codes nearest x / (d * l)."""
+    scales = np.empty(8, dtype=np.float32)
+    max_scale = F32(0.0)
+    for g in range(8):
+        scales[g] = _iq4_scale(x[32 * g:32 * g + 32])
+        if abs(scales[g]) > abs(max_scale):
+            max_scale = scales[g]
+    d = -max_scale / F32(32.0)
+    _put_f16(out, 0, d)
+    inv = F32(1.0) / d if d != 0 else F32(0.0)
+    high = 0
+    for g in range(8):
+        l = max(-32, min(31, _nearest_int(inv * scales[g])))
+        _iq4_codes(x[32 * g:32 * g + 32], d * F32(l), out, 8 + 16 * g)
+        if g % 2 == 0:
+            out[4 + g // 2] = np.uint8((l + 32) & 15)
+        else:
+            out[4 + g // 2] |= np.uint8(((l + 32) & 15) << 4)
+        high |= ((l + 32) >> 4) << (2 * g)
+    out[2] = np.uint8(high & 0xFF)
+    out[3] = np.uint8(high >> 8)
+
+
 # block quantizer by type: compiled only into the row loops of the types a conversion writes
 BLOCK_QUANTIZERS = {T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0, T.MXFP4: _mxfp4,
-                    T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k}
+                    T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
+                    T.IQ4_NL: _iq4_nl, T.IQ4_XS: _iq4_xs}
 
 
 def _quantize_block(tag, x, out):

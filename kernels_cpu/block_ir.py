@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 from gguf import GGMLQuantizationType as T
 
-from gguf_io.quant_types import MXFP4_VALUES
+from gguf_io.quant_types import IQ4_VALUES, MXFP4_VALUES
 
 from .cpu_features import target_features
 from .ir import F32, I8, I16, I32, concat, const_vector, load_bytes, load_f16, load_u32, vector, x86_call
@@ -123,6 +123,16 @@ def _q8_0(b, p):  # d:f16 qs[32] int8
     return Block([Group(load_f16(b, p, 0), None, [load_bytes(b, p, 2, 32)], True)])
 
 
+def _table_lookup(b, codes, table):
+    """<16 x i8> or <32 x i8> of 4-bit codes -> table[code] (16 bytes) in one vpshufb, or None
+    where the target lacks it."""
+    n = codes.type.count
+    shuffle = {16: ("ssse3", "llvm.x86.ssse3.pshuf.b.128"), 32: ("avx2", "llvm.x86.avx2.pshuf.b")}.get(n)
+    if not shuffle or shuffle[0] not in target_features():
+        return None
+    return x86_call(b, shuffle[1], codes.type, [const_vector(I8, list(table) * (n // 16)), codes])
+
+
 # MXFP4's values plus this offset are unsigned bytes (0..24): its products then take the unsigned
 # path of Q4_0's (one vpdpbusd a word, the offset times the activations' sum taken off once a
 # block), where signed bytes take two more instructions a word
@@ -134,10 +144,9 @@ def fp4_values(b, codes):
     the target has it, else the E2M1 arithmetic (magnitude m < 4 is itself, above it
     (2 + m % 2) * 2, doubled again from 6 on)."""
     n = codes.type.count
-    shuffle = {16: ("ssse3", "llvm.x86.ssse3.pshuf.b.128"), 32: ("avx2", "llvm.x86.avx2.pshuf.b")}.get(n)
-    if shuffle and shuffle[0] in target_features():
-        table = [v + FP4_OFFSET for v in MXFP4_VALUES] * (n // 16)
-        return x86_call(b, shuffle[1], codes.type, [const_vector(I8, table), codes])
+    looked_up = _table_lookup(b, codes, [v + FP4_OFFSET for v in MXFP4_VALUES])
+    if looked_up is not None:
+        return looked_up
     m = _and(b, codes, 7)
 
     def at_least(k):
@@ -147,6 +156,20 @@ def fp4_values(b, codes):
     negative = b.icmp_unsigned("!=", _and(b, codes, 8), const_vector(I8, [0] * n))
     offset = const_vector(I8, [FP4_OFFSET] * n)
     return b.select(negative, b.sub(offset, magnitude), b.add(offset, magnitude))
+
+
+def iq4_values(b, codes):
+    """<16 x i8> or <32 x i8> of 4-bit codes -> their signed IQ4_VALUES: one vpshufb where the
+    target has it, else a comparison and a selection per table entry."""
+    looked_up = _table_lookup(b, codes, [v & 0xFF for v in IQ4_VALUES])
+    if looked_up is not None:
+        return looked_up
+    n = codes.type.count
+    values = const_vector(I8, [IQ4_VALUES[0] & 0xFF] * n)
+    for code, value in enumerate(IQ4_VALUES[1:], 1):
+        is_code = b.icmp_unsigned("==", codes, const_vector(I8, [code] * n))
+        values = b.select(is_code, const_vector(I8, [value & 0xFF] * n), values)
+    return values
 
 
 def e8m0_half(b, e):
@@ -167,6 +190,22 @@ def _mxfp4(b, p):  # e:E8M0 qs[16]: codes j (low nibble) and j + 16 (high nibble
     lo, hi = _nibble_halves(b, p, 1)
     scale = e8m0_half(b, b.load(b.bitcast(p, I8.as_pointer()), align=1))
     return Block([Group(scale, None, [fp4_values(b, lo), fp4_values(b, hi)], False, FP4_OFFSET)])
+
+
+def _iq4_nl(b, p):  # d:f16 qs[16]: codes j (low nibble) and j + 16 (high nibble), signed values
+    return Block([Group(load_f16(b, p, 0), None, [iq4_values(b, v) for v in _nibble_halves(b, p, 2)], True)])
+
+
+def _iq4_xs(b, p):
+    """d:f16, scales_h:u16, scales_l[4], qs[128]: eight 32-weight groups laid out as IQ4_NL's
+    codes, under 6-bit scales minus 32: the low four bits of group g's in byte 4 + g // 2 (high
+    nibble for odd g), the top two in bits 2g, 2g + 1 of scales_h."""
+    head = load_bytes(b, p, 0)
+    low = _and(b, _shr(b, _pick(b, head, [4 + g // 2 for g in range(8)]), [4 * (g % 2) for g in range(8)]), 15)
+    high = _and(b, _shr(b, _pick(b, head, [2 + g // 4 for g in range(8)]), [2 * (g % 4) for g in range(8)]), 3)
+    scales = _sub(b, b.zext(b.or_(low, _shl(b, high, 4)), vector(I16, 8)), 32)
+    groups = [Group(None, None, [iq4_values(b, v) for v in _nibble_halves(b, p, 8 + 16 * g)], True) for g in range(8)]
+    return Block(groups, load_f16(b, p, 0), scales=scales)
 
 
 def _k4_groups(b, p, values):
@@ -267,7 +306,8 @@ def _q3_k(b, p):  # hmask[32], qs[64], scales[12] (6-bit, packed, offset 32), d
 
 
 DECODERS = {T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0, T.MXFP4: _mxfp4,
-            T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k}
+            T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
+            T.IQ4_NL: _iq4_nl, T.IQ4_XS: _iq4_xs}
 # Where the 32-weight affine types keep their float16 min m (weight = d * q + m) in a block: the
 # dot products read the mins of a row from a copy of them laid side by side (see rowdot.py).
 MIN_OFFSET = {T.Q4_1: 2, T.Q5_1: 2}

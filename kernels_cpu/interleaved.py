@@ -32,7 +32,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .block_ir import FP4_OFFSET, e8m0_half, fp4_values
+from .block_ir import FP4_OFFSET, e8m0_half, fp4_values, iq4_values
 from .cpu_features import int8_isa, target_features
 from .rowdot import for_token_passes, switch_on_type
 from .threads import in_parallel
@@ -64,6 +64,8 @@ LAYOUTS = {
     T.Q3_K: [(108, 2)] + _words(96, 12, 1) + _words(0, 32, 4) + _words(32, 64, 4),  # d, scales, hmask, qs
     T.Q4_K: [(0, 2), (2, 2)] + _words(4, 12, 1) + _words(16, 128, 4),       # d, dmin, scales, qs
     T.Q5_K: [(0, 2), (2, 2)] + _words(4, 12, 1) + _words(16, 32, 4) + _words(48, 128, 4),  # ..., qh, qs
+    T.IQ4_NL: [(0, 2)] + _words(2, 16, 4),                                   # d, qs
+    T.IQ4_XS: [(0, 2)] + _words(2, 6, 1) + _words(8, 128, 4),              # d, scales_h, scales_l, qs
     T.Q6_K: [(208, 2)] + _words(192, 16, 1) + [                             # d, scales, then per word:
         piece for h in range(2) for w in range(8)                           # ql (two), qh
         for piece in ((64 * h + 4 * w, 4), (64 * h + 32 + 4 * w, 4), (128 + 32 * h + 4 * w, 4))],
@@ -382,6 +384,48 @@ class _MXFP4(_Kind):  # e, qs: 4-bit codes of signed values, offset to unsigned 
         yield _Unit([(fp4_values(b, codes), first) for codes, first in _nibbles(b, blk, 1)], 2)
 
 
+class _IQ4_NL(_Kind):  # d, qs: Q4_0's nibbles, codes of signed values
+    activations = "q32"
+    signed = True
+    scales = staticmethod(_scale_times_dx(0, "d32"))
+
+    @staticmethod
+    def units(b, blk, step, scale):
+        yield _Unit([(iq4_values(b, codes), first) for codes, first in _nibbles(b, blk, 2)], 2)
+
+
+class _IQ4_XS(_Kind):
+    """d, scales_h, scales_l, qs: eight IQ4_NL blocks' codes (group g: 16 bytes from 16g) under
+    6-bit scales minus 32, the low four bits of group g's in nibble g % 2 of scales_l byte g // 2,
+    the top two in bits 2g % 8 of scales_h byte g // 4."""
+    signed = True
+    scales = staticmethod(_scale_times_dx(0, "d256"))
+
+    steps = 4  # two groups a step
+
+    @staticmethod
+    def scale_table(b, blk):
+        planes = blk.bytes(2, GROUP * 6)  # scales_h's two bytes, then scales_l's four
+        table = []
+        for g in range(8):
+            low = _and(b, _shr(b, _plane(b, planes, 2 + g // 2), 4 * (g % 2)), 15)
+            high = _and(b, _shr(b, _plane(b, planes, g // 4), 2 * (g % 4)), 3)
+            table.append(b.sub(_i32s(b, b.or_(low, _shl(b, high, 4))), const_vector(I32, [32] * GROUP)))
+        return table
+
+    @staticmethod
+    def units(b, blk, step, scale):
+        """Step s: groups 2s and 2s + 1, four words each, whose low nibbles hold weights 32g + 4w
+        ... and high ones 32g + 16 + 4w ... of each row."""
+        qs = [blk.bytes(8 + 4 * w, 32, ahead=b.mul(step, ir.Constant(I64, GROUP * 32))) for w in range(8)]
+        for half in (0, 1):
+            first = b.add(b.mul(step, ir.Constant(I64, 64)), ir.Constant(I64, 32 * half))
+            words = [(iq4_values(b, nibble), b.add(first, ir.Constant(I64, 16 * high + 4 * w)))
+                     for high, nibble_of in ((0, lambda q: _and(b, q, 15)), (1, lambda q: _shr(b, q, 4)))
+                     for w, nibble in enumerate(nibble_of(q) for q in qs[4 * half:4 * half + 4])]
+            yield _Unit(words, 2, scale=scale(b.add(b.mul(step, ir.Constant(I64, 2)), ir.Constant(I64, half))))
+
+
 class _Q2_K(_Kind):
     """scales (byte g: group g's scale in the low nibble, its min in the high one), qs, d, dmin.
     Byte l of chunk c's 32 holds weights 128c + 32j + l in bits 2j, 2j + 1; group g is weights
@@ -565,12 +609,12 @@ class _Q6_K(_Kind):
 
 
 KINDS = {T.Q4_0: _Q4_0, T.Q4_1: _Q4_1, T.Q5_0: _Q5_0, T.Q5_1: _Q5_1, T.Q8_0: _Q8_0, T.MXFP4: _MXFP4, T.Q2_K: _Q2_K,
-         T.Q3_K: _Q3_K, T.Q4_K: _Q4_K, T.Q5_K: _Q5_K, T.Q6_K: _Q6_K}
+         T.Q3_K: _Q3_K, T.Q4_K: _Q4_K, T.Q5_K: _Q5_K, T.Q6_K: _Q6_K, T.IQ4_NL: _IQ4_NL, T.IQ4_XS: _IQ4_XS}
 
 
 def _unit_sums(b, isa, kind, unit, xs):
     """<8 x i32>: the unit's words times their activations xs, summed per row and scaled: one
-    vpdpbusd a word (VNNI; on AVX2 only for Q8_0's signed weights)."""
+    vpdpbusd a word (VNNI; on AVX2 only for the signed weights of Q8_0 and the IQ4 types)."""
     dot = signed_byte_quad_sums if kind.signed else byte_quad_sums
     chains = [_zero_i32()] * unit.chains
     for j, ((values, _), x) in enumerate(zip(unit.words, xs)):

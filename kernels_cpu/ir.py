@@ -207,12 +207,16 @@ def byte_pair_sums(b, isa, u, s):
     """<32 x i8> unsigned u, signed s -> <16 x i16>: u[2i] * s[2i] + u[2i + 1] * s[2i + 1]. Exact
     while u <= 128 and |s| <= 127 (vpmaddubsw saturates beyond int16)."""
     if isa == "generic":
-        wide = vector(I16, u.type.count)
-        p = b.mul(b.zext(u, wide), b.sext(s, wide))
-        n = u.type.count
-        return b.add(b.shuffle_vector(p, p, const_vector(I32, range(0, n, 2))),
-                     b.shuffle_vector(p, p, const_vector(I32, range(1, n, 2))))
+        return _word_pair_sums(b, b.zext(u, vector(I16, u.type.count)), b.sext(s, vector(I16, s.type.count)))
     return x86_call(b, "llvm.x86.avx2.pmadd.ub.sw", vector(I16, 16), [u, s])
+
+
+def _word_pair_sums(b, a, c):
+    """<n x i16> a and c -> <n/2 x i16>: a[2i] * c[2i] + a[2i + 1] * c[2i + 1]."""
+    p = b.mul(a, c)
+    n = a.type.count
+    return b.add(b.shuffle_vector(p, p, const_vector(I32, range(0, n, 2))),
+                 b.shuffle_vector(p, p, const_vector(I32, range(1, n, 2))))
 
 
 def word_picks(b, isa, v, lanes):
@@ -241,13 +245,25 @@ def byte_quad_sums(b, isa, acc, u, s):
     return b.add(acc, pair_products(b, byte_pair_sums(b, isa, u, s), const_vector(I16, [1] * 16)))
 
 
+def _signs_moved(b, w, s):
+    """(|w|, s with w's signs) for signed bytes w and s (vpabsb, vpsignb): their products are w * s."""
+    magnitude = x86_call(b, f"llvm.abs.v{w.type.count}i8", w.type, [w, ir.Constant(ir.IntType(1), 0)])
+    return magnitude, x86_call(b, "llvm.x86.avx2.psign.b", s.type, [s, w])
+
+
 def signed_byte_quad_sums(b, isa, acc, w, s):
-    """byte_quad_sums for signed bytes w: |w| times s with w's signs (vpabsb, vpsignb), as
-    llama.cpp multiplies two Q8_0 blocks."""
+    """byte_quad_sums for signed bytes w: |w| times s with w's signs, as llama.cpp multiplies two
+    Q8_0 blocks."""
     if isa == "generic":
         wide = vector(I32, w.type.count)
         p = b.mul(b.sext(w, wide), b.sext(s, wide))
         quads = [b.shuffle_vector(p, p, const_vector(I32, range(j, w.type.count, 4))) for j in range(4)]
         return b.add(acc, b.add(b.add(quads[0], quads[1]), b.add(quads[2], quads[3])))
-    magnitude = x86_call(b, f"llvm.abs.v{w.type.count}i8", w.type, [w, ir.Constant(ir.IntType(1), 0)])
-    return byte_quad_sums(b, isa, acc, magnitude, x86_call(b, "llvm.x86.avx2.psign.b", s.type, [s, w]))
+    return byte_quad_sums(b, isa, acc, *_signs_moved(b, w, s))
+
+
+def signed_byte_pair_sums(b, isa, w, s):
+    """byte_pair_sums for signed bytes w (|w| <= 127: exact), as signed_byte_quad_sums."""
+    if isa == "generic":
+        return _word_pair_sums(b, b.sext(w, vector(I16, w.type.count)), b.sext(s, vector(I16, s.type.count)))
+    return byte_pair_sums(b, isa, *_signs_moved(b, w, s))

@@ -5,8 +5,9 @@ the 32-weight types Q8_0 blocks, the K-quants Q8_K super-blocks. The weights' in
 unsigned bytes (block_ir.py leaves Q4_0's 8, Q6_K's 32 ... apart as the group's offset), so one
 vpmaddubsw or vpdpbusd multiplies 32 of them with 32 activations, twice the products per
 instruction of the 16-bit path in rowdot.py. An offset then costs one product with the
-activations' sums per block; so do the mins of the affine types. Only Q8_0's weights are signed:
-they multiply by magnitude with the activations' signs flipped to match (vpsignb).
+activations' sums per block; so do the mins of the affine types. Only the weights of Q8_0 and
+the IQ4 types are signed: they multiply by magnitude with the activations' signs flipped to match
+(vpsignb).
 
 Per 32-weight block: four-product sums in 8 int32 lanes, one conversion to float and one
 multiply-add by the block's scale times the activations'. Per K-quant super-block: its units'
@@ -23,8 +24,7 @@ from .block_ir import DECODERS
 from .cpu_features import int8_isa
 from .ir import (F32, FAST, I8, I16, I32, I64, array_row, array_shape, byte_pair_sums, byte_quad_sums, concat,
                  const_vector, horizontal_sum, load_vector, mul_add, offset, pair_products, pair_products_into,
-                 signed_byte_quad_sums,
-                 splat, splat_float, vector, word_picks)
+                 signed_byte_pair_sums, signed_byte_quad_sums, splat, splat_float, vector, word_picks)
 from .rowdot import _units, emit_rows, switch_on_type
 from .type_sets import tagged_types
 
@@ -119,7 +119,8 @@ def _emit_super_blocks(b, isa, qtype, row_ptr, row_bytes, act):
         for unit, xq in zip(_units(blk.groups), xqs):
             # lanes 0-7 of the pair sums hold weights 0-15 of the unit, lanes 8-15 the rest
             multipliers = word_picks(b, isa, blk.scales, [first_group + j * len(unit) // 16 for j in range(16)])
-            products.append((byte_pair_sums(b, isa, _values(b, unit), xq), multipliers))
+            pair_sums = signed_byte_pair_sums if unit[0].signed else byte_pair_sums
+            products.append((pair_sums(b, isa, _values(b, unit), xq), multipliers))
             first_group += len(unit)
         per_sum = [g * n_groups // 16 for g in range(16)]  # the group of each sum of 16
         group_offset = blk.groups[0].offset

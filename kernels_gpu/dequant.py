@@ -14,7 +14,7 @@ import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
-from gguf_io.quant_types import MXFP4_VALUES
+from gguf_io.quant_types import IQ4_VALUES, MXFP4_VALUES
 
 
 def _blocks(raw: torch.Tensor, qtype) -> torch.Tensor:
@@ -89,6 +89,27 @@ def mxfp4(raw):
     e = b[..., 0].to(torch.int32)
     half_scale = torch.where(e < 2, 0x00200000 << e, (e - 1) << 23).view(torch.float32)
     return _weights(half_scale[..., None, None] * values, raw.shape[0])
+
+
+def _iq4(codes):
+    """4-bit codes -> their IQ4_VALUES as float32."""
+    return torch.tensor(IQ4_VALUES, dtype=torch.float32, device=codes.device)[codes.long()]
+
+
+def iq4_nl(raw):  # d, qs[16]: Q4_0's nibbles, as codes of IQ4_VALUES
+    b = _blocks(raw, T.IQ4_NL)
+    return _weights(_f16(b[..., 0:2])[..., None, None] * _iq4(_nibbles(b[..., 2:18])), raw.shape[0])
+
+
+def iq4_xs(raw):
+    """d, scales_h (u16), scales_l[4], qs[128]: eight IQ4_NL blocks' codes under 6-bit scales
+    minus 32 (low four bits: nibble g % 2 of scales_l[g // 2]; top two: bits 2g of scales_h)."""
+    b = _blocks(raw, T.IQ4_XS)
+    low = _nibbles(b[..., 4:8]).transpose(-1, -2).reshape(*b.shape[:2], 8)
+    high = _bits(b[..., 2:4], range(0, 8, 2), 2).transpose(-1, -2).reshape(*b.shape[:2], 8)
+    scales = (low | (high << 4)).to(torch.int32) - 32
+    q = _iq4(_nibbles(b[..., 8:136].reshape(*b.shape[:2], 8, 16)))            # (N, nb, 8, 2, 16)
+    return _weights(_scaled(_f16(b[..., 0:2]), scales, q, 32), raw.shape[0])
 
 
 def _scaled(d, scales, q, group):
@@ -171,4 +192,4 @@ def bf16(raw):
 
 DEQUANTIZE = {T.F32: f32, T.F16: f16, T.BF16: bf16, T.Q4_0: q4_0, T.Q4_1: q4_1, T.Q5_0: q5_0,
               T.Q5_1: q5_1, T.Q8_0: q8_0, T.MXFP4: mxfp4, T.Q2_K: q2_k, T.Q3_K: q3_k, T.Q4_K: q4_k, T.Q5_K: q5_k,
-              T.Q6_K: q6_k}
+              T.Q6_K: q6_k, T.IQ4_NL: iq4_nl, T.IQ4_XS: iq4_xs}

@@ -15,6 +15,8 @@ from gguf import GGMLQuantizationType as T
 import triton
 import triton.language as tl
 
+from gguf_io.quant_types import IQ4_VALUES
+
 
 @triton.jit
 def _u8(pointers, ok):
@@ -92,6 +94,42 @@ def mxfp4(b, ok):
     return half_scale * value, 16 * h + l
 
 
+def _int64_of_bytes(values):
+    """Eight signed bytes as one int64 (two's complement), value i in byte i."""
+    word = sum((v & 0xFF) << (8 * i) for i, v in enumerate(values))
+    return word - (1 << 64) if word >= 1 << 63 else word
+
+
+# IQ4_VALUES as the bytes of two words (values 0-7, 8-15): Triton has no constant tables.
+_IQ4_LOW: tl.constexpr = tl.constexpr(_int64_of_bytes(IQ4_VALUES[:8]))
+_IQ4_HIGH: tl.constexpr = tl.constexpr(_int64_of_bytes(IQ4_VALUES[8:]))
+
+
+@triton.jit
+def _iq4(code):
+    """4-bit codes -> their IQ4_VALUES as float32: the code's byte of its word, sign-extended."""
+    word = tl.where(code < 8, tl.full(code.shape, _IQ4_LOW, tl.int64), tl.full(code.shape, _IQ4_HIGH, tl.int64))
+    byte = ((word >> (8 * (code & 7)).to(tl.int64)) & 0xFF).to(tl.int32)
+    return (byte - ((byte & 0x80) << 1)).to(tl.float32)
+
+
+@triton.jit
+def iq4_nl(b, ok):  # d, qs[16]: Q4_0's nibbles, as codes of IQ4_VALUES
+    h, l = _grid(2, 16)
+    return _f16(b, ok) * _iq4((_u8(b + 2 + l, ok) >> (4 * h)) & 0xF), 16 * h + l
+
+
+@triton.jit
+def iq4_xs(b, ok):
+    """d, scales_h (u16), scales_l[4], qs[128]. Sub-block j of 32 weights: IQ4_NL's nibbles at
+    qs[16 j], under scale (nibble j % 2 of scales_l[j // 2] | bits 2j of scales_h << 4) - 32."""
+    j, l = _grid(8, 32)
+    code = (_u8(b + 8 + 16 * j + (l & 15), ok) >> (4 * (l >> 4))) & 0xF
+    low = (_u8(b + 4 + (j >> 1), ok) >> (4 * (j & 1))) & 0xF
+    high = (_u8(b + 2 + (j >> 2), ok) >> (2 * (j & 3))) & 3
+    return _f16(b, ok) * ((low | (high << 4)) - 32).to(tl.float32) * _iq4(code), 32 * j + l
+
+
 @triton.jit
 def q2_k(b, ok):
     """scales[16] (scale | min << 4), qs[64], d, dmin. Runs t of 32 weights: qs[32 (t // 4) + l]
@@ -156,4 +194,5 @@ def q6_k(b, ok):
 
 
 DECODERS = {T.Q4_0: q4_0, T.Q4_1: q4_1, T.Q5_0: q5_0, T.Q5_1: q5_1, T.Q8_0: q8_0, T.MXFP4: mxfp4,
-            T.Q2_K: q2_k, T.Q3_K: q3_k, T.Q4_K: q4_k, T.Q5_K: q5_k, T.Q6_K: q6_k}
+            T.Q2_K: q2_k, T.Q3_K: q3_k, T.Q4_K: q4_k, T.Q5_K: q5_k, T.Q6_K: q6_k,
+            T.IQ4_NL: iq4_nl, T.IQ4_XS: iq4_xs}

@@ -73,15 +73,17 @@ def test_float_rows_of_any_length(qtype, k):
     assert np.array_equal(m.rows(np.array([23, 0, 5])), ref[[23, 0, 5]].astype(np.float32))
 
 
-# Byte offsets of each K-quant block's f16 super-block scale (and min).
-K_QUANT_SCALES = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+# The types tested on random blocks, whose every bit pattern but the float16 scales' is a valid
+# block (sub-block scales, mins and codes): byte offsets of each block's f16 scale (and min).
+RANDOM_BLOCK_SCALES = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+                       T.IQ4_NL: (0,), T.IQ4_XS: (0,)}
 
 
-def _random_k_blocks(rng, qtype, n, k, case):
+def _random_blocks(rng, qtype, n, k, case):
     """Random bytes (every sub-block scale/min and quant bit pattern), finite f16 super-scales."""
     block, block_bytes = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (n, k // block, block_bytes), dtype=np.uint8)
-    for at in K_QUANT_SCALES[qtype]:
+    for at in RANDOM_BLOCK_SCALES[qtype]:
         d = {"random": rng.uniform(-2, 2, (n, k // block)),
              "zero": np.zeros((n, k // block)),
              "extreme": rng.choice([65504.0, -65504.0, 6e-8, 0.0], (n, k // block))}[case]
@@ -89,12 +91,12 @@ def _random_k_blocks(rng, qtype, n, k, case):
     return raw.reshape(n, -1)
 
 
-@pytest.mark.parametrize("qtype", list(K_QUANT_SCALES), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", list(RANDOM_BLOCK_SCALES), ids=lambda t: t.name)
 @pytest.mark.parametrize("case", ["random", "zero", "extreme"])
 @pytest.mark.parametrize("n,k", [(1, 256), (29, 768)])
-def test_k_quant_products_match_reference(qtype, case, n, k, prefill_path):
+def test_random_block_products_match_reference(qtype, case, n, k, prefill_path):
     rng = np.random.default_rng(k + n)
-    raw = _random_k_blocks(rng, qtype, n, k, case)
+    raw = _random_blocks(rng, qtype, n, k, case)
     ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
     m = load_matrix(qtype, raw, k)
     assert np.allclose(m.rows(np.arange(n)), ref, rtol=1e-6, atol=0)
@@ -104,14 +106,27 @@ def test_k_quant_products_match_reference(qtype, case, n, k, prefill_path):
         assert np.all(np.abs(m.matmul(x, precise=True) - x.astype(np.float64) @ ref.T) <= tol + 1e-30)
 
 
-@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.IQ4_NL, T.IQ4_XS], ids=lambda t: t.name)
+@pytest.mark.parametrize("case", ["random", "zero", "extreme"])
+def test_iq4_rows_decode_exactly_as_reference(qtype, case):
+    """Every code and sub-block scale (random blocks), read back as gguf.quants decodes them, to
+    the bit."""
+    rng = np.random.default_rng(int(qtype))
+    n, k = 33, 1024
+    raw = _random_blocks(rng, qtype, n, k, case)
+    ref = dequantize(raw.reshape(-1), qtype).reshape(n, k)
+    assert np.array_equal(load_matrix(qtype, raw, k).rows(np.arange(n)), ref)
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS],
+                         ids=lambda t: t.name)
 def test_prefill_products_span_several_tiles(qtype, prefill_path):
     """Tokens and rows in several 32 x 32 blocks of outputs (AMX's unit), neither a multiple of 32,
     and more rows than one thread's tile, against the reference."""
     rng = np.random.default_rng(int(qtype))
     n, k, tokens = 1100, 512, 70
-    if qtype in K_QUANT_SCALES:
-        raw = _random_k_blocks(rng, qtype, n, k, "random")
+    if qtype in RANDOM_BLOCK_SCALES:
+        raw = _random_blocks(rng, qtype, n, k, "random")
     else:
         raw = quantize(rng.standard_normal((n, k)).astype(np.float32), qtype).view(np.uint8).reshape(n, -1)
     ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
@@ -148,7 +163,7 @@ def test_every_real_tensor_decodes_like_reference(model, request):
 
 
 def test_supported_types_cover_the_issue_list():
-    assert set(TYPES) | set(K_QUANT_SCALES) <= SUPPORTED_TYPES
+    assert set(TYPES) | set(RANDOM_BLOCK_SCALES) <= SUPPORTED_TYPES
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 4, 8])

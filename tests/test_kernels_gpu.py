@@ -16,7 +16,7 @@ from gguf_io import GGUFFile
 from gguf_io.quant_types import BLOCK_TYPES, QUANT_TYPES
 from kernels_cpu.backend import CpuBackend
 
-from .test_kernels import K_QUANT_SCALES, _random_k_blocks, _weights
+from .test_kernels import RANDOM_BLOCK_SCALES, _random_blocks, _weights
 from .test_moe import _route_case, _route_reference
 from .test_ops import attention_case, filled_cache
 
@@ -35,8 +35,8 @@ TRITON_TYPES = [t for t in ALL_TYPES if t in BLOCK_TYPES]  # (float rows: torch.
 
 
 def _raw(qtype, n, k, kind="normal"):
-    if qtype in K_QUANT_SCALES:
-        return _random_k_blocks(rng, qtype, n, k, "random")
+    if qtype in RANDOM_BLOCK_SCALES:
+        return _random_blocks(rng, qtype, n, k, "random")
     return quantize(_weights(rng, n, k, kind), qtype).view(np.uint8).reshape(n, -1)
 
 

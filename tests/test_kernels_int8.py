@@ -34,7 +34,7 @@ from kernels_cpu.matmul import (PREFILL_TASK_ROWS, _formats, _ManyTokens, load_m
                                 many_products_amx)
 from kernels_cpu.rowdot_float import FLOAT_BYTES
 
-from .test_kernels import _random_k_blocks, _weights
+from .test_kernels import RANDOM_BLOCK_SCALES, _random_blocks, _weights
 
 libgguf = pytest.importorskip("libgguf")
 
@@ -136,13 +136,21 @@ def _matrix(qtype, raw, k, layout):
     return m
 
 
+def _quantized(w, qtype):
+    """w's rows as blocks of qtype, quantized by gguf.quants where it can, else by llama.cpp
+    (libgguf)."""
+    if qtype in (T.IQ4_NL,):  # (gguf.quants only decodes it)
+        return np.ascontiguousarray(libgguf.quantize_rows(w, int(qtype))).view(np.uint8).reshape(len(w), -1)
+    return quantize(w, qtype).view(np.uint8).reshape(len(w), -1)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
 @pytest.mark.parametrize("kind", ["normal", "extreme", "positive"])
 @pytest.mark.parametrize("n,k", [(1, 32), (37, 256), (40, 512), (130, 576)])
 def test_legacy_products_are_exact_on_rounded_activations(qtype, kind, n, k, layout):
     rng = np.random.default_rng(n * k + len(kind))
-    raw = quantize(_weights(rng, n, k, kind), qtype).view(np.uint8).reshape(n, -1)
+    raw = _quantized(_weights(rng, n, k, kind), qtype)
     ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
     for tokens, x_kind in _token_counts(layout):
         _check_products(_matrix(qtype, raw, k, layout), ref, _activations(rng, tokens, k, x_kind))
@@ -154,7 +162,7 @@ def test_legacy_products_are_exact_on_rounded_activations(qtype, kind, n, k, lay
 @pytest.mark.parametrize("n,k", [(1, 256), (29, 768), (32, 512)])
 def test_k_quant_products_are_exact_on_rounded_activations(qtype, case, n, k, layout):
     rng = np.random.default_rng(k + n)
-    raw = _random_k_blocks(rng, qtype, n, k, case)
+    raw = _random_blocks(rng, qtype, n, k, case)
     ref = dequantize(raw.reshape(-1), qtype).reshape(n, k).astype(np.float64)
     for tokens, x_kind in _token_counts(layout):
         _check_products(_matrix(qtype, raw, k, layout), ref, _activations(rng, tokens, k, x_kind))
@@ -165,8 +173,8 @@ def test_interleaved_rows_read_back_as_the_file_holds_them(qtype):
     """Embeddings and prefill read rows out of the groups: bytes and floats as the file's rows."""
     rng = np.random.default_rng(int(qtype))
     n, k = 48, 512
-    raw = (_random_k_blocks(rng, qtype, n, k, "random") if GGML_QUANT_SIZES[qtype][0] == 256 else
-           quantize(_weights(rng, n, k, "normal"), qtype).view(np.uint8).reshape(n, -1))
+    raw = (_random_blocks(rng, qtype, n, k, "random") if qtype in RANDOM_BLOCK_SCALES else
+           _quantized(_weights(rng, n, k, "normal"), qtype))
     m = load_matrix(qtype, raw, k, interleaved=True)
     assert np.array_equal(m.row_blocks(0, n), raw) and np.array_equal(m.row_blocks(13, 30), raw[13:30])
     ids = np.array([0, 7, 8, 47, 23, 23])
@@ -176,12 +184,12 @@ def test_interleaved_rows_read_back_as_the_file_holds_them(qtype):
 
 def _random_rows(rng, qtype, n, k):
     """n random rows of k weights as a file of qtype holds them."""
-    if GGML_QUANT_SIZES[qtype][0] == 256:
-        return _random_k_blocks(rng, qtype, n, k, "random")
+    if qtype in RANDOM_BLOCK_SCALES:
+        return _random_blocks(rng, qtype, n, k, "random")
     w = _weights(rng, n, k, "normal")
     if qtype == T.BF16:
         return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(n, -1)
-    return quantize(w, qtype).view(np.uint8).reshape(n, -1)
+    return _quantized(w, qtype)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

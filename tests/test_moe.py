@@ -18,15 +18,15 @@ from runner.engine.load import LoadOptions, load_model
 
 from .hf_folders import GPT2_VOCAB, MOE_CONFIGS, converted_files, logits_by_passes, transformers_logits
 from .llama_cpp import PERPLEXITY_TEXT, convert_with_llama_cpp, llama_cpp_perplexity
-from .test_kernels import _random_k_blocks
+from .test_kernels import _random_blocks
 
-TYPES = [T.F32, T.F16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q2_K, T.Q4_K, T.Q6_K]
+TYPES = [T.F32, T.F16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q2_K, T.Q4_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
 
 
 def _experts(rng, qtype, experts, n, k):
     """Raw rows of an expert tensor (experts * n rows of k weights) and its exact values."""
-    if qtype in (T.Q2_K, T.Q4_K, T.Q6_K):
-        raw = _random_k_blocks(rng, qtype, experts * n, k, "random")
+    if qtype in (T.Q2_K, T.Q4_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS):
+        raw = _random_blocks(rng, qtype, experts * n, k, "random")
     else:
         raw = quantize(rng.standard_normal((experts * n, k)).astype(np.float32), qtype)
         raw = raw.view(np.uint8).reshape(experts * n, -1)  # (float types come back as values)
