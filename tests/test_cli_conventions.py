@@ -44,7 +44,7 @@ def test_an_empty_prompt_runs_from_bos(smollm_path):
     for args, stdin in ((["-p", ""], None), (["-p", "-"], "")):
         r = ggrun("run", smollm_path, *args, "-n", "4", "--temp", "0", "--json", stdin=stdin)
         assert r.exit_code == 0, r.output
-        assert json.loads(r.output)["prompt_ids"] == [1]  # SmolLM2's BOS, which it does not add itself
+        assert json.loads(r.stdout)["prompt_ids"] == [1]  # SmolLM2's BOS, which it does not add itself
 
 
 def test_invalid_utf8_in_prompts_and_tokenize_is_replaced(smollm_path):
@@ -129,7 +129,7 @@ def test_special_token_text_in_a_prompt_is_plain_unless_special(smollm_path):
     for flag in ((), ("--special",)):
         r = ggrun("run", smollm_path, "-p", "<|im_start|>user", "-n", "1", "--temp", "0", "--json", *flag)
         assert r.exit_code == 0, r.output
-        ids[flag] = json.loads(r.output)["prompt_ids"]
+        ids[flag] = json.loads(r.stdout)["prompt_ids"]
     assert 1 not in ids[()] and ids[("--special",)][0] == 1  # <|im_start|> is id 1
 
 
