@@ -118,6 +118,14 @@ def reply_done(page, timeout: float = 60_000) -> None:
 def test_a_typed_question_streams_the_greedy_answer(server, watched, artifacts):
     question = "Explain what a hash table is, with a short Python example."
     page = watched().open()
+    defaults = httpx.get(server.url + "/props").json()["default_generation_settings"]["params"]
+    page.click("#open-settings")  # (the server's defaults, until a setting is given)
+    for name in ("temperature", "top_k", "top_p", "min_p"):
+        expect(page.locator(f"#set-{name}")).to_have_attribute("placeholder", format(defaults[name], "g"))
+    page.fill("#input", "a first line")
+    page.press("#input", "Shift+Enter")  # (a new line, nothing sent)
+    page.keyboard.type("a second")
+    assert page.input_value("#input") == "a first line\na second" and page.locator(".msg").count() == 0
     setting(page, "temperature", 0)
     setting(page, "max_tokens", 120)
     page.fill("#input", question)
