@@ -18,9 +18,17 @@ from .gguf_out import PlannedTensor, Summary, typed_value, write_gguf
 from .hf_metadata import general_metadata
 from .hf_model import HFModel, read_hf_model
 from .hf_tokenizer import read_tokenizer
-from .mixes import COPY, FILE_TYPES, llama_quantize_order, mix_types
+from .mixes import COPY, FILE_TYPES, MixOptions, llama_quantize_order, mix_types
 
 QUANTIZATION_VERSION = 2
+
+
+def _mix_types(*args) -> dict:
+    """mix_types, its refusal of a type given by name as a ConversionError."""
+    try:
+        return mix_types(*args)
+    except ValueError as e:
+        raise ConversionError(str(e)) from None
 
 
 def _file_type(name: str) -> str:
@@ -30,7 +38,8 @@ def _file_type(name: str) -> str:
     return key
 
 
-def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True, split_max_size: int = 0) -> Summary:
+def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True, split_max_size: int = 0,
+               mix: MixOptions = MixOptions()) -> Summary:
     folder = Path(folder)
     if not folder.is_dir():
         raise ConversionError(f"{folder} is not a folder")
@@ -71,8 +80,8 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True, s
                               f"llama.cpp's converter rounds a {hf.arch.name} vocabulary) does not fit the "
                               f"embedding's {embedding[-1]} rows")
     kv_heads = hf.metadata.get("attention.head_count_kv", 0)  # (layer 0's, where given per layer; none: no attention)
-    types = mix_types(file_type, {name: shape for name, shape, _ in planned}, hf.n_layer, hf.n_head,
-                      kv_heads[0] if isinstance(kv_heads, list) else kv_heads, hf.n_expert)
+    types = _mix_types(file_type, {name: shape for name, shape, _ in planned}, hf.n_layer, hf.n_head,
+                       kv_heads[0] if isinstance(kv_heads, list) else kv_heads, hf.n_expert, mix)
     tensors = [PlannedTensor(name, shape, types[name], load) for name, shape, load in planned]
     tensors += [t for ts in carried.values() for t in ts]
 
@@ -181,7 +190,7 @@ def _tokenizer_metadata(tok, special: dict, arch) -> list:
 
 
 def requantize(src: Path, out: Path, type_name: str, progress: bool = True, allow_requantize: bool = False,
-               split_max_size: int = 0) -> Summary:
+               split_max_size: int = 0, mix: MixOptions = MixOptions()) -> Summary:
     """src's weights as type_name (COPY: as they are). A tensor already of its new type is copied;
     a quantized tensor is widened back to a float type, or, with allow_requantize (llama-quantize's
     --allow-requantize), quantized again from its values (a loss on top of the first: a
@@ -192,9 +201,9 @@ def requantize(src: Path, out: Path, type_name: str, progress: bool = True, allo
     f = GGUFFile(src)
     check_output(out, f.parts)  # (before the work: also through another path or a link)
     params = read_params(f)
-    types = {name: t.type for name, t in f.tensors.items()} if copy else mix_types(
+    types = {name: t.type for name, t in f.tensors.items()} if copy else _mix_types(
         file_type, {name: t.shape for name, t in f.tensors.items()},
-        params.n_layer, params.n_head, params.layer_kv_heads(0), params.n_expert)
+        params.n_layer, params.n_head, params.layer_kv_heads(0), params.n_expert, mix)
     tensors = []
     for name in llama_quantize_order(f.tensors):  # written in that order too, as llama-quantize writes
         t, new_type = f.tensors[name], types[name]

@@ -37,8 +37,23 @@ FILE_TYPES: dict[str, tuple[T, LlamaFileType]] = {
     "Q5_K_S": (T.Q5_K, LlamaFileType.MOSTLY_Q5_K_S),
     "Q5_K_M": (T.Q5_K, LlamaFileType.MOSTLY_Q5_K_M),
     "Q6_K": (T.Q6_K, LlamaFileType.MOSTLY_Q6_K),
+    "IQ4_NL": (T.IQ4_NL, LlamaFileType.MOSTLY_IQ4_NL),
+    "IQ4_XS": (T.IQ4_XS, LlamaFileType.MOSTLY_IQ4_XS),
     "MXFP4_MOE": (T.MXFP4, LlamaFileType.MOSTLY_MXFP4_MOE),  # a mixture's experts MXFP4, the rest Q8_0 (gpt-oss)
 }
+
+
+@dataclass(frozen=True)
+class MixOptions:
+    """llama-quantize's options that change a mix, built by keyword; each default is defined here alone."""
+    pure: bool = False                    # --pure: every quantizable tensor of the default type (or its fallback)
+    output_type: T | None = None          # --output-tensor-type: the output's (a tied embedding's too)
+    token_embedding_type: T | None = None  # --token-embedding-type
+
+    def overrides(self) -> dict[str, T]:
+        """The types given by name, as the option spells them."""
+        named = {"--output-tensor-type": self.output_type, "--token-embedding-type": self.token_embedding_type}
+        return {option: t for option, t in named.items() if t is not None}
 
 
 def use_more_bits(i_layer: int, n_layer: int) -> bool:
@@ -80,21 +95,29 @@ class _TypeChooser:
     tied_embeddings: bool
     n_attn_v: int         # attn_v tensors in the file
     n_expert: int = 0     # a mixture's experts per layer (0: dense)
+    options: MixOptions = MixOptions()
     i_attn_v: int = 0
     i_ffn_down: int = 0
 
     def choose(self, name: str, shape: tuple[int, ...]) -> T:
-        """shape in GGML order (shape[0] = row length)."""
-        default = FILE_TYPES[self.file_type][0]
+        """shape in GGML order (shape[0] = row length). A type given by name is taken as given,
+        without a fallback, as llama-quantize takes it."""
+        default, cat, o = FILE_TYPES[self.file_type][0], _category(name), self.options
         if not quantizable(name, shape):
             return T.F32
+        if cat == "token_embd" and o.token_embedding_type is not None:
+            return o.token_embedding_type
+        if cat == "output" and o.output_type is not None:
+            return o.output_type
         if default in FLOAT_TYPES:
             return default
-        return self._fallback(self._mix(name, shape, default), shape[0])
+        return self._fallback(default if o.pure else self._mix(name, shape, default), shape[0])
 
     def _mix(self, name: str, shape: tuple[int, ...], t: T) -> T:
         ft, cat = self.file_type, _category(name)
         if cat == "output" or (cat == "token_embd" and self.tied_embeddings):
+            if self.options.output_type is not None:
+                return self.options.output_type
             if ft == "MXFP4_MOE" or shape[0] % GGML_QUANT_SIZES[t][0]:
                 return T.Q8_0
             return t if t == T.Q8_0 else T.Q6_K
@@ -115,6 +138,8 @@ class _TypeChooser:
                 t = T.Q5_K if i < 2 else T.Q4_K
             elif ft == "Q3_K_L":
                 t = T.Q5_K
+            elif ft in ("IQ4_NL", "IQ4_XS") and self.n_gqa >= 4:
+                t = T.Q5_K
             elif ft in ("Q4_K_M", "Q5_K_M") and use_more_bits(i, self.n_attn_v):
                 t = T.Q6_K
             elif ft == "Q4_K_S" and i < 4:
@@ -132,12 +157,12 @@ class _TypeChooser:
                 t = T.Q5_K
             elif ft in ("Q4_K_M", "Q5_K_M") and use_more_bits(i, n):
                 t = T.Q6_K
-            elif ft == "Q4_K_S" and i < n // 8:
+            elif ft in ("Q4_K_S", "IQ4_NL", "IQ4_XS") and i < n // 8:  # (IQ4's: without an importance matrix)
                 t = T.Q5_K
             return t
         if cat == "attn_output":
             if self.n_expert == 8:
-                return T.Q5_K if ft in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M") else t
+                return T.Q5_K if ft in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS") else t
             return {"Q2_K": T.Q3_K, "Q3_K_M": T.Q4_K, "Q3_K_L": T.Q5_K}.get(ft, t)
         return t
 
@@ -163,11 +188,18 @@ def llama_quantize_order(names) -> list[str]:
 
 
 def mix_types(file_type: str, shapes: dict[str, tuple[int, ...]], n_layer: int, n_head: int,
-              n_head_kv: int, n_expert: int = 0) -> dict[str, T]:
-    """The type of every tensor of a file of `file_type`; shapes in GGML order (row length first)."""
+              n_head_kv: int, n_expert: int = 0, options: MixOptions = MixOptions()) -> dict[str, T]:
+    """The type of every tensor of a file of `file_type`; shapes in GGML order (row length first).
+    ValueError where a type given by name cannot hold a tensor's rows."""
     names = llama_quantize_order(shapes)
     # (n_head_kv: layer 0's, as llama.cpp's n_gqa() reads it; 0, and then n_gqa 0, in a hybrid's
     # recurrent layer)
     chooser = _TypeChooser(file_type, n_layer, n_head // n_head_kv if n_head_kv else 0, "output.weight" not in shapes,
-                           sum(_category(n) in ("attn_v", "attn_qkv") for n in names), n_expert)
-    return {name: chooser.choose(name, shapes[name]) for name in names}
+                           sum(_category(n) in ("attn_v", "attn_qkv") for n in names), n_expert, options)
+    types = {name: chooser.choose(name, shapes[name]) for name in names}
+    for option, t in options.overrides().items():
+        for name in names:
+            if types[name] == t and shapes[name][0] % GGML_QUANT_SIZES[t][0]:
+                raise ValueError(f"{option} {t.name}: {name}'s rows of {shapes[name][0]} weights are not whole "
+                                 f"{t.name} blocks of {GGML_QUANT_SIZES[t][0]}")
+    return types

@@ -84,6 +84,22 @@ def test_quantize_takes_any_case_and_errors_name_the_real_output(f32_model, tmp_
     assert "/proc/ggrun-test/x.gguf" in message and ".partial" not in message
 
 
+def test_quantize_and_convert_take_llama_quantizes_mix_options(f32_model, tmp_path):
+    """--pure and the tensor types given by name reach the mix; a type that cannot hold the rows is
+    an error naming the option and the tensor, and writes nothing."""
+    from gguf_io import GGUFFile
+    out = tmp_path / "pure.gguf"
+    r = ggrun("quantize", f32_model, out, "Q4_K_M", "--pure", "--token-embedding-type", "F16",
+              "--output-tensor-type", "q8_0")
+    assert r.exit_code == 0, r.output
+    types = {name: t.type.name for name, t in GGUFFile(out).tensors.items()}
+    assert types["token_embd.weight"] == "F16" and types["output.weight"] == "Q8_0"
+    assert {t for name, t in types.items() if name.endswith("attn_v.weight")} == {"Q5_0"}  # (64-wide rows: Q4_K's fallback)
+    message = _error(ggrun("quantize", f32_model, tmp_path / "bad.gguf", "Q4_0", "--output-tensor-type", "q4_k"))
+    assert "--output-tensor-type Q4_K: output.weight's rows of 64 weights" in message
+    assert not (tmp_path / "bad.gguf").exists()
+
+
 def test_data_errors_are_errors_not_usage(smollm_path, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("Hi")

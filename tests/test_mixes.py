@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from convert.mixes import FILE_TYPES
+from gguf import GGMLQuantizationType as T
+
+from convert.mixes import FILE_TYPES, MixOptions
 from gguf_io import GGUFFile
 
 from .hf_folders import MOE_CONFIGS
@@ -21,7 +23,22 @@ REFERENCES = Path(__file__).parent / "data" / "llama_cpp_mixes.json"
 MOE_REFERENCES = Path(__file__).parent / "data" / "llama_cpp_moe_mixes.json"
 # the types whose choices a mixture changes: its 8-expert rules (attn_k/attn_v/attn_output), ffn_down
 # counted by layer, the router kept in F32
-MOE_TYPES = ("F32", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "MXFP4_MOE")
+MOE_TYPES = ("F32", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "IQ4_XS", "MXFP4_MOE")
+
+
+# llama-quantize's options that change a mix: reference name -> (file type, its options as given to
+# llama-quantize), each against SmolLM2, whose embedding is tied and whose rows of 576 weights take
+# no 256-weight block (so that the fallbacks show)
+VARIANTS = {"Q4_K_M --pure": ("Q4_K_M", ["--pure"]),
+            "Q4_0 --output-tensor-type q6_k": ("Q4_0", ["--output-tensor-type", "q6_k"]),
+            "IQ4_XS --token-embedding-type q4_1": ("IQ4_XS", ["--token-embedding-type", "q4_1"])}
+
+
+def mix_options(args: list[str]) -> MixOptions:
+    """The MixOptions of llama-quantize's arguments."""
+    named = {"--output-tensor-type": "output_type", "--token-embedding-type": "token_embedding_type"}
+    fields = {named[a]: T[b.upper()] for a, b in zip(args, args[1:]) if a in named}
+    return MixOptions(pure="--pure" in args, **fields)
 
 
 def tensor_digests(path) -> list[list[str]]:
@@ -50,6 +67,30 @@ def test_mix_is_llama_cpps_through_convert_and_quantize(smollm_hf, smollm_f32, t
     quantized = tmp_path / "quantized.gguf"
     requantize(smollm_f32, quantized, file_type, progress=False)
     assert tensor_digests(quantized) == want  # written in llama-quantize's order too
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_mix_options_are_llama_quantizes(smollm_hf, smollm_f32, tmp_path, variant):
+    """--pure, --output-tensor-type and --token-embedding-type choose as llama-quantize does, through
+    quantize (and, for one, convert)."""
+    from convert.convert import convert_hf, requantize
+    file_type, args = VARIANTS[variant]
+    want = _references()[variant]
+    quantized = tmp_path / "quantized.gguf"
+    requantize(smollm_f32, quantized, file_type, progress=False, mix=mix_options(args))
+    assert tensor_digests(quantized) == want
+    if variant == next(iter(VARIANTS)):
+        convert_hf(smollm_hf, tmp_path / "converted.gguf", file_type, progress=False, mix=mix_options(args))
+        assert sorted(tensor_digests(tmp_path / "converted.gguf")) == sorted(want)
+
+
+def test_a_named_type_that_cannot_hold_the_rows_is_refused(smollm_f32, tmp_path):
+    from convert.convert import requantize
+    from convert.errors import ConversionError
+    with pytest.raises(ConversionError, match=r"--token-embedding-type Q4_K: token_embd.weight's rows of 576"):
+        requantize(smollm_f32, tmp_path / "q.gguf", "Q4_0", progress=False,
+                   mix=MixOptions(token_embedding_type=T.Q4_K))
+    assert not (tmp_path / "q.gguf").exists()
 
 
 @pytest.mark.parametrize("arch", list(MOE_CONFIGS))

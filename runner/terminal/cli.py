@@ -13,8 +13,9 @@ from dataclasses import replace
 import click
 
 from convert.errors import ConversionError
-from convert.mixes import COPY, FILE_TYPES
+from convert.mixes import COPY, FILE_TYPES, MixOptions
 from gguf_io import GGUFError
+from gguf_io.quant_types import QUANT_TYPES
 from gguf_io.safe_files import OutputError, check_output
 
 from ..engine.backend import DEVICES, BackendError
@@ -640,6 +641,22 @@ def _split_size(ctx, param, text: str | None) -> int:
     return int(number) * units[unit]
 
 
+def _merge_mix(kw):
+    """llama-quantize's mix options as one MixOptions (a type by its name, in any case)."""
+    from gguf import GGMLQuantizationType as T
+    named = {key: None if kw[key] is None else T[kw[key].upper()] for key in ("output_type", "token_embedding_type")}
+    return {**{k: v for k, v in kw.items() if k not in (*named, "pure")},
+            "mix": MixOptions(pure=kw["pure"], **named)}
+
+
+_tensor_type = click.Choice(sorted(t.name for t in QUANT_TYPES), case_sensitive=False)
+mix_options = _merging(
+    _merge_mix,
+    click.option("--pure", is_flag=True, help="Every quantized tensor of TYPE's own type (where its rows "
+                                              "allow), none promoted, as llama-quantize --pure."),
+    click.option("--output-tensor-type", "output_type", type=_tensor_type,
+                 help="The output matrix's type (a tied embedding's too), taken as given."),
+    click.option("--token-embedding-type", type=_tensor_type, help="The token embedding's type, taken as given."))
 split_option = click.option("--split-max-size", "split_max_size", metavar="N(M|G)", callback=_split_size,
                             help="Write a split model of parts up to this size (as llama-gguf-split names and "
                                  "keys them), e.g. 2G; a model that fits is written whole.")
@@ -649,13 +666,14 @@ split_option = click.option("--split-max-size", "split_max_size", metavar="N(M|G
 @click.argument("hf_dir", type=click.Path(file_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="GGUF file to write.")
 @click.option("--type", "type_name", default="Q8_0", show_default=True, type=type_choice)
+@mix_options
 @split_option
-def convert(hf_dir, output, type_name, split_max_size):
+def convert(hf_dir, output, type_name, mix, split_max_size):
     """Convert a Hugging Face model folder (safetensors) to a GGUF file of type --type."""
     from pathlib import Path
 
     from convert.convert import convert_hf
-    summary = convert_hf(Path(hf_dir), Path(output), type_name, split_max_size=split_max_size)
+    summary = convert_hf(Path(hf_dir), Path(output), type_name, split_max_size=split_max_size, mix=mix)
     click.echo("\n".join(summary.lines()), err=True)
 
 
@@ -663,14 +681,15 @@ def convert(hf_dir, output, type_name, split_max_size):
 @click.argument("src", type=click.Path(exists=True, dir_okay=False))
 @click.argument("dst", type=click.Path(dir_okay=False))
 @click.argument("type_name", metavar="TYPE", type=click.Choice([*FILE_TYPES, COPY], case_sensitive=False))
+@mix_options
 @split_option
-def quantize(src, dst, type_name, split_max_size):
+def quantize(src, dst, type_name, mix, split_max_size):
     """Requantize an F32/F16/BF16 GGUF file (any part of a split one) to TYPE, as llama-quantize
     does; COPY keeps every tensor as it is (with --split-max-size: split a model)."""
     from pathlib import Path
 
     from convert.convert import requantize
-    summary = requantize(Path(src), Path(dst), type_name, split_max_size=split_max_size)
+    summary = requantize(Path(src), Path(dst), type_name, split_max_size=split_max_size, mix=mix)
     click.echo("\n".join(summary.lines()), err=True)
 
 
