@@ -223,10 +223,10 @@ def attention(q, keys, values, q_pos, k_pos, scale, window, softcap, sinks):
     slots, beside each head's sink logit (sinks (heads,), MASKED where none); returns (T, heads,
     value dim)."""
     n_tokens, n_head, _ = q.shape
-    out = np.empty((n_tokens, n_head, head_dims(keys, values)[1]), dtype=np.float32)
-    args = (np.float32(scale), int(window), np.float32(softcap))
     if n_tokens <= FEW_QUERIES:
         return few_attention(q, keys, values, q_pos, [k_pos], [0, n_tokens], scale, window, softcap, sinks)
+    out = np.empty((n_tokens, n_head, head_dims(keys, values)[1]), dtype=np.float32)
+    args = (np.float32(scale), int(window), np.float32(softcap))
     group = n_head // keys.shape[0]
     chunks = [(a, min(a + QUERY_CHUNK, n_tokens)) for a in range(0, n_tokens, QUERY_CHUNK)]
     spans = [_visible_slots(q_pos[a:b], k_pos, args[1]) for a, b in chunks]

@@ -110,6 +110,7 @@ class Lanes:
     caches: tuple
     batches: tuple
     starts: tuple
+    shared: bool  # whether the caches share their buffers (a pool's sequences: attention in one call)
 
     def rows(self):
         """(rows, batch, cache) of each lane."""
@@ -413,10 +414,11 @@ class Decoder:
         replayable = (self.backend.replays_lanes and self.query_temperature(joint.positions) is None
                       and all(c.recurrent is None or self.backend.replays_states and not c.recurrent.undo
                               for c in caches))
-        memory = lanes_memory(caches) if replayable else None
+        shared = lanes_memory(caches)
+        memory = shared if replayable else None
 
         def compute(batch):
-            lanes = Lanes(tuple(caches), tuple(self.backend.upload(b) for b in batch.lanes), starts)
+            lanes = Lanes(tuple(caches), tuple(self.backend.upload(b) for b in batch.lanes), starts, shared is not None)
             return self._compute(batch, lanes, all_logits=True)
         return self.backend.to_numpy(self.backend.run(compute, joint, memory, self, all_logits=True))
 
@@ -482,7 +484,8 @@ class Decoder:
             rotate(q, batch.positions, magnitude=p.rope_attn_factor)
         if k is not None:
             k, v = self.keys_values(a, k, v, batch, rotate)
-        out = self.attend(a, q, k, v, batch, cache, i) if lanes is None else self.attend_lanes(a, q, k, v, batch, cache, i)
+        attend = self.attend if lanes is None else self.attend_lanes
+        out = attend(a, q, k, v, batch, cache, i)
         out = out.reshape(n, heads * a.value_dim)
         out = be.matmul(a.wo, out if gate is None else out * gate)
         return out if a.bo is None else out + a.bo
@@ -505,14 +508,11 @@ class Decoder:
         pool's sequences), else lane by lane."""
         be, p = self.backend, self.params
         rows = lanes.rows()
-        if p.attn_temp_scale:  # (each lane's queries scaled at its own positions)
+        if not lanes.shared or p.attn_temp_scale:  # (temperature: each lane's queries scaled at its own positions)
             return be.concat([self.attend(a, q[r], None if k is None else k[r], None if v is None else v[r], b, c, i)
                               for r, b, c in rows])
         held = [c.read(a.kv_layer, b) if k is None else c.store(a.kv_layer, k[r], v[r], b) for r, b, c in rows]
         keys, values, _ = held[0]
-        if any(h[0] is not keys for h in held):
-            return be.concat([be.attention(q[r], h[0], h[1], b.positions, h[2], self.attention_scale(a), a.window,
-                                           p.attn_softcap, a.sinks) for (r, b, _), h in zip(rows, held)])
         return be.attention_lanes(q, keys, values, batch.positions, [h[2] for h in held], list(lanes.starts),
                                   self.attention_scale(a), a.window, p.attn_softcap, a.sinks)
 
