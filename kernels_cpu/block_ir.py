@@ -14,13 +14,14 @@ rows or tokens.
 """
 from dataclasses import dataclass
 
+import numpy as np
 from llvmlite import ir
 from gguf import GGMLQuantizationType as T
 
-from gguf_io.quant_types import IQ4_VALUES, MXFP4_VALUES
+from gguf_io.quant_types import IQ4_VALUES, MXFP4_VALUES, grid
 
 from .cpu_features import target_features
-from .ir import F32, I8, I16, I32, concat, const_vector, load_bytes, load_f16, load_u32, vector, x86_call
+from .ir import F32, I8, I16, I32, I64, concat, const_vector, load_bytes, load_f16, load_u32, offset, vector, x86_call
 
 
 @dataclass
@@ -305,9 +306,224 @@ def _q3_k(b, p):  # hmask[32], qs[64], scales[12] (6-bit, packed, offset 32), d
     return Block(_two_bit_planes(b, p, 32, group), load_f16(b, p, 108), scales=scales)
 
 
+def _u8(b, p, at):
+    """The byte at p + at as an i64 (an index)."""
+    return b.zext(b.load(b.gep(p, [ir.Constant(I64, at)])), I64)
+
+
+def _u16(b, p, at):
+    return b.load(b.bitcast(offset(b, p, at), I16.as_pointer()), align=1)
+
+
+def _grid_rows(b, qtype, indices):
+    """The rows of the i-quant's grid (quant_types.grid: 8 or 4 values each) at `indices` (i64
+    values), side by side as one byte vector. The grid is a constant of the function's module,
+    its rows as 64- or 32-bit words."""
+    rows = grid(qtype)
+    word = ir.IntType(8 * rows.shape[1])
+    name = f"grid_{qtype.name.lower()}"
+    try:
+        table = b.module.get_global(name)
+    except KeyError:
+        words = rows.view(np.uint64 if rows.shape[1] == 8 else np.uint32).ravel()
+        table = ir.GlobalVariable(b.module, ir.ArrayType(word, len(words)), name)
+        table.initializer = ir.Constant(table.value_type, [int(w) for w in words])
+        table.global_constant = True
+        table.linkage = "internal"
+    v = ir.Constant(vector(word, len(indices)), ir.Undefined)
+    for k, i in enumerate(indices):
+        v = b.insert_element(v, b.load(b.gep(table, [ir.Constant(I64, 0), i])), ir.Constant(I32, k))
+    return b.bitcast(v, vector(I8, len(indices) * rows.shape[1]))
+
+
+def _negated_where(b, values, bits):
+    """values (<n x i8>) negated in the lanes whose bit of `bits` (an n-bit integer) is set."""
+    n = values.type.count
+    mask = b.bitcast(bits, ir.VectorType(ir.IntType(1), n))
+    return b.select(mask, b.sub(const_vector(I8, [0] * n), values), values)
+
+
+def _sign_bytes(b, fields):
+    """7-bit sign fields (i32 values) -> their sign bytes side by side as one integer: each
+    field with an eighth bit that makes the byte's count of set bits even (ggml's
+    ksigns_iq2xs, quant_types.sign_byte)."""
+    v = ir.Constant(vector(I32, len(fields)), ir.Undefined)
+    for k, f in enumerate(fields):
+        v = b.insert_element(v, b.and_(f, ir.Constant(I32, 127)), ir.Constant(I32, k))
+    parity = _and(b, x86_call(b, f"llvm.ctpop.v{len(fields)}i32", v.type, [v]), 1)
+    signs = b.trunc(b.or_(v, _shl(b, parity, 7)), vector(I8, len(fields)))
+    return b.bitcast(signs, ir.IntType(8 * len(fields)))
+
+
+def _seven_bit_fields(b, aux):
+    """The four 7-bit sign fields of a u32 (bits 0-27)."""
+    return [b.lshr(aux, ir.Constant(I32, 7 * k)) for k in range(4)]
+
+
+def _odd_scales(b, scales):
+    """4-bit or 3-bit scales s (i32 or i16 values) -> <n x i16> of 2s + 1: the i-quants' scale
+    (s + 1/2) times a power of two that the block's d takes."""
+    v = ir.Constant(vector(I16, len(scales)), ir.Undefined)
+    for k, s in enumerate(scales):
+        v = b.insert_element(v, b.trunc(s, I16) if s.type != I16 else s, ir.Constant(I32, k))
+    return b.add(_shl(b, v, 1), const_vector(I16, [1] * len(scales)))
+
+
+def _nibble_scales(b, p, at, n):
+    """n 4-bit scales from n / 2 bytes at p + at (scale g in nibble g % 2 of byte g // 2) as
+    i16 values."""
+    return [b.and_(b.lshr(b.zext(b.load(b.gep(p, [ir.Constant(I64, at + g // 2)])), I16),
+                          ir.Constant(I16, 4 * (g % 2))), ir.Constant(I16, 15)) for g in range(n)]
+
+
+def _d_times(b, p, at, factor):
+    return b.fmul(load_f16(b, p, at), ir.Constant(F32, factor))
+
+
+def _iq2_xxs(b, p):
+    """d, then per 32 weights: four grid indices (bytes) and a u32 of four 7-bit sign fields
+    under a 4-bit scale s; weight = d * (s + 1/2) / 4 * grid value * sign."""
+    groups, scales = [], []
+    for g in range(8):
+        at = 2 + 8 * g
+        aux = load_u32(b, p, at + 4)
+        values = _grid_rows(b, T.IQ2_XXS, [_u8(b, p, at + j) for j in range(4)])
+        groups.append(Group(None, None, [_negated_where(b, values, _sign_bytes(b, _seven_bit_fields(b, aux)))], True))
+        scales.append(b.lshr(aux, ir.Constant(I32, 28)))
+    return Block(groups, _d_times(b, p, 0, 0.125), scales=_odd_scales(b, scales))
+
+
+def _iq2_xs(b, p):
+    """d, qs u16[32] (per 8 weights a 9-bit grid index under a 7-bit sign field), scales[8]: a
+    4-bit scale per 16 weights."""
+    groups = []
+    for g in range(16):
+        qs = [b.zext(_u16(b, p, 2 + 4 * g + 2 * j), I32) for j in (0, 1)]
+        values = _grid_rows(b, T.IQ2_XS, [b.zext(b.and_(q, ir.Constant(I32, 511)), I64) for q in qs])
+        signs = _sign_bytes(b, [b.lshr(q, ir.Constant(I32, 9)) for q in qs])
+        groups.append(Group(None, None, [_negated_where(b, values, signs)], True))
+    return Block(groups, _d_times(b, p, 0, 0.125), scales=_odd_scales(b, _nibble_scales(b, p, 66, 16)))
+
+
+def _iq2_s(b, p):
+    """d, qs[32] (low bytes of the 10-bit grid index of each 8 weights), signs[32] (a byte per 8
+    weights), qh[8] (the indices' top two bits, 2c % 8 of byte c // 4), scales[8] (per 16)."""
+    groups = []
+    for g in range(16):
+        indices = []
+        for c in (2 * g, 2 * g + 1):
+            top = b.and_(b.lshr(_u8(b, p, 66 + c // 4), ir.Constant(I64, 2 * (c % 4))), ir.Constant(I64, 3))
+            indices.append(b.or_(_u8(b, p, 2 + c), b.shl(top, ir.Constant(I64, 8))))
+        values = _negated_where(b, _grid_rows(b, T.IQ2_S, indices), _u16(b, p, 34 + 2 * g))
+        groups.append(Group(None, None, [values], True))
+    return Block(groups, _d_times(b, p, 0, 0.125), scales=_odd_scales(b, _nibble_scales(b, p, 74, 16)))
+
+
+def _iq3_xxs(b, p):
+    """d, qs[64] (a grid index per 4 weights), then per 32 weights a u32 of four 7-bit sign
+    fields under a 4-bit scale s; weight = d * (s + 1/2) / 2 * grid value * sign."""
+    groups, scales = [], []
+    for g in range(8):
+        aux = load_u32(b, p, 66 + 4 * g)
+        values = _grid_rows(b, T.IQ3_XXS, [_u8(b, p, 2 + 8 * g + j) for j in range(8)])
+        groups.append(Group(None, None, [_negated_where(b, values, _sign_bytes(b, _seven_bit_fields(b, aux)))], True))
+        scales.append(b.lshr(aux, ir.Constant(I32, 28)))
+    return Block(groups, _d_times(b, p, 0, 0.25), scales=_odd_scales(b, scales))
+
+
+def _iq3_s(b, p):
+    """d, qs[64] (low bytes of each 4 weights' 9-bit grid index), qh[8] (top bits: bit c % 8 of
+    byte c // 8), signs[32] (a bit per weight), scales[4] (a 4-bit s per 32 weights: d * (2s + 1))."""
+    groups = []
+    for g in range(8):
+        top = _u8(b, p, 66 + g)
+        indices = [b.or_(_u8(b, p, 2 + 8 * g + j), b.shl(b.and_(b.lshr(top, ir.Constant(I64, j)), ir.Constant(I64, 1)),
+                                                             ir.Constant(I64, 8))) for j in range(8)]
+        values = _negated_where(b, _grid_rows(b, T.IQ3_S, indices), load_u32(b, p, 74 + 4 * g))
+        groups.append(Group(None, None, [values], True))
+    return Block(groups, load_f16(b, p, 0), scales=_odd_scales(b, _nibble_scales(b, p, 106, 8)))
+
+
+def _iq1_values(b, qtype, p, qs_at, chunks):
+    """IQ1 weights (grid values -1, 0, 1 plus a delta of +-1/8) times 8, as signed bytes: the
+    8-weight chunks given as (index byte offset, top 3 index bits, delta negative), i64 values."""
+    rows = _grid_rows(b, qtype, [b.or_(_u8(b, p, qs_at + at), b.shl(top, ir.Constant(I64, 8))) for at, top, _ in chunks])
+    deltas = ir.Constant(vector(I8, 8 * len(chunks)), ir.Undefined)
+    for k, (_, _, negative) in enumerate(chunks):
+        delta = b.select(b.trunc(negative, ir.IntType(1)), ir.Constant(I8, -1), ir.Constant(I8, 1))
+        for j in range(8):
+            deltas = b.insert_element(deltas, delta, ir.Constant(I32, 8 * k + j))
+    return b.add(_shl(b, rows, 3), deltas)
+
+
+def _iq1_s(b, p):
+    """d, qs[32] (low bytes of each 8 weights' 11-bit grid index), qh u16[8]: per 32 weights,
+    the indices' top bits (3 per 8 weights), a 3-bit scale s at bit 12, the delta's sign at 15;
+    weight = d * (2s + 1) * (grid value +- 1/8)."""
+    groups, scales = [], []
+    for g in range(8):
+        qh = b.zext(_u16(b, p, 34 + 2 * g), I64)
+
+        def bits(shift, mask):
+            return b.and_(b.lshr(qh, ir.Constant(I64, shift)), ir.Constant(I64, mask))
+        chunks = [(4 * g + l, bits(3 * l, 7), bits(15, 1)) for l in range(4)]
+        groups.append(Group(None, None, [_iq1_values(b, T.IQ1_S, p, 2, chunks)], True))
+        scales.append(bits(12, 7))
+    return Block(groups, _d_times(b, p, 0, 0.125), scales=_odd_scales(b, scales))
+
+
+def _iq1_m(b, p):
+    """qs[32] (as IQ1_S's), qh[16] (a nibble per 8 weights: top 3 index bits, the delta's sign),
+    scales u16[4]: 3-bit scales per 16 weights in bits 0-11, the block's f16 d in their top
+    nibbles (lowest first)."""
+    words = [b.zext(_u16(b, p, 48 + 2 * k), I32) for k in range(4)]
+    d_bits = b.or_(b.or_(b.lshr(words[0], ir.Constant(I32, 12)), b.and_(b.lshr(words[1], ir.Constant(I32, 8)), ir.Constant(I32, 0xF0))),
+                   b.or_(b.and_(b.lshr(words[2], ir.Constant(I32, 4)), ir.Constant(I32, 0xF00)), b.and_(words[3], ir.Constant(I32, 0xF000))))
+    d = b.fmul(b.fpext(b.bitcast(b.trunc(d_bits, I16), ir.HalfType()), F32), ir.Constant(F32, 0.125))
+    groups, scales = [], []
+    for g in range(16):
+        qh = _u8(b, p, 32 + g)
+        chunks = [(2 * g + h, b.and_(b.lshr(qh, ir.Constant(I64, 4 * h)), ir.Constant(I64, 7)),
+                   b.and_(b.lshr(qh, ir.Constant(I64, 4 * h + 3)), ir.Constant(I64, 1))) for h in (0, 1)]
+        groups.append(Group(None, None, [_iq1_values(b, T.IQ1_M, p, 0, chunks)], True))
+        scales.append(b.and_(b.lshr(words[g // 4], ir.Constant(I32, 3 * (g % 4))), ir.Constant(I32, 7)))
+    return Block(groups, d, scales=_odd_scales(b, scales))
+
+
+def _trits(b, v, power):
+    """Base-3 digits of TQ1_0 bytes: (v * power mod 256) * 3 >> 8, digit 0-2, per lane."""
+    n = v.type.count
+    shifted = b.zext(b.mul(v, const_vector(I8, [p & 0xFF for p in power] if isinstance(power, list) else [power] * n)),
+                     vector(I16, n))
+    return b.trunc(b.lshr(b.mul(shifted, const_vector(I16, [3] * n)), const_vector(I16, [8] * n)), vector(I8, n))
+
+
+def _ones(n):
+    return const_vector(I16, [1] * n)
+
+
+def _tq1_0(b, p):
+    """qs[48], qh[4], d: five base-3 digits per byte of qs (weight 32n + l from byte l < 32,
+    then 160 + 16n + l from byte 32 + l), four per byte of qh (240 + 4n + l); weight = d * (digit - 1)."""
+    head, tail = load_bytes(b, p, 0, 32), load_bytes(b, p, 32)
+    qh = _pick(b, load_bytes(b, p, 48, 4), [l for n in range(4) for l in range(4)])
+    pieces = [_trits(b, tail, 3 ** n) for n in range(5)] + [_trits(b, qh, [3 ** n for n in range(4) for _ in range(4)])]
+    groups = [Group(None, None, [_trits(b, head, 3 ** n)], False, 1) for n in range(5)]
+    groups += [Group(None, None, pieces[2 * k:2 * k + 2], False, 1) for k in range(3)]
+    return Block(groups, load_f16(b, p, 52), scales=_ones(8))
+
+
+def _tq2_0(b, p):
+    """qs[64], d: weight 128h + 32j + l in bits 2j of byte 32h + l, weight = d * (value - 1)."""
+    groups = [Group(None, None, [_bits(b, load_bytes(b, p, 32 * h, 32), 2 * j, 3)], False, 1)
+              for h in (0, 1) for j in range(4)]
+    return Block(groups, load_f16(b, p, 64), scales=_ones(8))
+
+
 DECODERS = {T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0, T.MXFP4: _mxfp4,
             T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
-            T.IQ4_NL: _iq4_nl, T.IQ4_XS: _iq4_xs}
+            T.IQ4_NL: _iq4_nl, T.IQ4_XS: _iq4_xs, T.IQ1_S: _iq1_s, T.IQ1_M: _iq1_m, T.IQ2_XXS: _iq2_xxs,
+            T.IQ2_XS: _iq2_xs, T.IQ2_S: _iq2_s, T.IQ3_XXS: _iq3_xxs, T.IQ3_S: _iq3_s, T.TQ1_0: _tq1_0, T.TQ2_0: _tq2_0}
 # Where the 32-weight affine types keep their float16 min m (weight = d * q + m) in a block: the
 # dot products read the mins of a row from a copy of them laid side by side (see rowdot.py).
 MIN_OFFSET = {T.Q4_1: 2, T.Q5_1: 2}
