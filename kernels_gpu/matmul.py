@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES
 
-from .dequant import DEQUANTIZE
+from .dequant import DEQUANTIZE, tables
 
 # Floats in one dequantized tile: bounds the memory a product borrows; 16 MiB of float32 on the
 # CPU, 256 MiB on a GPU, where a whole 7B FFN matrix is one tile and one BLAS product.
@@ -42,6 +42,7 @@ class QuantMatrix:
         self.n = raw.shape[0]
         self.tile_rows = max(1, TILE_ELEMENTS.get(raw.device.type, TILE_ELEMENTS["cpu"]) // k)
         self._views = {}
+        tables(raw.device)  # (the decoders' lookup tables, there before torch.compile traces them)
 
     def expert(self, e: int) -> QuantMatrix:
         """Expert e's rows, as a matrix of their own (a view of the same bytes)."""

@@ -75,8 +75,11 @@ def test_float_rows_of_any_length(qtype, k):
 
 # The types tested on random blocks, whose every bit pattern but the float16 scales' is a valid
 # block (sub-block scales, mins and codes): byte offsets of each block's f16 scale (and min).
+# IQ1_M's is split: the top nibbles of the four 16-bit words at 48, the first word's lowest.
 RANDOM_BLOCK_SCALES = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
-                       T.IQ4_NL: (0,), T.IQ4_XS: (0,)}
+                       T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.IQ1_S: (0,), T.IQ1_M: (48,), T.IQ2_XXS: (0,),
+                       T.IQ2_XS: (0,), T.IQ2_S: (0,), T.IQ3_XXS: (0,), T.IQ3_S: (0,), T.TQ1_0: (52,),
+                       T.TQ2_0: (64,)}
 
 
 def _random_blocks(rng, qtype, n, k, case):
@@ -87,7 +90,12 @@ def _random_blocks(rng, qtype, n, k, case):
         d = {"random": rng.uniform(-2, 2, (n, k // block)),
              "zero": np.zeros((n, k // block)),
              "extreme": rng.choice([65504.0, -65504.0, 6e-8, 0.0], (n, k // block))}[case]
-        raw[:, :, at:at + 2] = d.astype(np.float16).view(np.uint8).reshape(n, k // block, 2)
+        if qtype == T.IQ1_M:
+            half = d.astype(np.float16).view(np.uint16)
+            for i in range(4):
+                raw[:, :, at + 2 * i + 1] = raw[:, :, at + 2 * i + 1] & 0x0F | (half >> 4 * i & 0xF) << 4
+        else:
+            raw[:, :, at:at + 2] = d.astype(np.float16).view(np.uint8).reshape(n, k // block, 2)
     return raw.reshape(n, -1)
 
 

@@ -31,7 +31,11 @@ be = TorchBackend(DEVICE, precise=True)  # (the default multiplies prefill's til
 cpu = CpuBackend()
 rng = np.random.default_rng(7)
 ALL_TYPES = list(QUANT_TYPES)
-TRITON_TYPES = [t for t in ALL_TYPES if t in BLOCK_TYPES]  # (float rows: torch.compile)
+try:  # (float rows: torch.compile; block types without a Triton decoder: dequant.py's decoders)
+    from kernels_gpu.triton_blocks import DECODERS as TRITON_DECODERS
+except ImportError:
+    TRITON_DECODERS = {}
+TRITON_TYPES = [t for t in ALL_TYPES if t in TRITON_DECODERS]
 
 
 def _raw(qtype, n, k, kind="normal"):
@@ -58,7 +62,7 @@ def test_dequantize_matches_gguf(qtype):
         raw = _raw(qtype, n, k, "extreme")
         ref = dequantize(raw.reshape(-1), qtype).reshape(n, k)
         got = _np(DEQUANTIZE[qtype](_t(raw)))
-        assert np.allclose(got, ref, rtol=1e-6, atol=0), qtype.name
+        assert np.array_equal(got, ref), qtype.name
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
@@ -105,7 +109,7 @@ def test_row_dots_the_compiled_decode_function(qtype):
 @pytest.mark.parametrize("qtype", TRITON_TYPES, ids=lambda t: t.name)
 def test_triton_dequantizes_like_gguf(qtype):
     triton_products = pytest.importorskip("kernels_gpu.triton_products")
-    assert set(triton_products.DECODERS) == set(TRITON_TYPES)
+    assert set(triton_products.DECODERS) <= BLOCK_TYPES
     for n, k in [(1, 256), (29, 768)]:
         raw = _raw(qtype, n, k, "extreme")
         ref = dequantize(raw.reshape(-1), qtype).reshape(n, k)
