@@ -602,10 +602,68 @@ def _iq4_xs(x, out):
     out[3] = np.uint8(high >> 8)
 
 
+# ---- ternary types (TQ1_0, TQ2_0): each weight is -1, 0 or 1 times the block's absolute max ----
+
+@njit(cache=True, inline="always")
+def _ternary(v):
+    """lroundf(v) + 1: 0, 1 or 2 for v about -1, 0, 1, rounding halves away from zero. A value that
+    is not finite (v = x / amax where amax is subnormal) gives 1: x86's lroundf returns LONG_MIN,
+    which llama.cpp's int keeps as 0."""
+    if not np.isfinite(v):
+        return np.int32(1)
+    t = np.trunc(v)
+    if abs(v - t) >= F32(0.5):
+        t += np.sign(v)
+    return np.int32(t) + 1
+
+
+@njit(cache=True)
+def _ternary_inverse(x, out, at):
+    """Store the block's d, its absolute max, at out[at:at+2]; return 1 / d (of d unrounded, as
+    ggml), or 0 for a block of zeros."""
+    amax, _ = _absmax_signed(x)
+    _put_f16(out, at, amax)
+    return F32(1.0) / amax if amax != 0 else F32(0.0)
+
+
+@njit(cache=True, inline="always")
+def _base3_byte(x, first, stride, n, id):
+    """Digits of x[first + stride * i] (i < n, the first most significant) as a fraction of 3^5
+    rounded up to a byte, which decoders read back digit by digit (* 3^i wrapping at 256, * 3 >> 8)."""
+    q = 0
+    for i in range(n):
+        q = q * 3 + _ternary(x[first + stride * i] * id)
+    for _ in range(n, 5):
+        q *= 3
+    return np.uint8((q * 256 + 242) // 243)
+
+
+@njit(cache=True)
+def _tq1_0(x, out):  # qs[48] qh[4] d: five weights a byte (32 bytes, then 16), four in each qh byte
+    id = _ternary_inverse(x, out, 52)
+    for m in range(32):
+        out[m] = _base3_byte(x, m, 32, 5, id)
+    for m in range(16):
+        out[32 + m] = _base3_byte(x, 160 + m, 16, 5, id)
+    for m in range(4):
+        out[48 + m] = _base3_byte(x, 240 + m, 4, 4, id)
+
+
+@njit(cache=True)
+def _tq2_0(x, out):  # qs[64] d: weight 128 h + 32 n + m in bits 2n of byte 32 h + m, as value + 1
+    id = _ternary_inverse(x, out, 64)
+    for h in range(2):
+        for m in range(32):
+            q = 0
+            for n in range(4):
+                q |= _ternary(x[128 * h + 32 * n + m] * id) << (2 * n)
+            out[32 * h + m] = np.uint8(q)
+
+
 # block quantizer by type: compiled only into the row loops of the types a conversion writes
 BLOCK_QUANTIZERS = {T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0, T.MXFP4: _mxfp4,
                     T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
-                    T.IQ4_NL: _iq4_nl, T.IQ4_XS: _iq4_xs}
+                    T.IQ4_NL: _iq4_nl, T.IQ4_XS: _iq4_xs, T.TQ1_0: _tq1_0, T.TQ2_0: _tq2_0}
 
 
 def _quantize_block(tag, x, out):
@@ -661,7 +719,7 @@ def quantize(x: np.ndarray, qtype: T) -> np.ndarray:
         rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
         rounded = np.where(np.isnan(x), ((bits >> 16) | 64).astype(np.uint16), rounded)
         return rounded.view(np.uint8)
-    if qtype not in BLOCK_TYPES:
+    if qtype not in BLOCK_QUANTIZERS:
         raise ValueError(f"cannot quantize to {qtype.name}")
     block, block_bytes = GGML_QUANT_SIZES[qtype]
     if x.shape[1] % block:
