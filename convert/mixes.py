@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as T
 
 from gguf_io import ggml_dims
 from gguf_io.quant_types import FLOAT_TYPES, QUANT_TYPES
+from .quants import BLOCK_QUANTIZERS
 
 # llama-quantize's type that keeps every tensor as it is (to rewrite or split a file)
 COPY = "COPY"
@@ -198,6 +199,8 @@ def mix_types(file_type: str, shapes: dict[str, tuple[int, ...]], n_layer: int, 
                            sum(_category(n) in ("attn_v", "attn_qkv") for n in names), n_expert, options)
     types = {name: chooser.choose(name, shapes[name]) for name in names}
     for option, t in options.overrides().items():
+        if t not in FLOAT_TYPES and t not in BLOCK_QUANTIZERS:
+            raise ValueError(f"{option} {t.name}: ggrun cannot quantize to {t.name} yet (it runs files of it)")
         for name in names:
             if types[name] == t and shapes[name][0] % GGML_QUANT_SIZES[t][0]:
                 raise ValueError(f"{option} {t.name}: {name}'s rows of {shapes[name][0]} weights are not whole "
