@@ -316,9 +316,9 @@ def _u16(b, p, at):
 
 
 def _grid_rows(b, qtype, indices):
-    """The rows of the i-quant's grid (quant_types.grid: 8 or 4 values each) at `indices` (i64
-    values), side by side as one byte vector. The grid is a constant of the function's module,
-    its rows as 64- or 32-bit words."""
+    """The rows of the i-quant's grid (quant_types.grid: 8 or 4 values each) at `indices` (<n x
+    i32>), side by side as one byte vector: one gather of 64- or 32-bit words (vpgatherqq/dd where
+    the target has gathers, else one load each) from a constant of the function's module."""
     rows = grid(qtype)
     word = ir.IntType(8 * rows.shape[1])
     name = f"grid_{qtype.name.lower()}"
@@ -330,10 +330,32 @@ def _grid_rows(b, qtype, indices):
         table.initializer = ir.Constant(table.value_type, [int(w) for w in words])
         table.global_constant = True
         table.linkage = "internal"
-    v = ir.Constant(vector(word, len(indices)), ir.Undefined)
-    for k, i in enumerate(indices):
-        v = b.insert_element(v, b.load(b.gep(table, [ir.Constant(I64, 0), i])), ir.Constant(I32, k))
-    return b.bitcast(v, vector(I8, len(indices) * rows.shape[1]))
+    n = indices.type.count
+    base = b.ptrtoint(table, I64)
+    places = b.add(b.mul(b.zext(indices, vector(I64, n)), const_vector(I64, [rows.shape[1]] * n)), _splat64(b, base, n))
+    pointers = b.inttoptr(places, ir.VectorType(word.as_pointer(), n))
+    every = ir.Constant(ir.VectorType(ir.IntType(1), n), [1] * n)
+    words = x86_call(b, f"llvm.masked.gather.v{n}i{word.width}.v{n}p0", vector(word, n),
+                     [pointers, ir.Constant(I32, word.width // 8), every, ir.Constant(vector(word, n), ir.Undefined)])
+    return b.bitcast(words, vector(I8, n * rows.shape[1]))
+
+
+def _splat64(b, value, n):
+    one = b.insert_element(ir.Constant(vector(I64, n), ir.Undefined), value, ir.Constant(I32, 0))
+    return b.shuffle_vector(one, one, const_vector(I32, [0] * n))
+
+
+def _splat32(b, value, n):
+    one = b.insert_element(ir.Constant(vector(I32, n), ir.Undefined), value, ir.Constant(I32, 0))
+    return b.shuffle_vector(one, one, const_vector(I32, [0] * n))
+
+
+def _index_vector(b, scalars):
+    """Scalar indices (i64 values) as one <n x i32>."""
+    v = ir.Constant(vector(I32, len(scalars)), ir.Undefined)
+    for k, i in enumerate(scalars):
+        v = b.insert_element(v, b.trunc(i, I32), ir.Constant(I32, k))
+    return v
 
 
 def _negated_where(b, values, bits):
@@ -387,7 +409,7 @@ def _iq2_xxs(b, p):
     for g in range(8):
         at = 2 + 8 * g
         aux = load_u32(b, p, at + 4)
-        values = _grid_rows(b, T.IQ2_XXS, [_u8(b, p, at + j) for j in range(4)])
+        values = _grid_rows(b, T.IQ2_XXS, b.zext(load_bytes(b, p, at, 4), vector(I32, 4)))
         groups.append(Group(None, None, [_negated_where(b, values, _sign_bytes(b, _seven_bit_fields(b, aux)))], True))
         scales.append(b.lshr(aux, ir.Constant(I32, 28)))
     return Block(groups, _d_times(b, p, 0, 0.125), scales=_odd_scales(b, scales))
@@ -399,7 +421,7 @@ def _iq2_xs(b, p):
     groups = []
     for g in range(16):
         qs = [b.zext(_u16(b, p, 2 + 4 * g + 2 * j), I32) for j in (0, 1)]
-        values = _grid_rows(b, T.IQ2_XS, [b.zext(b.and_(q, ir.Constant(I32, 511)), I64) for q in qs])
+        values = _grid_rows(b, T.IQ2_XS, _index_vector(b, [b.and_(q, ir.Constant(I32, 511)) for q in qs]))
         signs = _sign_bytes(b, [b.lshr(q, ir.Constant(I32, 9)) for q in qs])
         groups.append(Group(None, None, [_negated_where(b, values, signs)], True))
     return Block(groups, _d_times(b, p, 0, 0.125), scales=_odd_scales(b, _nibble_scales(b, p, 66, 16)))
@@ -414,7 +436,7 @@ def _iq2_s(b, p):
         for c in (2 * g, 2 * g + 1):
             top = b.and_(b.lshr(_u8(b, p, 66 + c // 4), ir.Constant(I64, 2 * (c % 4))), ir.Constant(I64, 3))
             indices.append(b.or_(_u8(b, p, 2 + c), b.shl(top, ir.Constant(I64, 8))))
-        values = _negated_where(b, _grid_rows(b, T.IQ2_S, indices), _u16(b, p, 34 + 2 * g))
+        values = _negated_where(b, _grid_rows(b, T.IQ2_S, _index_vector(b, indices)), _u16(b, p, 34 + 2 * g))
         groups.append(Group(None, None, [values], True))
     return Block(groups, _d_times(b, p, 0, 0.125), scales=_odd_scales(b, _nibble_scales(b, p, 74, 16)))
 
@@ -425,7 +447,7 @@ def _iq3_xxs(b, p):
     groups, scales = [], []
     for g in range(8):
         aux = load_u32(b, p, 66 + 4 * g)
-        values = _grid_rows(b, T.IQ3_XXS, [_u8(b, p, 2 + 8 * g + j) for j in range(8)])
+        values = _grid_rows(b, T.IQ3_XXS, b.zext(load_bytes(b, p, 2 + 8 * g, 8), vector(I32, 8)))
         groups.append(Group(None, None, [_negated_where(b, values, _sign_bytes(b, _seven_bit_fields(b, aux)))], True))
         scales.append(b.lshr(aux, ir.Constant(I32, 28)))
     return Block(groups, _d_times(b, p, 0, 0.25), scales=_odd_scales(b, scales))
@@ -436,9 +458,9 @@ def _iq3_s(b, p):
     byte c // 8), signs[32] (a bit per weight), scales[4] (a 4-bit s per 32 weights: d * (2s + 1))."""
     groups = []
     for g in range(8):
-        top = _u8(b, p, 66 + g)
-        indices = [b.or_(_u8(b, p, 2 + 8 * g + j), b.shl(b.and_(b.lshr(top, ir.Constant(I64, j)), ir.Constant(I64, 1)),
-                                                             ir.Constant(I64, 8))) for j in range(8)]
+        top = b.trunc(_u8(b, p, 66 + g), I32)
+        tops = _shl(b, _and(b, b.lshr(_splat32(b, top, 8), const_vector(I32, range(8))), 1), 8)
+        indices = b.or_(b.zext(load_bytes(b, p, 2 + 8 * g, 8), vector(I32, 8)), tops)
         values = _negated_where(b, _grid_rows(b, T.IQ3_S, indices), load_u32(b, p, 74 + 4 * g))
         groups.append(Group(None, None, [values], True))
     return Block(groups, load_f16(b, p, 0), scales=_odd_scales(b, _nibble_scales(b, p, 106, 8)))
@@ -447,7 +469,7 @@ def _iq3_s(b, p):
 def _iq1_values(b, qtype, p, qs_at, chunks):
     """IQ1 weights (grid values -1, 0, 1 plus a delta of +-1/8) times 8, as signed bytes: the
     8-weight chunks given as (index byte offset, top 3 index bits, delta negative), i64 values."""
-    rows = _grid_rows(b, qtype, [b.or_(_u8(b, p, qs_at + at), b.shl(top, ir.Constant(I64, 8))) for at, top, _ in chunks])
+    rows = _grid_rows(b, qtype, _index_vector(b, [b.or_(_u8(b, p, qs_at + at), b.shl(top, ir.Constant(I64, 8))) for at, top, _ in chunks]))
     deltas = ir.Constant(vector(I8, 8 * len(chunks)), ir.Undefined)
     for k, (_, _, negative) in enumerate(chunks):
         delta = b.select(b.trunc(negative, ir.IntType(1)), ir.Constant(I8, -1), ir.Constant(I8, 1))
