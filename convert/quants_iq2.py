@@ -1,0 +1,540 @@
+"""llama.cpp's IQ2_XXS, IQ2_XS and IQ2_S quantizers (ggml-quants.c), reimplemented with Numba so
+that our bytes equal llama.cpp's.
+
+Each group of 8 weights becomes an entry of the type's grid (256, 512 or 1024 entries of 8
+magnitudes, each one of three levels) and 8 signs; a scale per 32 (IQ2_XXS) or 16 weights, itself
+a 4-bit multiple of the super-block's half-precision scale. The search for a group's entry rounds
+the weights to levels at a trial scale and, when that point is not on the grid, picks among the
+grid points nearest to it: the neighbour lists built once per grid below.
+
+Byte equality needs llama.cpp's float32 arithmetic step by step, as in convert/quants.py: float32
+constants, integers converted where C converts them, no fastmath, its nearest_int (the
++12582912 trick, exact also outside the range where it rounds) and its tie-breaking (first of
+equal candidates, in its order).
+"""
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from gguf_io.quant_types import grid
+from kernels_cpu.intrinsics import f16_bits
+
+F32 = np.float32
+QK_K = 256
+GROUP_MAX_EPS = F32(1e-15)
+GROUP_MAX_EPS_IQ2_S = F32(1e-8)
+FLT_MAX = F32(3.4028234663852886e38)
+K_MAX_Q = 3                           # levels 0, 1, 2: magnitudes 1, 3, 5 times the scale (2 l + 1)
+MAP_SIZE = 0xAAAA + 1                 # indices of 8 two-bit fields, each at most 2
+IQ2_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S)
+# how many of the smallest distinct distances a point's neighbour list spans (iq2xs_init_impl)
+_NEIGHBOUR_DISTANCES = {T.IQ2_XXS: 2, T.IQ2_XS: 2, T.IQ2_S: 1}
+# gguf's grid bytes per level
+_LEVEL_BYTES = (8, 25, 43)
+
+
+@intrinsic
+def _f32_bits(typingctx, value):
+    """float32 value's bits as int32."""
+    if value != types.float32:
+        return None
+    return types.int32(value), lambda context, b, sig, args: b.bitcast(args[0], ir.IntType(32))
+
+
+@njit(cache=True, inline="always")
+def _nearest_int(f):
+    """ggml's nearest_int: the mantissa of f + 1.5 * 2^23, which rounds to even where |f| < 2^22."""
+    return np.int32((_f32_bits(F32(f) + F32(12582912.0)) & 0x007FFFFF) - 0x00400000)
+
+
+# ---- the grid's neighbour lists --------------------------------------------------------------
+
+@njit(cache=True)
+def _neighbours(levels, distances):
+    """kmap (MAP_SIZE,) int32 and the neighbour lists (uint16) of a grid with levels (entries, 8)
+    in 0..2. kmap[u], for the point u (level l of weight i in bits 2i), is the point's grid entry
+    when it is on the grid, else -1 - o, where lists[o] counts the entries that follow it: those at
+    the `distances` smallest squared distances from u, by distance, then by entry. Points with a
+    field of 3 are never looked up (levels are clamped to 2) and get no list."""
+    n = levels.shape[0]
+    kmap = np.full(MAP_SIZE, -1, np.int32)
+    for j in range(n):
+        u = 0
+        for i in range(8):
+            u |= np.int32(levels[j, i]) << (2 * i)
+        kmap[u] = j
+    lists = np.empty(1 << 16, np.uint16)
+    used = 0
+    d2 = np.empty(n, np.int32)
+    for u in range(MAP_SIZE):
+        if kmap[u] >= 0:
+            continue
+        valid = True
+        for i in range(8):
+            if (u >> (2 * i)) & 3 == 3:
+                valid = False
+        if not valid:
+            continue
+        for j in range(n):
+            s = 0
+            for i in range(8):
+                diff = 2 * (np.int32(levels[j, i]) - ((u >> (2 * i)) & 3))
+                s += diff * diff
+            d2[j] = s
+        if used + 1 + n > lists.shape[0]:
+            grown = np.empty(2 * lists.shape[0] + n, np.uint16)
+            grown[:used] = lists[:used]
+            lists = grown
+        kmap[u] = -1 - used
+        start = used
+        used += 1
+        last = -1
+        for _ in range(distances):
+            nearest = 1 << 30
+            for j in range(n):
+                if last < d2[j] < nearest:
+                    nearest = d2[j]
+            if nearest == 1 << 30:
+                break
+            for j in range(n):
+                if d2[j] == nearest:
+                    lists[used] = j
+                    used += 1
+            last = nearest
+        lists[start] = used - start - 1
+    return kmap, lists[:used].copy()
+
+
+@cache
+def tables(qtype: T) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(levels (entries, 8) int8 in 0..2, kmap, neighbour lists) of an IQ2 type's grid, built once."""
+    values = grid(qtype)
+    levels = np.full(values.shape, -1, np.int8)
+    for level, byte in enumerate(_LEVEL_BYTES):
+        levels[values == byte] = level
+    assert (levels >= 0).all()
+    kmap, lists = _neighbours(levels, _NEIGHBOUR_DISTANCES[qtype])
+    return levels, kmap, lists
+
+
+# ---- shared steps ----------------------------------------------------------------------------
+
+@njit(cache=True)
+def _make_qp_quants(nmax, x, L, qw):
+    """ggml's make_qp_quants: the weighted least-squares scale of levels 0..nmax for x, L as uint8
+    (where negative levels wrap, as in C)."""
+    n = x.shape[0]
+    fmax = F32(0.0)
+    for i in range(n):
+        fmax = fmax if fmax > x[i] else x[i]
+    if fmax < GROUP_MAX_EPS:
+        L[:] = 0
+        return F32(0.0)
+    iscale = F32(nmax) / fmax
+    for i in range(n):
+        L[i] = np.uint8(_nearest_int(iscale * x[i]) & 0xFF)
+    scale = F32(1.0) / iscale
+    best_mse = F32(0.0)
+    for i in range(n):
+        diff = x[i] - scale * F32(L[i])
+        best_mse += qw[i] * diff * diff
+    for step in range(-4, 5):
+        if step == 0:
+            continue
+        iscale_is = (F32(0.1) * F32(step) + F32(nmax)) / fmax
+        scale_is = F32(1.0) / iscale_is
+        mse = F32(0.0)
+        for i in range(n):
+            l = min(nmax, _nearest_int(iscale_is * x[i]))
+            diff = x[i] - scale_is * F32(l)
+            mse += qw[i] * diff * diff
+        if mse < best_mse:
+            best_mse = mse
+            iscale = iscale_is
+    sumlx = F32(0.0)
+    suml2 = F32(0.0)
+    for i in range(n):
+        l = min(nmax, _nearest_int(iscale * x[i]))
+        L[i] = np.uint8(l & 0xFF)
+        w = qw[i]
+        sumlx += w * x[i] * F32(l)
+        suml2 += w * F32(l) * F32(l)
+    for _ in range(5):
+        changed = 0
+        for i in range(n):
+            w = qw[i]
+            li = F32(L[i])
+            slx = sumlx - w * x[i] * li
+            sl2 = suml2 - w * li * li
+            if slx > 0 and sl2 > 0:
+                new_l = min(nmax, _nearest_int(x[i] * sl2 / slx))
+                if new_l != np.int32(L[i]):
+                    slx += w * x[i] * F32(new_l)
+                    sl2 += w * F32(new_l) * F32(new_l)
+                    if slx * slx * suml2 > sumlx * sumlx * sl2:
+                        L[i] = np.uint8(new_l & 0xFF)
+                        sumlx = slx
+                        suml2 = sl2
+                        changed += 1
+        if not changed:
+            break
+    return sumlx / suml2 if suml2 > 0 else F32(0.0)
+
+
+@njit(cache=True, inline="always")
+def _point(L, at):
+    u = 0
+    for i in range(8):
+        u |= np.int32(L[at + i]) << (2 * i)
+    return u
+
+
+@njit(cache=True)
+def _best_neighbour(lists, start, levels, xval, waux, at, scale, L):
+    """ggml's iq2_find_best_neighbour: of the listed entries, the first of least weighted squared
+    error at `scale` for xval[at:at+8]; its levels into L[at:at+8]."""
+    best_d2 = FLT_MAX
+    best = -1
+    for j in range(1, np.int32(lists[start]) + 1):
+        g = np.int32(lists[start + j])
+        d2 = F32(0.0)
+        for i in range(8):
+            diff = scale * F32(2 * levels[g, i] + 1) - xval[at + i]
+            d2 += waux[at + i] * diff * diff
+        if d2 < best_d2:
+            best_d2 = d2
+            best = g
+    if best < 0:
+        raise ValueError("IQ2 quantization: no finite neighbour (non-finite input?)")
+    for i in range(8):
+        L[at + i] = levels[best, i]
+    return best
+
+
+@njit(cache=True)
+def _round_group(id_, xval, at, L):
+    """The levels of xval[at:at+8] at inverse scale id_, clamped to 0..2, into L; their point."""
+    for i in range(8):
+        l = _nearest_int(F32(0.5) * (id_ * xval[at + i] - F32(1.0)))
+        L[at + i] = max(0, min(K_MAX_Q - 1, l))
+    return _point(L, at)
+
+
+@njit(cache=True)
+def _grid_group(levels, kmap, lists, id_, scale, xval, waux, at, L):
+    """Levels of xval[at:at+8] rounded at inverse scale id_, moved to the best neighbouring grid
+    entry (at `scale`) when not on the grid. Returns (entry, was on the grid)."""
+    u = _round_group(id_, xval, at, L)
+    g = kmap[u]
+    if g >= 0:
+        return g, True
+    return _best_neighbour(lists, -1 - g, levels, xval, waux, at, scale, L), False
+
+
+@njit(cache=True, inline="always")
+def _fit(weight, xval, L, n):
+    sumqx = F32(0.0)
+    sumq2 = F32(0.0)
+    for i in range(n):
+        w = weight[i]
+        q = F32(2 * L[i] + 1)
+        sumqx += w * xval[i] * q
+        sumq2 += w * q * q
+    return sumqx, sumq2
+
+
+@njit(cache=True)
+def _signs(xb, weight, xval, n, parity):
+    """|x| into xval with the sign bits of each group of 8 (as a bit mask per group in the
+    returned array). With parity, a group with an odd count of negatives keeps the sign of its
+    least important weight (least w x^2) instead, negating that xval: IQ2_XXS and IQ2_XS store 7
+    sign bits, the eighth implied by even parity."""
+    signs = np.zeros(n // 8, np.uint8)
+    for k in range(n // 8):
+        flips = 0
+        s = 0
+        for i in range(8):
+            v = xb[8 * k + i]
+            if v >= 0:
+                xval[8 * k + i] = v
+            else:
+                xval[8 * k + i] = -v
+                flips += 1
+                s |= 1 << i
+        if parity and flips % 2:
+            imin = 0
+            vmin = weight[8 * k] * xb[8 * k] * xb[8 * k]
+            for i in range(1, 8):
+                a = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i]
+                if a < vmin:
+                    vmin = a
+                    imin = i
+            xval[8 * k + imin] = -xval[8 * k + imin]
+            s ^= 1 << imin
+        signs[k] = np.uint8(s & 127) if parity else np.uint8(s)
+    return signs
+
+
+@njit(cache=True, inline="always")
+def _sigma2(xbl, factor):
+    sumx2 = F32(0.0)
+    for i in range(QK_K):
+        sumx2 += xbl[i] * xbl[i]
+    return factor * sumx2 / F32(QK_K)
+
+
+@njit(cache=True, inline="always")
+def _group_max(xval):
+    m = xval[0]
+    for i in range(1, xval.shape[0]):
+        m = m if m > xval[i] else xval[i]
+    return m
+
+
+@njit(cache=True)
+def _put_f16(out, at, f):
+    h = f16_bits(F32(f))
+    out[at] = np.uint8(h & 0xFF)
+    out[at + 1] = np.uint8(h >> 8)
+
+
+@njit(cache=True, inline="always")
+def _scale_code(id_, scale):
+    return max(0, min(15, _nearest_int(F32(0.5) * (id_ * scale - F32(1.0)))))
+
+
+@njit(cache=True)
+def _prepare(xb, qw, use_qw, sigma2, weight, waux, xval, parity, eps):
+    """A group's weights (importance times sqrt(sigma2 + x^2), or sigma2 / 4 + x^2 without an
+    importance matrix), their square roots, |x| and the signs; whether the group is all zero."""
+    n = xb.shape[0]
+    if use_qw:
+        for i in range(n):
+            weight[i] = qw[i] * np.sqrt(sigma2 + xb[i] * xb[i])
+    else:
+        for i in range(n):
+            weight[i] = F32(0.25) * sigma2 + xb[i] * xb[i]
+    for i in range(n):
+        waux[i] = np.sqrt(weight[i])
+    signs = _signs(xb, weight, xval, n, parity)
+    return signs, _group_max(xval) < eps
+
+
+@njit(cache=True, inline="always")
+def _positive(scale, signs, mask):
+    """A negative fitted scale made positive by flipping the signs (which llama.cpp guards against
+    though it should not happen)."""
+    if scale < 0:
+        for k in range(signs.shape[0]):
+            signs[k] = ~signs[k] & mask
+        return -scale
+    return scale
+
+
+@njit(cache=True)
+def _nibble_scales(out, at, scales, id_):
+    for ib in range(scales.shape[0]):
+        out[at + ib // 2] |= np.uint8(_scale_code(id_, scales[ib]) << (4 * (ib % 2)))
+
+
+# ---- IQ2_XXS: d, then per 32 weights 4 grid bytes and a word of 4 x 7 signs and a 4-bit scale ----
+
+@njit(cache=True)
+def _search32(xval, weight, waux, L, Laux, levels, kmap, lists):
+    """The scale and levels (in L) of 32 weights: make_qp_quants' scale, trial scales around it,
+    then all four groups rounded again at the best fitted scale. Zero when all weigh nothing."""
+    n = 32
+    Lqp = np.zeros(n, np.uint8)
+    scale = _make_qp_quants(K_MAX_Q + 1, xval, Lqp, weight)
+    for i in range(n):
+        L[i] = np.int8(np.int32(Lqp[i]) - 256 if Lqp[i] > 127 else Lqp[i])
+    eff_max = scale * F32(K_MAX_Q)
+    if eff_max <= 0:
+        L[:] = 0
+        return F32(0.0), False
+    best = F32(0.0)
+    for step in range(-6, 7):
+        id_ = (F32(2 * K_MAX_Q - 1) + F32(step) * F32(0.1)) / eff_max
+        this_scale = F32(1.0) / id_
+        for k in range(n // 8):
+            _grid_group(levels, kmap, lists, id_, this_scale, xval, waux, 8 * k, Laux)
+        sumqx, sumq2 = _fit(weight, xval, Laux, n)
+        if sumq2 > 0 and sumqx * sumqx > best * sumq2:
+            scale = sumqx / sumq2
+            best = scale * sumqx
+            L[:] = Laux
+    if scale > 0:
+        id_ = F32(1.0) / scale
+        for k in range(n // 8):
+            g, _ = _grid_group(levels, kmap, lists, id_, scale, xval, waux, 8 * k, L)
+            for i in range(8):
+                L[8 * k + i] = levels[g, i]
+        sumqx, sumq2 = _fit(weight, xval, L, n)
+        if sumq2 > 0:
+            scale = sumqx / sumq2
+    return scale, True
+
+
+@njit(cache=True)
+def _iq2_xxs_block(xbl, qw, use_qw, levels, kmap, lists, out):
+    n = 32
+    weight, waux, xval = np.empty(n, F32), np.empty(n, F32), np.empty(n, F32)
+    L, Laux = np.zeros(n, np.int8), np.zeros(n, np.int8)
+    scales = np.zeros(QK_K // n, F32)
+    q2 = np.zeros(2 * (QK_K // n), np.uint32)
+    out[:] = 0
+    max_scale = F32(0.0)
+    sigma2 = _sigma2(xbl, F32(1.0))
+    for ib in range(QK_K // n):
+        signs, zero = _prepare(xbl[n * ib:n * (ib + 1)], qw[n * ib:n * (ib + 1)], use_qw, sigma2,
+                               weight, waux, xval, True, GROUP_MAX_EPS)
+        if zero:
+            continue
+        scale, packed = _search32(xval, weight, waux, L, Laux, levels, kmap, lists)
+        if not packed:
+            continue
+        scale = _positive(scale, signs, 127)
+        for k in range(n // 8):
+            q2[2 * ib] |= np.uint32(kmap[_point(L, 8 * k)]) << (8 * k)
+            q2[2 * ib + 1] |= np.uint32(signs[k]) << (7 * k)
+        scales[ib] = scale
+        max_scale = max_scale if max_scale > scale else scale
+    if max_scale == 0:
+        return
+    d = max_scale / F32(31.0)
+    _put_f16(out, 0, d)
+    id_ = F32(1.0) / d
+    for ib in range(QK_K // n):
+        q2[2 * ib + 1] |= np.uint32(_scale_code(id_, scales[ib])) << 28
+    out[2:2 + QK_K // 4] = q2.view(np.uint8)
+
+
+# ---- IQ2_XS and IQ2_S: per 16 weights; XS keeps 7 sign bits and 9-bit entries, S 8 and 10 ------
+
+@njit(cache=True)
+def _search16(xval, weight, waux, L, Laux, levels, kmap, lists):
+    """The scale and levels (in L) of 16 weights: trial scales around max/5, then the groups that
+    were off the grid at the best one rounded again at its fitted scale."""
+    n = 16
+    L[:] = 0
+    fmax = _group_max(xval)
+    best = F32(0.0)
+    scale = fmax / F32(2 * K_MAX_Q - 1)
+    on_grid0 = True
+    on_grid1 = True
+    for step in range(-9, 10):
+        id_ = (F32(2 * K_MAX_Q - 1) + F32(step) * F32(0.1)) / fmax
+        this_scale = F32(1.0) / id_
+        _, aux0 = _grid_group(levels, kmap, lists, id_, this_scale, xval, waux, 0, Laux)
+        _, aux1 = _grid_group(levels, kmap, lists, id_, this_scale, xval, waux, 8, Laux)
+        sumqx, sumq2 = _fit(weight, xval, Laux, n)
+        if sumq2 > 0 and sumqx * sumqx > best * sumq2:
+            scale = sumqx / sumq2
+            best = scale * sumqx
+            L[:] = Laux
+            on_grid0 = aux0
+            on_grid1 = aux1
+    if (not on_grid0 or not on_grid1) and scale > 0:
+        id_ = F32(1.0) / scale
+        if not on_grid0:
+            _grid_group(levels, kmap, lists, id_, scale, xval, waux, 0, L)
+        if not on_grid1:
+            _grid_group(levels, kmap, lists, id_, scale, xval, waux, 8, L)
+        sumqx, sumq2 = _fit(weight, xval, L, n)
+        if sumq2 > 0:
+            scale = sumqx / sumq2
+    return scale
+
+
+@njit(cache=True)
+def _iq2_16_block(xbl, qw, use_qw, is_s, levels, kmap, lists, out):
+    """IQ2_XS: d, 32 words of a 9-bit entry and 7 signs, 8 bytes of 4-bit scales.
+    IQ2_S: d, 32 low bytes of the entries, 32 sign bytes, 8 bytes of the entries' top 2 bits, 8
+    bytes of 4-bit scales; d stored slightly smaller."""
+    n = 16
+    weight, waux, xval = np.empty(n, F32), np.empty(n, F32), np.empty(n, F32)
+    L, Laux = np.zeros(n, np.int8), np.zeros(n, np.int8)
+    scales = np.zeros(QK_K // n, F32)
+    qh = 2 + QK_K // 4
+    out[:] = 0
+    max_scale = F32(0.0)
+    sigma2 = _sigma2(xbl, F32(2.0) if is_s else F32(1.0))
+    for ib in range(QK_K // n):
+        signs, zero = _prepare(xbl[n * ib:n * (ib + 1)], qw[n * ib:n * (ib + 1)], use_qw, sigma2,
+                               weight, waux, xval, not is_s, GROUP_MAX_EPS_IQ2_S if is_s else GROUP_MAX_EPS)
+        if zero:
+            continue
+        scale = _positive(_search16(xval, weight, waux, L, Laux, levels, kmap, lists), signs, 255 if is_s else 127)
+        for k in range(2):
+            g = kmap[_point(L, 8 * k)]
+            i8 = 2 * ib + k
+            if is_s:
+                out[2 + i8] = np.uint8(g & 255)
+                out[qh + i8 // 4] |= np.uint8((g >> 8) << (2 * (i8 % 4)))
+                out[2 + QK_K // 8 + i8] = signs[k]
+            else:
+                v = g | (np.int32(signs[k]) << 9)
+                out[2 + 2 * i8] = np.uint8(v & 255)
+                out[3 + 2 * i8] = np.uint8(v >> 8)
+        scales[ib] = scale
+        max_scale = max_scale if max_scale > scale else scale
+    if max_scale == 0:
+        if not is_s:  # (IQ2_XS clears its entries and signs; IQ2_S keeps them)
+            out[:] = 0
+        return
+    d = max_scale / F32(31.0)
+    _put_f16(out, 0, d * F32(0.9875) if is_s else d)
+    _nibble_scales(out, qh + QK_K // 32 if is_s else qh, scales, F32(1.0) / d)
+
+
+# ---- rows ----------------------------------------------------------------------------------
+
+@njit(cache=True, parallel=True)
+def _iq2_rows(kind, x, qw, use_qw, levels, kmap, lists, out):
+    """kind 0, 1, 2: IQ2_XXS, IQ2_XS, IQ2_S. Without use_qw, qw is a (k,) array never read."""
+    nb = x.shape[1] // QK_K
+    bb = out.shape[1] // nb
+    for r in prange(x.shape[0]):
+        for b in range(nb):
+            xbl = x[r, b * QK_K:(b + 1) * QK_K]
+            qwbl = qw[b * QK_K:(b + 1) * QK_K]
+            ob = out[r, b * bb:(b + 1) * bb]
+            if kind == 0:
+                _iq2_xxs_block(xbl, qwbl, use_qw, levels, kmap, lists, ob)
+            else:
+                _iq2_16_block(xbl, qwbl, use_qw, kind == 2, levels, kmap, lists, ob)
+
+
+def quantize_iq2(x: np.ndarray, qtype: T, importance: np.ndarray | None) -> np.ndarray:
+    """Rows of float32 x (rows, k), k a multiple of 256, -> raw GGUF rows (rows, bytes) of IQ2_XXS,
+    IQ2_XS or IQ2_S, weighted by the importance matrix's column values (k,). IQ2_XXS and IQ2_XS
+    need one (llama.cpp asserts on a missing one); IQ2_S without one weights each weight by
+    sigma^2 / 4 + x^2 (sigma^2 twice the mean square of its 256)."""
+    if qtype not in IQ2_TYPES:
+        raise ValueError(f"quantize_iq2 quantizes IQ2_XXS, IQ2_XS and IQ2_S, not {qtype.name}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    x = x.reshape(-1, x.shape[-1])
+    k = x.shape[1]
+    if k % QK_K:
+        raise ValueError(f"row length {k} is not a multiple of the {qtype.name} block size {QK_K}")
+    if importance is None:
+        if qtype != T.IQ2_S:
+            raise ValueError(f"{qtype.name} needs an importance matrix (make one with `ggrun imatrix`)")
+        qw = np.zeros(k, np.float32)
+    else:
+        qw = np.ascontiguousarray(importance, dtype=np.float32).reshape(-1)
+        if qw.shape[0] != k:
+            raise ValueError(f"importance has {qw.shape[0]} values for rows of {k}")
+    if not np.isfinite(x).all():
+        raise ValueError(f"cannot quantize non-finite values to {qtype.name}")
+    out = np.zeros((x.shape[0], k // QK_K * GGML_QUANT_SIZES[qtype][1]), dtype=np.uint8)
+    levels, kmap, lists = tables(qtype)
+    _iq2_rows(IQ2_TYPES.index(qtype), x, qw, importance is not None, levels, kmap, lists, out)
+    return out
