@@ -18,6 +18,7 @@ from .gguf_out import PlannedTensor, Summary, typed_value, write_gguf
 from .hf_metadata import general_metadata
 from .hf_model import HFModel, read_hf_model
 from .hf_tokenizer import read_tokenizer
+from .importance import Importance, load_importance
 from .mixes import COPY, FILE_TYPES, MixOptions, llama_quantize_order, mix_types
 
 QUANTIZATION_VERSION = 2
@@ -29,6 +30,14 @@ def _mix_types(*args) -> dict:
         return mix_types(*args)
     except ValueError as e:
         raise ConversionError(str(e)) from None
+
+
+def _importance(mix: MixOptions) -> Importance | None:
+    return load_importance(mix.imatrix, mix.include_weights, mix.exclude_weights)
+
+
+def _imatrix_keys(importance: Importance | None) -> list:
+    return importance.metadata() if importance else []
 
 
 def _file_type(name: str) -> str:
@@ -45,6 +54,7 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True, s
         raise ConversionError(f"{folder} is not a folder")
     check_output(out, folder.iterdir())  # (before the work: the checkpoint is read as it is written)
     file_type = _file_type(type_name)
+    importance = _importance(mix)
     hf = read_hf_model(folder)
     tok, special = read_tokenizer(folder, hf.vocab_size, hf.arch)
     if hf.vocab_size == hf.arch.no_bos_vocab_size:
@@ -81,14 +91,16 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True, s
                               f"embedding's {embedding[-1]} rows")
     kv_heads = hf.metadata.get("attention.head_count_kv", 0)  # (layer 0's, where given per layer; none: no attention)
     types = _mix_types(file_type, {name: shape for name, shape, _ in planned}, hf.n_layer, hf.n_head,
-                       kv_heads[0] if isinstance(kv_heads, list) else kv_heads, hf.n_expert, mix)
-    tensors = [PlannedTensor(name, shape, types[name], load) for name, shape, load in planned]
+                       kv_heads[0] if isinstance(kv_heads, list) else kv_heads, hf.n_expert, mix, importance is not None)
+    # (with an importance matrix for those llama-quantize quantizes: of another type than F32)
+    tensors = [PlannedTensor(name, shape, types[name], load, imatrix=importance.for_tensor(name, shape)
+                             if importance and types[name] != T.F32 else None) for name, shape, load in planned]
     tensors += [t for ts in carried.values() for t in ts]
 
     # (a float conversion that carries MXFP4 experts is an MXFP4_MOE file, as llama.cpp names it)
     written_type = "MXFP4_MOE" if carried and FILE_TYPES[file_type][0] in FLOAT_TYPES else file_type
     general = general_metadata(folder.resolve(), tensors)  # (resolved: "." is named as the folder it is)
-    metadata = model_metadata(folder.resolve().name, hf, written_type, tok, special, general)
+    metadata = model_metadata(folder.resolve().name, hf, written_type, tok, special, general) + _imatrix_keys(importance)
     summary = write_gguf(out, hf.arch.name, metadata, tensors, progress, split_max_size, list(folder.iterdir()))
     summary.left_out = [f"{n} tensors of {part}" for part, n in left_out.items() if part]
     return summary
@@ -201,9 +213,10 @@ def requantize(src: Path, out: Path, type_name: str, progress: bool = True, allo
     f = GGUFFile(src)
     check_output(out, f.parts)  # (before the work: also through another path or a link)
     params = read_params(f)
+    importance = None if copy else _importance(mix)
     types = {name: t.type for name, t in f.tensors.items()} if copy else _mix_types(
         file_type, {name: t.shape for name, t in f.tensors.items()},
-        params.n_layer, params.n_head, params.layer_kv_heads(0), params.n_expert, mix)
+        params.n_layer, params.n_head, params.layer_kv_heads(0), params.n_expert, mix, importance is not None)
     tensors = []
     for name in llama_quantize_order(f.tensors):  # written in that order too, as llama-quantize writes
         t, new_type = f.tensors[name], types[name]
@@ -216,10 +229,14 @@ def requantize(src: Path, out: Path, type_name: str, progress: bool = True, allo
             raise GGUFError(f"tensor {name} is already quantized ({t.type.name}); requantize from F32, F16 or BF16")
         load = (lambda n=name, tt=t: dequantize(f.tensor_bytes(n).reshape(-1), tt.type)
                 .astype(np.float32).reshape(tuple(reversed(tt.shape))))
-        tensors.append(PlannedTensor(name, t.shape, new_type, load))
+        tensors.append(PlannedTensor(name, t.shape, new_type, load,
+                                     imatrix=importance.for_tensor(name, t.shape) if importance else None))
     metadata = []
+    imatrix_keys = _imatrix_keys(importance)
     for key, mv in f.metadata.items():
         if key == "general.architecture" or key.startswith("split."):  # (the writer adds its own)
+            continue
+        if any(key == k[0] for k in imatrix_keys):  # (given anew, last, as llama-quantize sets them)
             continue
         value = int(FILE_TYPES[file_type][1]) if key == "general.file_type" and not copy else mv.value
         if isinstance(value, np.ndarray):
@@ -227,4 +244,5 @@ def requantize(src: Path, out: Path, type_name: str, progress: bool = True, allo
         metadata.append((key, value, mv.type, mv.item_type))
     if "general.file_type" not in f.metadata and not copy:
         metadata.append(("general.file_type", int(FILE_TYPES[file_type][1]), GGUFValueType.UINT32, None))
+    metadata += imatrix_keys
     return write_gguf(out, f.architecture, metadata, tensors, progress, split_max_size, f.parts)

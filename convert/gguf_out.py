@@ -28,6 +28,7 @@ class PlannedTensor:
     type: T
     load: Callable[[], np.ndarray]  # float32 data in numpy order, read only when written
     quantized: bool = False         # load returns the bytes of `type`'s blocks, written as they are
+    imatrix: np.ndarray | None = None  # the importance of its columns, (experts, columns), to quantize with
 
     @property
     def nbytes(self) -> int:
@@ -105,7 +106,9 @@ def write_gguf(path: Path, arch: str, metadata: list[tuple[str, object, GGUFValu
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        if progress and not quantizers_compiled({t.type for t in tensors if t.type in BLOCK_TYPES and not t.quantized}):
+        quantized = [t for t in tensors if t.type in BLOCK_TYPES and not t.quantized]
+        if progress and not (quantizers_compiled({t.type for t in quantized if t.imatrix is None})
+                             and quantizers_compiled({t.type for t in quantized if t.imatrix is not None}, weighted=True)):
             print("compiling the Numba quantizers (first conversion only; cached for later runs)...", file=sys.stderr)
         for t in progress_bar(tensors, desc="quantizing", unit="tensor", disable=not progress):
             if t.quantized:
@@ -114,7 +117,7 @@ def write_gguf(path: Path, arch: str, metadata: list[tuple[str, object, GGUFValu
             data = np.asarray(t.load(), dtype=np.float32)
             if not np.isfinite(data).all():
                 raise ConversionError(f"tensor {t.name} contains NaN or Inf values")
-            raw = quantize(data.reshape(-1, t.shape[0]), t.type)
+            raw = quantize(data.reshape(-1, t.shape[0]), t.type, t.imatrix)
             w.write_tensor_data(raw.reshape(-1))
         w.close()
         parts = [path.with_name(p.name) for p in w.format_shard_names(tmp)]

@@ -1,5 +1,5 @@
 """Which type each tensor gets for a file type (`--type`), following llama.cpp's quantize tool
-(src/llama-quant.cpp, without importance matrix), for dense models and mixtures of experts.
+(src/llama-quant.cpp, with or without an importance matrix), for dense models and mixtures of experts.
 
 A mix such as Q4_K_M has a default type (Q4_K) and promotes the tensors that hurt most when
 quantized: the output / tied embedding, attn_v and ffn_down in chosen layers. A type whose block
@@ -50,6 +50,9 @@ class MixOptions:
     pure: bool = False                    # --pure: every quantizable tensor of the default type (or its fallback)
     output_type: T | None = None          # --output-tensor-type: the output's (a tied embedding's too)
     token_embedding_type: T | None = None  # --token-embedding-type
+    imatrix: str | None = None            # --imatrix: an importance matrix file (GGUF or .dat), as named
+    include_weights: tuple[str, ...] = ()  # --include-weights: only the matrix's entries whose names contain one
+    exclude_weights: tuple[str, ...] = ()  # --exclude-weights: not those (the two exclude each other)
 
     def overrides(self) -> dict[str, T]:
         """The types given by name, as the option spells them."""
@@ -97,6 +100,7 @@ class _TypeChooser:
     n_attn_v: int         # attn_v tensors in the file
     n_expert: int = 0     # a mixture's experts per layer (0: dense)
     options: MixOptions = MixOptions()
+    has_imatrix: bool = False  # quantized with an importance matrix (some of its entries left)
     i_attn_v: int = 0
     i_ffn_down: int = 0
 
@@ -158,8 +162,10 @@ class _TypeChooser:
                 t = T.Q5_K
             elif ft in ("Q4_K_M", "Q5_K_M") and use_more_bits(i, n):
                 t = T.Q6_K
-            elif ft in ("Q4_K_S", "IQ4_NL", "IQ4_XS") and i < n // 8:  # (IQ4's: without an importance matrix)
+            elif i < n // 8 and (ft == "Q4_K_S" or ft in ("IQ4_NL", "IQ4_XS") and not self.has_imatrix):
                 t = T.Q5_K
+            elif i < n // 8 and ft in ("Q4_0", "Q5_0") and self.has_imatrix:
+                t = T.Q4_1 if ft == "Q4_0" else T.Q5_1
             return t
         if cat == "attn_output":
             if self.n_expert == 8:
@@ -189,14 +195,17 @@ def llama_quantize_order(names) -> list[str]:
 
 
 def mix_types(file_type: str, shapes: dict[str, tuple[int, ...]], n_layer: int, n_head: int,
-              n_head_kv: int, n_expert: int = 0, options: MixOptions = MixOptions()) -> dict[str, T]:
-    """The type of every tensor of a file of `file_type`; shapes in GGML order (row length first).
-    ValueError where a type given by name cannot hold a tensor's rows."""
+              n_head_kv: int, n_expert: int = 0, options: MixOptions = MixOptions(),
+              has_imatrix: bool = False) -> dict[str, T]:
+    """The type of every tensor of a file of `file_type`; shapes in GGML order (row length first);
+    has_imatrix: quantized with an importance matrix. ValueError where a type given by name cannot
+    hold a tensor's rows."""
     names = llama_quantize_order(shapes)
     # (n_head_kv: layer 0's, as llama.cpp's n_gqa() reads it; 0, and then n_gqa 0, in a hybrid's
     # recurrent layer)
     chooser = _TypeChooser(file_type, n_layer, n_head // n_head_kv if n_head_kv else 0, "output.weight" not in shapes,
-                           sum(_category(n) in ("attn_v", "attn_qkv") for n in names), n_expert, options)
+                           sum(_category(n) in ("attn_v", "attn_qkv") for n in names), n_expert, options,
+                           has_imatrix)
     types = {name: chooser.choose(name, shapes[name]) for name in names}
     for option, t in options.overrides().items():
         if t not in FLOAT_TYPES and t not in BLOCK_QUANTIZERS:

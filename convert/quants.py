@@ -1,5 +1,6 @@
-"""llama.cpp's reference quantizers (ggml-quants.c, the `_ref` paths llama-quantize takes without an
-importance matrix), reimplemented with Numba so that our bytes equal llama.cpp's.
+"""llama.cpp's quantizers (ggml-quants.c), reimplemented with Numba so that our bytes equal llama.cpp's:
+the reference (`_ref`) paths llama-quantize takes without an importance matrix, and the `_impl`
+paths it takes with one, whose searches weigh each column by the matrix's value for it.
 
 Byte equality needs llama.cpp's float32 arithmetic step by step: every constant is float32,
 integer operands are converted where C converts them, nothing runs with fastmath, and rounding
@@ -126,6 +127,65 @@ def _q5_1(x, out):
     _store_u32(out, 4, qh)
 
 
+# The importance-weighted 32-weight blocks (quantize_row_q4_0_impl ...): each weight's error
+# weighed by its column's importance times sqrt(row_sigma2 + x^2), row_sigma2 the row's mean square;
+# Q4_0 and Q5_0 by make_qx_quants' symmetric search, Q4_1 and Q5_1 by make_qkx3_quants' affine one.
+
+@njit(cache=True)
+def _symmetric_weighted(x, qw, row_sigma2, nmax, out):
+    """Q4_0 / Q5_0 (nmax 8 / 16): the scale stored, the codes (0..2 nmax - 1) returned."""
+    w = np.empty(32, np.float32)
+    L = np.empty(32, np.int32)
+    _importance_weights(x, qw, row_sigma2, w)
+    _put_f16(out, 0, _make_qx_quants(x, nmax, L, w))
+    return L
+
+
+@njit(cache=True)
+def _affine_weighted(x, qw, row_sigma2, nmax, out):
+    """Q4_1 / Q5_1 (nmax 15 / 31): the scale and the minimum stored, the codes returned."""
+    w = np.empty(32, np.float32)
+    L = np.empty(32, np.int32)
+    Laux = np.empty(32, np.int32)
+    _importance_weights(x, qw, row_sigma2, w)
+    d, the_min = _make_qkx2_quants(x, w, nmax, L, Laux, F32(-0.9), F32(0.05), 36, False, True)
+    _put_f16(out, 0, d)
+    _put_f16(out, 2, -the_min)
+    return L
+
+
+@njit(cache=True)
+def _q4_0_weighted(x, qw, row_sigma2, out):
+    L = _symmetric_weighted(x, qw, row_sigma2, 8, out)
+    for j in range(16):
+        out[2 + j] = np.uint8(L[j] | (L[j + 16] << 4))
+
+
+@njit(cache=True)
+def _q4_1_weighted(x, qw, row_sigma2, out):
+    L = _affine_weighted(x, qw, row_sigma2, 15, out)
+    for j in range(16):
+        out[4 + j] = np.uint8(L[j] | (L[j + 16] << 4))
+
+
+@njit(cache=True)
+def _q5_pack_all(L, out, qs_at, qh_at):
+    qh = np.uint32(0)
+    for j in range(16):
+        qh = _q5_pack(L[j], L[j + 16], j, out, qs_at, qh)
+    _store_u32(out, qh_at, qh)
+
+
+@njit(cache=True)
+def _q5_0_weighted(x, qw, row_sigma2, out):
+    _q5_pack_all(_symmetric_weighted(x, qw, row_sigma2, 16, out), out, 6, 2)
+
+
+@njit(cache=True)
+def _q5_1_weighted(x, qw, row_sigma2, out):
+    _q5_pack_all(_affine_weighted(x, qw, row_sigma2, 31, out), out, 8, 4)
+
+
 @njit(cache=True)
 def _q8_0(x, out):
     _put_f16(out, 0, quantize_q8_0(x, out[2:34]))
@@ -160,8 +220,9 @@ def _mxfp4(x, out):
 # ---- K-quant helpers (make_qx_quants, make_q3_quants, make_qkx2_quants) -----------------------
 
 @njit(cache=True)
-def _make_qx_quants(x, nmax, L):
-    """make_qx_quants with rmse_type 1 and no importance weights (weights x^2): Q6_K's search."""
+def _make_qx_quants(x, nmax, L, weights):
+    """make_qx_quants with rmse_type 1: the symmetric search, each weight's error weighed by
+    weights (x^2 in Q6_K's reference; an importance matrix's otherwise)."""
     n = x.size
     amax, mx = _absmax_signed(x)
     if amax < GROUP_MAX_EPS:
@@ -174,7 +235,7 @@ def _make_qx_quants(x, nmax, L):
     for i in range(n):
         l = max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i])))
         L[i] = l + nmax
-        w = x[i] * x[i]
+        w = weights[i]
         sumlx += w * x[i] * F32(l)
         suml2 += w * F32(l) * F32(l)
     scale = sumlx / suml2 if suml2 != 0 else F32(0.0)
@@ -187,7 +248,7 @@ def _make_qx_quants(x, nmax, L):
         suml2 = F32(0.0)
         for i in range(n):
             l = max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i])))
-            w = x[i] * x[i]
+            w = weights[i]
             sumlx += w * x[i] * F32(l)
             suml2 += w * F32(l) * F32(l)
         if suml2 > 0 and sumlx * sumlx > best * suml2:
@@ -238,9 +299,11 @@ def _make_q3_quants(x, nmax, L):
     return sumlx / suml2 if suml2 > 0 else F32(0.0)
 
 
-@njit(cache=True)
-def _make_qkx2_quants(x, weights, nmax, L, Laux, rmin, rdelta, nstep, use_mad):
-    """Affine (scale, min) search; returns (scale, -min)."""
+@njit(cache=True, error_model="numpy")  # (a zero sum of weights divides as C does: inf or NaN)
+def _make_qkx2_quants(x, weights, nmax, L, Laux, rmin, rdelta, nstep, use_mad, capped):
+    """Affine (scale, min) search; returns (scale, -min). capped: make_qkx3_quants's search (the
+    _impl quantizers'), which caps each scaled weight at nmax before rounding it (a weight scaled
+    to +inf takes nmax there, 0 in make_qkx2_quants)."""
     n = x.size
     mn = x[0]
     mx = x[0]
@@ -272,7 +335,11 @@ def _make_qkx2_quants(x, weights, nmax, L, Laux, rmin, rdelta, nstep, use_mad):
         sum_l2 = F32(0.0)
         sum_xl = F32(0.0)
         for i in range(n):
-            l = max(0, min(nmax, _nearest_int(iscale * (x[i] - mn))))
+            if capped:
+                v = iscale * (x[i] - mn)
+                l = _nearest_int(min(v, F32(nmax))) if v > 0 else 0
+            else:
+                l = max(0, min(nmax, _nearest_int(iscale * (x[i] - mn))))
             Laux[i] = l
             w = weights[i]
             sum_l += w * F32(l)
@@ -299,6 +366,84 @@ def _make_qkx2_quants(x, weights, nmax, L, Laux, rmin, rdelta, nstep, use_mad):
 
 
 @njit(cache=True)
+def _make_qp_quants(x, nmax, L, weights):
+    """make_qp_quants: codes 0..nmax (L, uint8 as llama.cpp stores them) for the non-negative x (a
+    super-block's scales or mins) and the scale they share, weighed by weights; returns the scale."""
+    n = x.size
+    mx = F32(0.0)
+    for v in x:
+        mx = max(mx, v)
+    if mx < GROUP_MAX_EPS:
+        L[:] = 0
+        return F32(0.0)
+    iscale = F32(nmax) / mx
+    scale = F32(1.0) / iscale
+    best_mse = F32(0.0)
+    for i in range(n):
+        L[i] = np.uint8(_nearest_int(iscale * x[i]) & 0xFF)
+        diff = x[i] - scale * F32(L[i])
+        best_mse += weights[i] * diff * diff
+    for step in range(-4, 5):
+        if step == 0:
+            continue
+        iscale_step = (F32(0.1) * F32(step) + F32(nmax)) / mx
+        scale_step = F32(1.0) / iscale_step
+        mse = F32(0.0)
+        for i in range(n):
+            diff = x[i] - scale_step * F32(min(nmax, _nearest_int(iscale_step * x[i])))
+            mse += weights[i] * diff * diff
+        if mse < best_mse:
+            best_mse = mse
+            iscale = iscale_step
+    sumlx = F32(0.0)
+    suml2 = F32(0.0)
+    for i in range(n):
+        l = min(nmax, _nearest_int(iscale * x[i]))
+        L[i] = np.uint8(l & 0xFF)
+        sumlx += weights[i] * x[i] * F32(l)
+        suml2 += weights[i] * F32(l) * F32(l)
+    for _ in range(5):
+        changed = 0
+        for i in range(n):
+            w = weights[i]
+            li = np.int32(L[i])
+            slx = sumlx - w * x[i] * F32(li)
+            sl2 = suml2 - w * F32(li) * F32(li)
+            if slx > 0 and sl2 > 0:
+                new_l = min(nmax, _nearest_int(x[i] * sl2 / slx))
+                if new_l != li:
+                    slx += w * x[i] * F32(new_l)
+                    sl2 += w * F32(new_l) * F32(new_l)
+                    if slx * slx * suml2 > sumlx * sumlx * sl2:
+                        L[i] = np.uint8(new_l & 0xFF)
+                        sumlx = slx
+                        suml2 = sl2
+                        changed += 1
+        if changed == 0:
+            break
+    return sumlx / suml2 if suml2 > 0 else F32(0.0)
+
+
+@njit(cache=True)
+def _sum_squares(x):
+    s = F32(0.0)
+    for v in x:
+        s += v * v
+    return s
+
+
+@njit(cache=True)
+def _importance_weights(x, qw, sigma2, weights):
+    """The weights the _impl quantizers search with: each column's importance qw times
+    sqrt(sigma2 + x^2); returns their sum."""
+    total = F32(0.0)
+    for i in range(x.size):
+        weights[i] = qw[i] * np.sqrt(sigma2 + x[i] * x[i])
+        total += weights[i]
+    return total
+
+
+@njit(cache=True)
 def _pack_2bit_planes(L, out, at):
     """Four 2-bit values per byte: byte l of each 128-weight half holds l, l+32, l+64, l+96."""
     for j in range(0, 256, 128):
@@ -308,6 +453,25 @@ def _pack_2bit_planes(L, out, at):
 
 
 # ---- K-quant super-blocks (256 weights) ------------------------------------------------------
+# Each type's reference quantizer (x, out) and its importance-weighted one (x, qw, row_sigma2, out:
+# qw the block's columns' importance; row_sigma2 unused, the super-block has its own) share the
+# packing of the codes and scales they choose.
+
+@njit(cache=True)
+def _q2_k_codes(x, sc, d, dmin, L, out):
+    """Q2_K's 16 scale bytes sc (4-bit scale, 4-bit min), the weights requantized to them (a
+    sub-block of scale 0 keeps the search's codes) and packed."""
+    for j in range(16):
+        sc[j] &= 0xFF
+        out[j] = np.uint8(sc[j])
+        dl = d * F32(sc[j] & 15)
+        if dl == 0:
+            continue
+        dm = dmin * F32(sc[j] >> 4)
+        for i in range(16):
+            L[16 * j + i] = max(0, min(3, _nearest_int((x[16 * j + i] + dm) / dl)))
+    _pack_2bit_planes(L, out, 16)
+
 
 @njit(cache=True)
 def _q2_k(x, out):  # scales[16] qs[64] d dmin
@@ -320,7 +484,7 @@ def _q2_k(x, out):  # scales[16] qs[64] d dmin
     for j in range(16):
         xs = x[16 * j:16 * j + 16]
         scales[j], mins[j] = _make_qkx2_quants(xs, np.abs(xs), 3, L[16 * j:16 * j + 16], Laux,
-                                               F32(-0.5), F32(0.1), 15, True)
+                                               F32(-0.5), F32(0.1), 15, True, False)
         max_scale = max(max_scale, scales[j])
         max_min = max(max_min, mins[j])
     sc = np.zeros(16, np.int32)
@@ -338,47 +502,51 @@ def _q2_k(x, out):  # scales[16] qs[64] d dmin
         dmin = _put_f16(out, 82, max_min / F32(15.0))
     else:
         dmin = _put_f16(out, 82, F32(0.0))
-    for j in range(16):
-        sc[j] &= 0xFF
-        out[j] = np.uint8(sc[j])
-        dl = d * F32(sc[j] & 15)
-        if dl == 0:
-            continue
-        dm = dmin * F32(sc[j] >> 4)
-        for i in range(16):
-            L[16 * j + i] = max(0, min(3, _nearest_int((x[16 * j + i] + dm) / dl)))
-    _pack_2bit_planes(L, out, 16)
+    _q2_k_codes(x, sc, d, dmin, L, out)
 
 
 @njit(cache=True)
-def _q3_k(x, out):  # hmask[32] qs[64] scales[12] d
+def _q2_k_weighted(x, qw, row_sigma2, out):
     L = np.zeros(256, np.int32)
+    Laux = np.zeros(16, np.int32)
+    weights = np.empty(16, np.float32)
     scales = np.zeros(16, np.float32)
-    amax = F32(0.0)
-    max_scale = F32(0.0)
+    mins = np.zeros(16, np.float32)
+    sw = np.zeros(16, np.float32)
+    sigma2 = _sum_squares(x) / F32(256.0)
     for j in range(16):
-        scales[j] = _make_q3_quants(x[16 * j:16 * j + 16], 4, L[16 * j:16 * j + 16])
-        if abs(scales[j]) > amax:
-            amax = abs(scales[j])
-            max_scale = scales[j]
+        xs = x[16 * j:16 * j + 16]
+        sw[j] = _importance_weights(xs, qw[16 * j:16 * j + 16], sigma2, weights)
+        scales[j], mins[j] = _make_qkx2_quants(xs, weights, 3, L[16 * j:16 * j + 16], Laux,
+                                               F32(-0.9), F32(0.05), 36, False, True)
+    ls = np.zeros(16, np.uint8)
+    lm = np.zeros(16, np.uint8)
+    d = _put_f16(out, 80, _make_qp_quants(scales, 15, ls, sw))
+    dmin = _put_f16(out, 82, _make_qp_quants(mins, 15, lm, sw))
+    sc = np.zeros(16, np.int32)
+    for j in range(16):
+        sc[j] = np.int32(ls[j]) | (np.int32(lm[j]) << 4)
+    _q2_k_codes(x, sc, d, dmin, L, out)
+
+
+@njit(cache=True)
+def _q3_k_codes(x, ls, d, L, out):
+    """Q3_K's 16 6-bit scales ls (stored plus 32) packed in out[96:108], d stored, the weights
+    requantized to the scales (a sub-block of scale 0 keeps the search's codes) and packed."""
     packed = np.zeros(12, np.int32)
-    if max_scale != 0:
-        iscale = F32(-32.0) / max_scale
-        for j in range(16):
-            l = max(-32, min(31, np.int32(np.int8(_nearest_int(iscale * scales[j]) & 0xFF)))) + 32
-            if j < 8:
-                packed[j] = l & 15
-            else:
-                packed[j - 8] |= (l & 15) << 4
-            packed[8 + j % 4] |= (l >> 4) << (2 * (j // 4))
-        d = _put_f16(out, 108, F32(1.0) / iscale)
-    else:
-        d = _put_f16(out, 108, F32(0.0))
+    for j in range(16):
+        l = ls[j]
+        if j < 8:
+            packed[j] = l & 15
+        else:
+            packed[j - 8] |= (l & 15) << 4
+        packed[8 + j % 4] |= (l >> 4) << (2 * (j // 4))
+    d = _put_f16(out, 108, d)
     for j in range(12):
         out[96 + j] = np.uint8(packed[j] & 0xFF)
     for j in range(16):
-        low = packed[j] & 15 if j < 8 else packed[j - 8] >> 4
-        s = (low | (((packed[8 + j % 4] >> (2 * (j // 4))) & 3) << 4)) - 32
+        low = packed[j] & 15 if j < 8 else (packed[j - 8] & 0xFF) >> 4
+        s = (low | ((((packed[8 + j % 4] & 0xFF) >> (2 * (j // 4))) & 3) << 4)) - 32
         dl = d * F32(s)
         if dl == 0:
             continue
@@ -394,69 +562,51 @@ def _q3_k(x, out):  # hmask[32] qs[64] scales[12] d
 
 
 @njit(cache=True)
-def _k4_scales(x, nmax, rmin, nstep, L, out):
-    """Q4_K/Q5_K: 8 affine sub-blocks of 32, their 6-bit scales and mins packed in out[4:16]."""
-    Laux = np.zeros(32, np.int32)
-    weights = np.zeros(32, np.float32)
-    scales = np.zeros(8, np.float32)
-    mins = np.zeros(8, np.float32)
+def _q3_k(x, out):  # hmask[32] qs[64] scales[12] d
+    L = np.zeros(256, np.int32)
+    scales = np.zeros(16, np.float32)
+    amax = F32(0.0)
     max_scale = F32(0.0)
-    max_min = F32(0.0)
-    for j in range(8):
-        xs = x[32 * j:32 * j + 32]
-        sum_x2 = F32(0.0)
-        for v in xs:
-            sum_x2 += v * v
-        av_x = np.sqrt(sum_x2 / F32(32.0))
-        for i in range(32):
-            weights[i] = av_x + abs(xs[i])
-        scales[j], mins[j] = _make_qkx2_quants(xs, weights, nmax, L[32 * j:32 * j + 32], Laux,
-                                               rmin, F32(0.1), nstep, False)
-        max_scale = max(max_scale, scales[j])
-        max_min = max(max_min, mins[j])
-    inv_scale = F32(63.0) / max_scale if max_scale > 0 else F32(0.0)
-    inv_min = F32(63.0) / max_min if max_min > 0 else F32(0.0)
-    q = np.zeros(12, np.int32)
-    ls_all = np.zeros(8, np.int32)
-    lm_all = np.zeros(8, np.int32)
-    for j in range(8):
-        ls = min(63, _nearest_int(inv_scale * scales[j]) & 0xFF)
-        lm = min(63, _nearest_int(inv_min * mins[j]) & 0xFF)
-        ls_all[j] = ls
-        lm_all[j] = lm
-        if j < 4:
-            q[j] = ls
-            q[j + 4] = lm
-        else:
-            q[j + 4] = (ls & 15) | ((lm & 15) << 4)
-            q[j - 4] |= (ls >> 4) << 6
-            q[j] |= (lm >> 4) << 6
-    for j in range(12):
-        out[4 + j] = np.uint8(q[j] & 0xFF)
-    d = _put_f16(out, 0, max_scale / F32(63.0))
-    dmin = _put_f16(out, 2, max_min / F32(63.0))
-    for j in range(8):
-        dl = d * F32(ls_all[j])
-        if dl == 0:
-            continue
-        dm = dmin * F32(lm_all[j])
-        for i in range(32):
-            L[32 * j + i] = max(0, min(nmax, _nearest_int((x[32 * j + i] + dm) / dl)))
+    for j in range(16):
+        scales[j] = _make_q3_quants(x[16 * j:16 * j + 16], 4, L[16 * j:16 * j + 16])
+        if abs(scales[j]) > amax:
+            amax = abs(scales[j])
+            max_scale = scales[j]
+    ls = np.zeros(16, np.int32)
+    d = F32(0.0)
+    if max_scale != 0:
+        iscale = F32(-32.0) / max_scale
+        for j in range(16):
+            ls[j] = max(-32, min(31, np.int32(np.int8(_nearest_int(iscale * scales[j]) & 0xFF)))) + 32
+        d = F32(1.0) / iscale
+    _q3_k_codes(x, ls, d, L, out)
 
 
 @njit(cache=True)
-def _q4_k(x, out):  # d dmin scales[12] qs[128]
+def _q3_k_weighted(x, qw, row_sigma2, out):
     L = np.zeros(256, np.int32)
-    _k4_scales(x, 15, F32(-1.0), 20, L, out)
+    weights = np.empty(16, np.float32)
+    scales = np.zeros(16, np.float32)
+    sw = np.zeros(16, np.float32)
+    sigma2 = F32(2.0) * _sum_squares(x) / F32(256.0)
+    for j in range(16):
+        xs = x[16 * j:16 * j + 16]
+        sw[j] = _importance_weights(xs, qw[16 * j:16 * j + 16], sigma2, weights)
+        scales[j] = _make_qx_quants(xs, 4, L[16 * j:16 * j + 16], weights)
+    ls = np.zeros(16, np.int32)
+    d = _make_qx_quants(scales, 32, ls, sw)
+    _q3_k_codes(x, ls, d, L, out)
+
+
+@njit(cache=True)
+def _q4_k_pack(L, out):
     for j in range(0, 256, 64):
         for l in range(32):
             out[16 + j // 2 + l] = np.uint8(L[j + l] | (L[j + l + 32] << 4))
 
 
 @njit(cache=True)
-def _q5_k(x, out):  # d dmin scales[12] qh[32] qs[128]
-    L = np.zeros(256, np.int32)
-    _k4_scales(x, 31, F32(-0.5), 15, L, out)
+def _q5_k_pack(L, out):
     for i in range(32):
         out[16 + i] = 0
     for c, n in enumerate(range(0, 256, 64)):
@@ -473,13 +623,126 @@ def _q5_k(x, out):  # d dmin scales[12] qh[32] qs[128]
 
 
 @njit(cache=True)
-def _q6_k(x, out):  # ql[128] qh[64] scales[16] d
+def _k4_codes(x, nmax, ls, lm, d, dmin, L, out):
+    """Q4_K/Q5_K (nmax 15/31): 8 sub-blocks' 6-bit scales ls and mins lm packed in out[4:16] (as
+    uint8, as llama.cpp stores them), d and dmin stored, the weights requantized to the packed
+    scales (a sub-block of scale 0 keeps the search's codes) and packed."""
+    q = np.zeros(12, np.int32)
+    for j in range(8):
+        if j < 4:
+            q[j] = ls[j]
+            q[j + 4] = lm[j]
+        else:
+            q[j + 4] = (ls[j] & 15) | ((lm[j] & 15) << 4)
+            q[j - 4] = (q[j - 4] | ((ls[j] >> 4) << 6)) & 0xFF
+            q[j] = (q[j] | ((lm[j] >> 4) << 6)) & 0xFF
+    for j in range(12):
+        out[4 + j] = np.uint8(q[j] & 0xFF)
+    d = _put_f16(out, 0, d)
+    dmin = _put_f16(out, 2, dmin)
+    for j in range(8):  # (get_scale_min_k4)
+        if j < 4:
+            sc, m = q[j] & 63, q[j + 4] & 63
+        else:
+            sc, m = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4)
+        dl = d * F32(sc)
+        if dl == 0:
+            continue
+        dm = dmin * F32(m)
+        for i in range(32):
+            L[32 * j + i] = max(0, min(nmax, _nearest_int((x[32 * j + i] + dm) / dl)))
+    if nmax == 15:
+        _q4_k_pack(L, out)
+    else:
+        _q5_k_pack(L, out)
+
+
+@njit(cache=True)
+def _k4_scales(x, nmax, rmin, nstep, L, out):
+    """Q4_K/Q5_K's reference: 8 affine sub-blocks of 32, their scales and mins each a 6-bit
+    multiple of the largest / 63."""
+    Laux = np.zeros(32, np.int32)
+    weights = np.zeros(32, np.float32)
+    scales = np.zeros(8, np.float32)
+    mins = np.zeros(8, np.float32)
+    max_scale = F32(0.0)
+    max_min = F32(0.0)
+    for j in range(8):
+        xs = x[32 * j:32 * j + 32]
+        av_x = np.sqrt(_sum_squares(xs) / F32(32.0))
+        for i in range(32):
+            weights[i] = av_x + abs(xs[i])
+        scales[j], mins[j] = _make_qkx2_quants(xs, weights, nmax, L[32 * j:32 * j + 32], Laux,
+                                               rmin, F32(0.1), nstep, False, False)
+        max_scale = max(max_scale, scales[j])
+        max_min = max(max_min, mins[j])
+    inv_scale = F32(63.0) / max_scale if max_scale > 0 else F32(0.0)
+    inv_min = F32(63.0) / max_min if max_min > 0 else F32(0.0)
+    ls = np.zeros(8, np.int32)
+    lm = np.zeros(8, np.int32)
+    for j in range(8):
+        ls[j] = min(63, _nearest_int(inv_scale * scales[j]) & 0xFF)
+        lm[j] = min(63, _nearest_int(inv_min * mins[j]) & 0xFF)
+    _k4_codes(x, nmax, ls, lm, max_scale / F32(63.0), max_min / F32(63.0), L, out)
+
+
+@njit(cache=True)
+def _k4_scales_weighted(x, qw, nmax, L, out):
+    """Q4_K/Q5_K's importance-weighted search: scales and mins as codes of make_qp_quants."""
+    Laux = np.zeros(32, np.int32)
+    weights = np.empty(32, np.float32)
+    scales = np.zeros(8, np.float32)
+    mins = np.zeros(8, np.float32)
+    sw = np.zeros(8, np.float32)
+    sigma2 = F32(2.0) * _sum_squares(x) / F32(256.0)
+    for j in range(8):
+        xs = x[32 * j:32 * j + 32]
+        sw[j] = _importance_weights(xs, qw[32 * j:32 * j + 32], sigma2, weights)
+        scales[j], mins[j] = _make_qkx2_quants(xs, weights, nmax, L[32 * j:32 * j + 32], Laux,
+                                               F32(-0.9), F32(0.05), 36, False, True)
+    ls8 = np.zeros(8, np.uint8)
+    lm8 = np.zeros(8, np.uint8)
+    d = _make_qp_quants(scales, 63, ls8, sw)
+    dmin = _make_qp_quants(mins, 63, lm8, sw)
+    cap = 63 if nmax == 31 else 255  # (Q5_K caps them at 63, Q4_K does not)
+    ls = np.zeros(8, np.int32)
+    lm = np.zeros(8, np.int32)
+    for j in range(8):
+        ls[j] = min(cap, np.int32(ls8[j]))
+        lm[j] = min(cap, np.int32(lm8[j]))
+    _k4_codes(x, nmax, ls, lm, d, dmin, L, out)
+
+
+@njit(cache=True)
+def _q4_k(x, out):  # d dmin scales[12] qs[128]
+    _k4_scales(x, 15, F32(-1.0), 20, np.zeros(256, np.int32), out)
+
+
+@njit(cache=True)
+def _q4_k_weighted(x, qw, row_sigma2, out):
+    _k4_scales_weighted(x, qw, 15, np.zeros(256, np.int32), out)
+
+
+@njit(cache=True)
+def _q5_k(x, out):  # d dmin scales[12] qh[32] qs[128]
+    _k4_scales(x, 31, F32(-0.5), 15, np.zeros(256, np.int32), out)
+
+
+@njit(cache=True)
+def _q5_k_weighted(x, qw, row_sigma2, out):
+    _k4_scales_weighted(x, qw, 31, np.zeros(256, np.int32), out)
+
+
+@njit(cache=True)
+def _q6_k_scales(x, qw, out):  # ql[128] qh[64] scales[16] d
+    """Q6_K with the weights of each weight's error in its 16 sub-blocks' searches: x^2 in the
+    reference, the columns' importance (as they are) with an importance matrix."""
     L = np.zeros(256, np.int32)
     scales = np.zeros(16, np.float32)
     max_scale = F32(0.0)
     max_abs = F32(0.0)
     for j in range(16):
-        scales[j] = _make_qx_quants(x[16 * j:16 * j + 16], 32, L[16 * j:16 * j + 16])
+        scales[j] = _make_qx_quants(x[16 * j:16 * j + 16], 32, L[16 * j:16 * j + 16], qw[16 * j:16 * j + 16])
         if abs(scales[j]) > max_abs:
             max_abs = abs(scales[j])
             max_scale = scales[j]
@@ -505,8 +768,19 @@ def _q6_k(x, out):  # ql[128] qh[64] scales[16] d
                                                 | ((L[j + l + 64] >> 4) << 4) | ((L[j + l + 96] >> 4) << 6))
 
 
-# ---- IQ4_NL and IQ4_XS (quantize_row_iq4_nl_impl, as quantize_iq4_nl/_xs call it: no importance
-# weights, seven tries either side of the first scale) ---------------------------------------
+@njit(cache=True)
+def _q6_k(x, out):
+    _q6_k_scales(x, x * x, out)
+
+
+@njit(cache=True)
+def _q6_k_weighted(x, qw, row_sigma2, out):
+    _q6_k_scales(x, qw, out)
+
+
+# ---- IQ4_NL and IQ4_XS (quantize_row_iq4_nl_impl as quantize_iq4_nl/_xs call it: seven tries
+# either side of the first scale; each weight's error weighed by x^2, or with an importance matrix
+# by its column's importance times sqrt(sigma2 + x^2)) -------------------------------------------
 
 _IQ4 = np.array(IQ4_VALUES, dtype=np.int8)
 _IQ4_TRIES = 7
@@ -530,31 +804,31 @@ def _iq4_index(x):
 
 
 @njit(cache=True, inline="always")
-def _iq4_sums(x, inv):
-    """(sum w q x, sum w q^2) over x's values q of the IQ4 values nearest x * inv, w = x^2."""
+def _iq4_sums(x, w, inv):
+    """(sum w q x, sum w q^2) over x's values q of the IQ4 values nearest x * inv."""
     sumqx = F32(0.0)
     sumq2 = F32(0.0)
-    for v in x:
-        q = F32(_IQ4[_iq4_index(inv * v)])
-        wq = v * v * q
-        sumqx += wq * v
+    for i in range(x.size):
+        q = F32(_IQ4[_iq4_index(inv * x[i])])
+        wq = w[i] * q
+        sumqx += wq * x[i]
         sumq2 += wq * q
     return sumqx, sumq2
 
 
 @njit(cache=True)
-def _iq4_scale(x):
+def _iq4_scale(x, w):
     """The scale of a 32-weight block: the best fit of the values nearest x / d over d from max /
     -127 and the tries around it (0 for a block of zeros)."""
     amax, mx = _absmax_signed(x)
     if amax < GROUP_MAX_EPS:
         return F32(0.0)
     d = -mx / F32(_IQ4[0])
-    sumqx, sumq2 = _iq4_sums(x, F32(1.0) / d)
+    sumqx, sumq2 = _iq4_sums(x, w, F32(1.0) / d)
     d = sumqx / sumq2 if sumq2 > 0 else F32(0.0)
     best = d * sumqx
     for t in range(-_IQ4_TRIES, _IQ4_TRIES + 1):
-        sumqx, sumq2 = _iq4_sums(x, F32(t + np.int32(_IQ4[0])) / mx)
+        sumqx, sumq2 = _iq4_sums(x, w, F32(t + np.int32(_IQ4[0])) / mx)
         if sumq2 > 0 and sumqx * sumqx > best * sumq2:
             d = sumqx / sumq2
             best = d * sumqx
@@ -570,20 +844,38 @@ def _iq4_codes(x, d, out, at):
 
 
 @njit(cache=True)
-def _iq4_nl(x, out):
-    d = _iq4_scale(x)
+def _iq4_nl_scaled(x, w, out):
+    d = _iq4_scale(x, w)
     _put_f16(out, 0, d)
     _iq4_codes(x, d, out, 2)
 
 
 @njit(cache=True)
-def _iq4_xs(x, out):
+def _iq4_nl(x, out):
+    _iq4_nl_scaled(x, x * x, out)
+
+
+@njit(cache=True)
+def _iq4_weights(x, qw):
+    """The weights of a (super-)block with an importance matrix, sigma2 twice its mean square."""
+    w = np.empty(x.size, np.float32)
+    _importance_weights(x, qw, _sum_squares(x) * F32(2.0 / x.size), w)
+    return w
+
+
+@njit(cache=True)
+def _iq4_nl_weighted(x, qw, row_sigma2, out):
+    _iq4_nl_scaled(x, _iq4_weights(x, qw), out)
+
+
+@njit(cache=True)
+def _iq4_xs_scaled(x, w, out):
     """Eight block scales, then a super-block scale d = -(the one of largest magnitude) / 32 and
     6-bit block scales l in -32..31 (stored plus 32) with codes nearest x / (d * l)."""
     scales = np.empty(8, dtype=np.float32)
     max_scale = F32(0.0)
     for g in range(8):
-        scales[g] = _iq4_scale(x[32 * g:32 * g + 32])
+        scales[g] = _iq4_scale(x[32 * g:32 * g + 32], w[32 * g:32 * g + 32])
         if abs(scales[g]) > abs(max_scale):
             max_scale = scales[g]
     d = -max_scale / F32(32.0)
@@ -600,6 +892,16 @@ def _iq4_xs(x, out):
         high |= ((l + 32) >> 4) << (2 * g)
     out[2] = np.uint8(high & 0xFF)
     out[3] = np.uint8(high >> 8)
+
+
+@njit(cache=True)
+def _iq4_xs(x, out):
+    _iq4_xs_scaled(x, x * x, out)
+
+
+@njit(cache=True)
+def _iq4_xs_weighted(x, qw, row_sigma2, out):
+    _iq4_xs_scaled(x, _iq4_weights(x, qw), out)
 
 
 # ---- ternary types (TQ1_0, TQ2_0): each weight is -1, 0 or 1 times the block's absolute max ----
@@ -664,6 +966,12 @@ def _tq2_0(x, out):  # qs[64] d: weight 128 h + 32 n + m in bits 2n of byte 32 h
 BLOCK_QUANTIZERS = {T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0, T.MXFP4: _mxfp4,
                     T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
                     T.IQ4_NL: _iq4_nl, T.IQ4_XS: _iq4_xs, T.TQ1_0: _tq1_0, T.TQ2_0: _tq2_0}
+# importance-weighted block quantizer (x, qw, row_sigma2, out) by type: the types whose llama.cpp
+# quantizer reads an importance matrix (Q8_0's and MXFP4's ignore it)
+WEIGHTED_QUANTIZERS = {T.Q4_0: _q4_0_weighted, T.Q4_1: _q4_1_weighted, T.Q5_0: _q5_0_weighted,
+                       T.Q5_1: _q5_1_weighted, T.Q2_K: _q2_k_weighted, T.Q3_K: _q3_k_weighted,
+                       T.Q4_K: _q4_k_weighted, T.Q5_K: _q5_k_weighted, T.Q6_K: _q6_k_weighted,
+                       T.IQ4_NL: _iq4_nl_weighted, T.IQ4_XS: _iq4_xs_weighted}
 
 
 def _quantize_block(tag, x, out):
@@ -676,6 +984,18 @@ def _typed_quantize_block(tag, x, out):
     (qtype,) = tagged_types(tag)
     quantize_block = BLOCK_QUANTIZERS[qtype]
     return lambda tag, x, out: quantize_block(x, out)
+
+
+def _quantize_weighted_block(tag, x, qw, row_sigma2, out):
+    """x (one block) into out as the type tag's dtype names, weighed by qw, in compiled code only."""
+    raise NotImplementedError
+
+
+@overload(_quantize_weighted_block)
+def _typed_quantize_weighted_block(tag, x, qw, row_sigma2, out):
+    (qtype,) = tagged_types(tag)
+    quantize_block = WEIGHTED_QUANTIZERS[qtype]
+    return lambda tag, x, qw, row_sigma2, out: quantize_block(x, qw, row_sigma2, out)
 
 
 # The type travels as an empty array whose dtype names it (type_sets): its Numba type differs per
@@ -692,23 +1012,41 @@ def _quantize_rows(tag, x, out, block, block_bytes):
             _quantize_block(tag, x[r, b * block:(b + 1) * block], out[r, b * block_bytes:(b + 1) * block_bytes])
 
 
+@njit(cache=True, parallel=True)
+def _quantize_rows_weighted(tag, x, qw, rows_per_group, out, block, block_bytes):
+    """Row r weighed by qw[r // rows_per_group] (a mixture's experts: each its own importance)."""
+    for r in prange(x.shape[0]):
+        w = qw[r // rows_per_group]
+        row_sigma2 = _sum_squares(x[r]) / F32(x.shape[1])
+        for b in range(x.shape[1] // block):
+            _quantize_weighted_block(tag, x[r, b * block:(b + 1) * block], w[b * block:(b + 1) * block], row_sigma2,
+                                     out[r, b * block_bytes:(b + 1) * block_bytes])
+
+
 def _tag(qtype) -> np.ndarray:
     return np.empty(0, dtype=tagged_dtype(_TAG, [qtype]))
 
 
-def quantizers_compiled(qtypes) -> bool:
-    """False when quantizing to one of qtypes would compile its quantizer first (seconds each: no
-    entry for that type in Numba's cache index of _quantize_rows yet)."""
+def quantizers_compiled(qtypes, weighted: bool = False) -> bool:
+    """False when quantizing to one of qtypes (weighted: with an importance matrix) would compile
+    its quantizer first (seconds each: no entry for that type in Numba's cache index of the row
+    loop yet)."""
+    if weighted:
+        rows, qtypes = _quantize_rows_weighted, [t for t in qtypes if t in WEIGHTED_QUANTIZERS]
+    else:
+        rows = _quantize_rows
     try:
-        index = _quantize_rows._cache._cache_file._load_index()  # (Numba's own cache index)
+        index = rows._cache._cache_file._load_index()  # (Numba's own cache index)
     except (AttributeError, OSError, EOFError, ValueError):
         return True
     compiled = {tagged_types(key[0][0]) for key in index}
     return all((t,) in compiled for t in qtypes)
 
 
-def quantize(x: np.ndarray, qtype: T) -> np.ndarray:
-    """Rows of float32 x (N, K) -> raw GGUF rows (N, bytes per row) of type qtype."""
+def quantize(x: np.ndarray, qtype: T, imatrix: np.ndarray | None = None) -> np.ndarray:
+    """Rows of float32 x (N, K) -> raw GGUF rows (N, bytes per row) of type qtype. imatrix: the
+    importance of each of the K columns, (K,), or (G, K) for G equal groups of rows (a mixture's
+    experts), as llama.cpp's quantizers take it (the types that ignore one quantize without)."""
     x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
     if qtype == T.F32:
         return x.view(np.uint8).copy()
@@ -725,5 +1063,12 @@ def quantize(x: np.ndarray, qtype: T) -> np.ndarray:
     if x.shape[1] % block:
         raise ValueError(f"row length {x.shape[1]} is not a multiple of the {qtype.name} block size {block}")
     out = np.zeros((x.shape[0], x.shape[1] // block * block_bytes), dtype=np.uint8)
-    _quantize_rows(_tag(qtype), x, out, block, block_bytes)
+    if imatrix is None or qtype not in WEIGHTED_QUANTIZERS:
+        _quantize_rows(_tag(qtype), x, out, block, block_bytes)
+        return out
+    size = np.size(imatrix)
+    if size == 0 or size % x.shape[1] or x.shape[0] % (size // x.shape[1]):
+        raise ValueError(f"an importance matrix of {size} values does not fit {x.shape[0]} rows of {x.shape[1]} columns")
+    qw = np.ascontiguousarray(imatrix, dtype=np.float32).reshape(-1, x.shape[1])
+    _quantize_rows_weighted(_tag(qtype), x, qw, x.shape[0] // qw.shape[0], out, block, block_bytes)
     return out

@@ -37,6 +37,7 @@ class Imatrix:
     chunk_count: int = 0
     chunk_size: int = 0     # 0 in a .dat file, which does not say
     legacy: bool = False    # read from a .dat file: sums are per-chunk means times chunk_count, counts chunk_count
+    has_metadata: bool = True  # a GGUF file's imatrix.datasets, chunk_count and chunk_size keys all there
 
 
 def _string(s: str) -> bytes:
@@ -110,7 +111,8 @@ def _read_gguf(path: Path) -> Imatrix:
         raise GGUFError(f"{path.name}: no imatrix data in the file")
     datasets = f.get(DATASETS, [])
     return Imatrix(entries, [str(d) for d in datasets] if isinstance(datasets, list) else [],
-                   int(f.get(CHUNK_COUNT, 0)), int(f.get(CHUNK_SIZE, 0)))
+                   int(f.get(CHUNK_COUNT, 0)), int(f.get(CHUNK_SIZE, 0)),
+                   has_metadata=all(key in f.metadata for key in (DATASETS, CHUNK_COUNT, CHUNK_SIZE)))
 
 
 def _read_dat(path: Path) -> Imatrix:

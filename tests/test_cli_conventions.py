@@ -103,6 +103,52 @@ def test_quantize_and_convert_take_llama_quantizes_mix_options(f32_model, tmp_pa
     assert not (tmp_path / "bad.gguf").exists()
 
 
+def test_quantize_takes_an_importance_matrix(f32_model, tmp_path):
+    """--imatrix with llama-quantize's --include-weights / --exclude-weights: the matrix's keys in the
+    file; a missing or unreadable file and both filters together are usage errors; an entry that does
+    not fit its tensor an error that writes nothing (the token embedding's is passed over, as
+    llama-quantize passes it over)."""
+    import numpy as np
+
+    from gguf_io import GGUFFile
+    from gguf_io.imatrix import Imatrix, ImatrixEntry, write_imatrix
+    f = GGUFFile(f32_model)
+    rng = np.random.default_rng(0)
+    entries = {name: ImatrixEntry(rng.random((1, t.shape[0]), np.float32), np.array([128]))
+               for name, t in f.tensors.items() if name.startswith("blk.") and len(t.shape) == 2}
+    entries["token_embd.weight"] = ImatrixEntry(np.ones((1, 7), np.float32), np.array([1]))  # (does not fit)
+    imatrix = tmp_path / "imatrix.gguf"
+    write_imatrix(imatrix, Imatrix(entries, ["text.txt"], 3, 64))
+    out = tmp_path / "q.gguf"
+    r = ggrun("quantize", f32_model, out, "Q4_0", "--imatrix", imatrix, "--exclude-weights", "ffn_")
+    assert r.exit_code == 0, r.output
+    keys = GGUFFile(out).metadata
+    assert {k: keys[k].value for k in keys if k.startswith("quantize.")} == {
+        "quantize.imatrix.file": str(imatrix), "quantize.imatrix.dataset": "text.txt",
+        "quantize.imatrix.entries_count": len(entries) - 6, "quantize.imatrix.chunks_count": 3}
+    plain = tmp_path / "plain.gguf"
+    assert ggrun("quantize", f32_model, plain, "Q4_0").exit_code == 0
+    assert GGUFFile(out).tensor_bytes("blk.0.attn_q.weight").tobytes() != GGUFFile(plain).tensor_bytes(
+        "blk.0.attn_q.weight").tobytes()
+    assert GGUFFile(out).tensor_bytes("blk.0.ffn_up.weight").tobytes() == GGUFFile(plain).tensor_bytes(
+        "blk.0.ffn_up.weight").tobytes()  # (excluded)
+
+    def usage(*args) -> str:
+        result = ggrun("quantize", f32_model, tmp_path / "u.gguf", "Q4_0", *args)
+        assert result.exit_code == 1 and "Usage:" in result.output
+        return result.output
+    assert "does not exist" in usage("--imatrix", tmp_path / "none.gguf")
+    junk = tmp_path / "junk.dat"
+    junk.write_bytes(b"\x01\x00\x00\x00junk")
+    assert "--imatrix" in usage("--imatrix", junk)
+    assert "cannot be used together" in usage("--imatrix", imatrix, "--include-weights", "a", "--exclude-weights", "b")
+    entries["blk.1.attn_k.weight"] = ImatrixEntry(np.ones((1, 32), np.float32), np.array([1]))
+    write_imatrix(imatrix, Imatrix(entries, ["text.txt"], 3, 64))
+    message = _error(ggrun("quantize", f32_model, tmp_path / "bad.gguf", "Q4_0", "--imatrix", imatrix))
+    assert "32 values for blk.1.attn_k.weight, which has 64 columns" in message
+    assert not (tmp_path / "bad.gguf").exists()
+
+
 def test_data_errors_are_errors_not_usage(smollm_path, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("Hi")

@@ -3,7 +3,8 @@
 on small mixtures of experts (tests/hf_folders.py) for the types whose rules experts change. The
 references (tests/data/llama_cpp_mixes.json, llama_cpp_moe_mixes.json: per tensor its type and a
 hash of its bytes, in llama-quantize's order) are made by scripts/llama_cpp_mixes from llama.cpp
-b11434."""
+b11434. With an importance matrix (made by ggrun imatrix, whose sums may differ by machine in their
+last bits), llama-quantize runs beside ggrun in the test."""
 from __future__ import annotations
 
 import hashlib
@@ -82,6 +83,68 @@ def test_mix_options_are_llama_quantizes(smollm_hf, smollm_f32, tmp_path, varian
     if variant == next(iter(VARIANTS)):
         convert_hf(smollm_hf, tmp_path / "converted.gguf", file_type, progress=False, mix=mix_options(args))
         assert sorted(tensor_digests(tmp_path / "converted.gguf")) == sorted(want)
+
+
+# (file type, llama-quantize's options besides --imatrix) quantized with an importance matrix
+IMATRIX_RUNS = (("Q4_K_M", []), ("Q4_0", ["--include-weights", "attn_", "--include-weights", "ffn_up"]))
+
+
+def _imatrix_of(model, tmp_path) -> Path:
+    """ggrun imatrix's matrix of model over 2 chunks of 128 tokens."""
+    from click.testing import CliRunner
+
+    from runner.terminal.cli import main
+
+    from .llama_cpp import PERPLEXITY_TEXT
+    text, imatrix = tmp_path / "text.txt", tmp_path / "imatrix.gguf"
+    text.write_text(PERPLEXITY_TEXT)
+    r = CliRunner().invoke(main, ["imatrix", str(model), "-f", str(text), "-o", str(imatrix), "-c", "128", "--chunks", "2"])
+    assert r.exit_code == 0, r.output
+    return imatrix
+
+
+def _quantized_alike(tools, f32, imatrix, file_type, args, mix, tmp_path) -> list:
+    """llama-quantize's and ggrun's quantization of f32 with imatrix (theirs.gguf, ours.gguf): the digests."""
+    import subprocess
+
+    from convert.convert import requantize
+    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    subprocess.run([tools / "llama-quantize", "--imatrix", imatrix, *args, f32, theirs, file_type],
+                   check=True, capture_output=True, timeout=300)
+    requantize(f32, ours, file_type, progress=False, mix=mix)
+    want = tensor_digests(theirs)
+    assert tensor_digests(ours) == want, file_type
+    return want
+
+
+def test_mixes_with_an_importance_matrix_are_llama_quantizes(smollm_hf, smollm_f32, llama_cpp_tools, tmp_path):
+    """An importance matrix made by ggrun imatrix (2 chunks of 128 tokens), given to llama-quantize
+    b11434 and to ggrun: the same bytes, through quantize and convert, and the same quantize.imatrix.*
+    keys. Q4_0 with --include-weights: only the matching tensors weighed, and ffn_down's first eighth
+    Q4_1, as llama-quantize chooses with an importance matrix."""
+    from convert.convert import convert_hf
+    imatrix = _imatrix_of(smollm_f32, tmp_path)
+    for file_type, args in IMATRIX_RUNS:
+        mix = MixOptions(imatrix=str(imatrix), include_weights=tuple(args[1::2]))
+        want = _quantized_alike(llama_cpp_tools, smollm_f32, imatrix, file_type, args, mix, tmp_path)
+        ours, theirs = tmp_path / "ours.gguf", tmp_path / "theirs.gguf"
+        keys = [{k: v.value for k, v in GGUFFile(p).metadata.items() if k.startswith("quantize.")} for p in (ours, theirs)]
+        assert keys[0] == keys[1] and keys[0]["quantize.imatrix.file"] == str(imatrix), file_type
+        if file_type == "Q4_K_M":
+            convert_hf(smollm_hf, tmp_path / "converted.gguf", file_type, progress=False, mix=mix)
+            assert sorted(tensor_digests(tmp_path / "converted.gguf")) == sorted(want)
+
+
+def test_experts_take_their_own_importance_as_in_llama_quantize(llama_cpp_source, llama_cpp_tools, tmp_path):
+    """A mixture's 3-D expert tensors: each expert's rows weighed by its own slice of the matrix."""
+    from convert.convert import convert_hf
+
+    from .hf_folders import moe_folder
+    f32 = tmp_path / "f32.gguf"
+    convert_hf(moe_folder("qwen3_moe", tmp_path / "hf", llama_cpp_source), f32, "F32", progress=False)
+    imatrix = _imatrix_of(f32, tmp_path)
+    for file_type in ("Q2_K", "Q4_K_M", "IQ4_XS"):
+        _quantized_alike(llama_cpp_tools, f32, imatrix, file_type, [], MixOptions(imatrix=str(imatrix)), tmp_path)
 
 
 def test_a_named_type_that_cannot_hold_the_rows_is_refused(smollm_f32, tmp_path):

@@ -642,11 +642,21 @@ def _split_size(ctx, param, text: str | None) -> int:
 
 
 def _merge_mix(kw):
-    """llama-quantize's mix options as one MixOptions (a type by its name, in any case)."""
+    """llama-quantize's mix options as one MixOptions (a type by its name, in any case); the
+    importance matrix read once here, so that a file that is not one is a usage error."""
     from gguf import GGMLQuantizationType as T
+
+    from convert.importance import load_importance
     named = {key: None if kw[key] is None else T[kw[key].upper()] for key in ("output_type", "token_embedding_type")}
-    return {**{k: v for k, v in kw.items() if k not in (*named, "pure")},
-            "mix": MixOptions(pure=kw["pure"], **named)}
+    weights = {key: tuple(kw[key]) for key in ("include_weights", "exclude_weights")}
+    if weights["include_weights"] and weights["exclude_weights"]:
+        raise click.UsageError("--include-weights and --exclude-weights cannot be used together")
+    mix = MixOptions(pure=kw["pure"], imatrix=kw["imatrix"], **named, **weights)
+    try:
+        load_importance(mix.imatrix)
+    except ConversionError as e:
+        raise click.BadParameter(str(e), param_hint="--imatrix") from None
+    return {**{k: v for k, v in kw.items() if k not in (*named, *weights, "pure", "imatrix")}, "mix": mix}
 
 
 _tensor_type = click.Choice(sorted(t.name for t in QUANT_TYPES), case_sensitive=False)
@@ -656,7 +666,15 @@ mix_options = _merging(
                                               "allow), none promoted, as llama-quantize --pure."),
     click.option("--output-tensor-type", "output_type", type=_tensor_type,
                  help="The output matrix's type (a tied embedding's too), taken as given."),
-    click.option("--token-embedding-type", type=_tensor_type, help="The token embedding's type, taken as given."))
+    click.option("--token-embedding-type", type=_tensor_type, help="The token embedding's type, taken as given."),
+    click.option("--imatrix", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+                 help="Quantize with this importance matrix (GGUF or legacy .dat, as `ggrun imatrix` and "
+                      "llama-imatrix write), as llama-quantize --imatrix."),
+    click.option("--include-weights", multiple=True, metavar="NAME",
+                 help="Use the importance matrix only for tensors whose names contain NAME (repeatable)."),
+    click.option("--exclude-weights", multiple=True, metavar="NAME",
+                 help="Do not use the importance matrix for tensors whose names contain NAME (repeatable; not "
+                      "with --include-weights)."))
 split_option = click.option("--split-max-size", "split_max_size", metavar="N(M|G)", callback=_split_size,
                             help="Write a split model of parts up to this size (as llama-gguf-split names and "
                                  "keys them), e.g. 2G; a model that fits is written whole.")
