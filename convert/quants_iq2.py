@@ -34,10 +34,13 @@ FLT_MAX = F32(3.4028234663852886e38)
 K_MAX_Q = 3                           # levels 0, 1, 2: magnitudes 1, 3, 5 times the scale (2 l + 1)
 MAP_SIZE = 0xAAAA + 1                 # indices of 8 two-bit fields, each at most 2
 IQ2_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S)
-# how many of the smallest distinct distances a point's neighbour list spans (iq2xs_init_impl)
-_NEIGHBOUR_DISTANCES = {T.IQ2_XXS: 2, T.IQ2_XS: 2, T.IQ2_S: 1}
-# gguf's grid bytes per level
-_LEVEL_BYTES = (8, 25, 43)
+# how many of the smallest distinct distances a point's neighbour list spans (iq2xs_init_impl,
+# which also builds IQ1_S's 2048-entry grid, shared by IQ1_M)
+_NEIGHBOUR_DISTANCES = {T.IQ2_XXS: 2, T.IQ2_XS: 2, T.IQ2_S: 1, T.IQ1_S: 3}
+# gguf's grid values per level: IQ2's magnitudes, IQ1's -1, 0, 1
+_LEVEL_VALUES = {T.IQ1_S: (-1, 0, 1)}
+_IQ2_LEVEL_VALUES = (8, 25, 43)
+_IQ2_VALUES = np.array([1, 3, 5], F32)  # the levels' magnitudes in the quantizing space, 2 l + 1
 
 
 @intrinsic
@@ -114,11 +117,14 @@ def _neighbours(levels, distances):
 
 @cache
 def tables(qtype: T) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(levels (entries, 8) int8 in 0..2, kmap, neighbour lists) of an IQ2 type's grid, built once."""
+    """(levels (entries, 8) int8 in 0..2, kmap, neighbour lists) of an IQ2 or IQ1 type's grid,
+    built once (IQ1_M's are IQ1_S's)."""
+    if qtype == T.IQ1_M:
+        return tables(T.IQ1_S)
     values = grid(qtype)
     levels = np.full(values.shape, -1, np.int8)
-    for level, byte in enumerate(_LEVEL_BYTES):
-        levels[values == byte] = level
+    for level, value in enumerate(_LEVEL_VALUES.get(qtype, _IQ2_LEVEL_VALUES)):
+        levels[values == value] = level
     assert (levels >= 0).all()
     kmap, lists = _neighbours(levels, _NEIGHBOUR_DISTANCES[qtype])
     return levels, kmap, lists
@@ -197,22 +203,23 @@ def _point(L, at):
 
 
 @njit(cache=True)
-def _best_neighbour(lists, start, levels, xval, waux, at, scale, L):
-    """ggml's iq2_find_best_neighbour: of the listed entries, the first of least weighted squared
-    error at `scale` for xval[at:at+8]; its levels into L[at:at+8]."""
+def _best_neighbour(lists, start, levels, values, xval, w, at, scale, L):
+    """ggml's iq2_find_best_neighbour (and iq1_find_best_neighbour2): of the listed entries, the
+    first of least squared error weighted by w at `scale` for xval[at:at+8], a level l standing
+    for values[l]; its levels into L[at:at+8]."""
     best_d2 = FLT_MAX
     best = -1
     for j in range(1, np.int32(lists[start]) + 1):
         g = np.int32(lists[start + j])
         d2 = F32(0.0)
         for i in range(8):
-            diff = scale * F32(2 * levels[g, i] + 1) - xval[at + i]
-            d2 += waux[at + i] * diff * diff
+            diff = scale * values[levels[g, i]] - xval[at + i]
+            d2 += w[at + i] * diff * diff
         if d2 < best_d2:
             best_d2 = d2
             best = g
     if best < 0:
-        raise ValueError("IQ2 quantization: no finite neighbour (non-finite input?)")
+        raise ValueError("IQ quantization: no finite neighbour (weights out of float32's range?)")
     for i in range(8):
         L[at + i] = levels[best, i]
     return best
@@ -235,7 +242,7 @@ def _grid_group(levels, kmap, lists, id_, scale, xval, waux, at, L):
     g = kmap[u]
     if g >= 0:
         return g, True
-    return _best_neighbour(lists, -1 - g, levels, xval, waux, at, scale, L), False
+    return _best_neighbour(lists, -1 - g, levels, _IQ2_VALUES, xval, waux, at, scale, L), False
 
 
 @njit(cache=True, inline="always")
@@ -519,13 +526,25 @@ def quantize_iq2(x: np.ndarray, qtype: T, importance: np.ndarray | None) -> np.n
     sigma^2 / 4 + x^2 (sigma^2 twice the mean square of its 256)."""
     if qtype not in IQ2_TYPES:
         raise ValueError(f"quantize_iq2 quantizes IQ2_XXS, IQ2_XS and IQ2_S, not {qtype.name}")
+    x, qw, out = checked_rows(x, qtype, importance, required=qtype != T.IQ2_S)
+    levels, kmap, lists = tables(qtype)
+    _iq2_rows(IQ2_TYPES.index(qtype), x, qw, importance is not None, levels, kmap, lists, out)
+    return out
+
+
+def checked_rows(x: np.ndarray, qtype: T, importance: np.ndarray | None,
+                 required: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x as contiguous float32 rows (rows, k), the importance vector (k,) float32 (zeros, never
+    read, where None), the zeroed output rows (rows, bytes) uint8) for the grid quantizers, with
+    ValueErrors for a row length not a multiple of 256, a missing importance matrix where
+    `required`, an importance vector of another length and non-finite values."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     x = x.reshape(-1, x.shape[-1])
     k = x.shape[1]
     if k % QK_K:
         raise ValueError(f"row length {k} is not a multiple of the {qtype.name} block size {QK_K}")
     if importance is None:
-        if qtype != T.IQ2_S:
+        if required:
             raise ValueError(f"{qtype.name} needs an importance matrix (make one with `ggrun imatrix`)")
         qw = np.zeros(k, np.float32)
     else:
@@ -534,7 +553,4 @@ def quantize_iq2(x: np.ndarray, qtype: T, importance: np.ndarray | None) -> np.n
             raise ValueError(f"importance has {qw.shape[0]} values for rows of {k}")
     if not np.isfinite(x).all():
         raise ValueError(f"cannot quantize non-finite values to {qtype.name}")
-    out = np.zeros((x.shape[0], k // QK_K * GGML_QUANT_SIZES[qtype][1]), dtype=np.uint8)
-    levels, kmap, lists = tables(qtype)
-    _iq2_rows(IQ2_TYPES.index(qtype), x, qw, importance is not None, levels, kmap, lists, out)
-    return out
+    return x, qw, np.zeros((x.shape[0], k // QK_K * GGML_QUANT_SIZES[qtype][1]), dtype=np.uint8)
