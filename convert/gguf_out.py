@@ -14,11 +14,12 @@ from gguf import GGML_QUANT_SIZES, GGUFValueType, GGUFWriter
 from gguf import GGMLQuantizationType as T
 
 from gguf_io.progress import progress_bar
+from gguf_io.quant_types import BLOCK_TYPES
 from gguf_io.safe_files import OutputError, atomic_outputs, same_file
 from gguf_io.split import parse_part_name
 
 from .errors import ConversionError
-from .quants import BLOCK_TYPES, quantize, quantizers_compiled
+from .quants import quantize, quantizers_compiled
 
 
 @dataclass

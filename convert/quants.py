@@ -12,28 +12,16 @@ from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 from numba.extending import overload
 
-from gguf_io.quant_types import BLOCK_TYPES, IQ4_VALUES, MXFP4_VALUES
-from kernels_cpu.blocks import F16_TABLE, quantize_q8_0
-from kernels_cpu.intrinsics import f16_bits
+from gguf_io.quant_types import IQ4_VALUES, MXFP4_VALUES
+from kernels_cpu.blocks import quantize_q8_0
 from kernels_cpu.type_sets import tagged_dtype, tagged_types
 
+from .block_math import GROUP_MAX_EPS, make_qp_quants, nearest_int, put_f16
+from .quants_iq1 import quantize_iq1
+from .quants_iq2 import quantize_iq2
+from .quants_iq3 import quantize_iq3
+
 F32 = np.float32
-GROUP_MAX_EPS = F32(1e-15)
-
-
-@njit(cache=True, inline="always")
-def _put_f16(out, at, f):
-    """Store f as half at out[at:at+2]; return the value the half holds (GGML_FP16_TO_FP32 of it).
-    (LLVM's conversion: F16C's on x86, as llama.cpp's GGML_FP32_TO_FP16.)"""
-    h = f16_bits(F32(f))
-    out[at] = np.uint8(h & 0xFF)
-    out[at + 1] = np.uint8(h >> 8)
-    return F16_TABLE[np.int32(h)]
-
-
-@njit(cache=True, inline="always")
-def _nearest_int(f):
-    return np.int32(np.rint(f))  # llama.cpp's +12582912 trick is round-to-nearest-even
 
 
 # ---- 32-weight blocks ----------------------------------------------------------------------
@@ -66,7 +54,7 @@ def _q4_0(x, out):
     _, mx = _absmax_signed(x)
     d = mx / F32(-8.0)
     inv = F32(1.0) / d if d != 0 else F32(0.0)
-    _put_f16(out, 0, d)
+    put_f16(out, 0, d)
     for j in range(16):
         a = min(15, np.int32(x[j] * inv + F32(8.5)))
         b = min(15, np.int32(x[j + 16] * inv + F32(8.5)))
@@ -78,8 +66,8 @@ def _q4_1(x, out):
     mn, mx = _min_max(x)
     d = (mx - mn) / F32(15.0)
     inv = F32(1.0) / d if d != 0 else F32(0.0)
-    _put_f16(out, 0, d)
-    _put_f16(out, 2, mn)
+    put_f16(out, 0, d)
+    put_f16(out, 2, mn)
     for j in range(16):
         a = min(15, np.int32((x[j] - mn) * inv + F32(0.5)))
         b = min(15, np.int32((x[j + 16] - mn) * inv + F32(0.5)))
@@ -103,7 +91,7 @@ def _q5_0(x, out):
     _, mx = _absmax_signed(x)
     d = mx / F32(-16.0)
     inv = F32(1.0) / d if d != 0 else F32(0.0)
-    _put_f16(out, 0, d)
+    put_f16(out, 0, d)
     qh = np.uint32(0)
     for j in range(16):
         a = min(31, np.int32(x[j] * inv + F32(16.5)))
@@ -117,8 +105,8 @@ def _q5_1(x, out):
     mn, mx = _min_max(x)
     d = (mx - mn) / F32(31.0)
     inv = F32(1.0) / d if d != 0 else F32(0.0)
-    _put_f16(out, 0, d)
-    _put_f16(out, 2, mn)
+    put_f16(out, 0, d)
+    put_f16(out, 2, mn)
     qh = np.uint32(0)
     for j in range(16):
         a = np.int32((x[j] - mn) * inv + F32(0.5)) & 0xFF
@@ -137,7 +125,7 @@ def _symmetric_weighted(x, qw, row_sigma2, nmax, out):
     w = np.empty(32, np.float32)
     L = np.empty(32, np.int32)
     _importance_weights(x, qw, row_sigma2, w)
-    _put_f16(out, 0, _make_qx_quants(x, nmax, L, w))
+    put_f16(out, 0, _make_qx_quants(x, nmax, L, w))
     return L
 
 
@@ -149,8 +137,8 @@ def _affine_weighted(x, qw, row_sigma2, nmax, out):
     Laux = np.empty(32, np.int32)
     _importance_weights(x, qw, row_sigma2, w)
     d, the_min = _make_qkx2_quants(x, w, nmax, L, Laux, F32(-0.9), F32(0.05), 36, False, True)
-    _put_f16(out, 0, d)
-    _put_f16(out, 2, -the_min)
+    put_f16(out, 0, d)
+    put_f16(out, 2, -the_min)
     return L
 
 
@@ -188,7 +176,7 @@ def _q5_1_weighted(x, qw, row_sigma2, out):
 
 @njit(cache=True)
 def _q8_0(x, out):
-    _put_f16(out, 0, quantize_q8_0(x, out[2:34]))
+    put_f16(out, 0, quantize_q8_0(x, out[2:34]))
 
 
 _FP4_VALUES = np.array(MXFP4_VALUES, dtype=np.float32)
@@ -233,7 +221,7 @@ def _make_qx_quants(x, nmax, L, weights):
     sumlx = F32(0.0)
     suml2 = F32(0.0)
     for i in range(n):
-        l = max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i])))
+        l = max(-nmax, min(nmax - 1, nearest_int(iscale * x[i])))
         L[i] = l + nmax
         w = weights[i]
         sumlx += w * x[i] * F32(l)
@@ -247,13 +235,13 @@ def _make_qx_quants(x, nmax, L, weights):
         sumlx = F32(0.0)
         suml2 = F32(0.0)
         for i in range(n):
-            l = max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i])))
+            l = max(-nmax, min(nmax - 1, nearest_int(iscale * x[i])))
             w = weights[i]
             sumlx += w * x[i] * F32(l)
             suml2 += w * F32(l) * F32(l)
         if suml2 > 0 and sumlx * sumlx > best * suml2:
             for i in range(n):
-                L[i] = nmax + max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i])))
+                L[i] = nmax + max(-nmax, min(nmax - 1, nearest_int(iscale * x[i])))
             scale = sumlx / suml2
             best = scale * sumlx
     return scale
@@ -271,7 +259,7 @@ def _make_q3_quants(x, nmax, L):
     sumlx = F32(0.0)
     suml2 = F32(0.0)
     for i in range(n):
-        l = max(-nmax, min(nmax - 1, _nearest_int(iscale * x[i])))
+        l = max(-nmax, min(nmax - 1, nearest_int(iscale * x[i])))
         L[i] = l
         w = x[i] * x[i]
         sumlx += w * x[i] * F32(l)
@@ -283,7 +271,7 @@ def _make_q3_quants(x, nmax, L):
             slx = sumlx - w * x[i] * F32(L[i])
             if slx > 0:
                 sl2 = suml2 - w * F32(L[i]) * F32(L[i])
-                new_l = max(-nmax, min(nmax - 1, _nearest_int(x[i] * sl2 / slx)))
+                new_l = max(-nmax, min(nmax - 1, nearest_int(x[i] * sl2 / slx)))
                 if new_l != L[i]:
                     slx += w * x[i] * F32(new_l)
                     sl2 += w * F32(new_l) * F32(new_l)
@@ -325,7 +313,7 @@ def _make_qkx2_quants(x, weights, nmax, L, Laux, rmin, rdelta, nstep, use_mad, c
     scale = F32(1.0) / iscale
     best_error = F32(0.0)
     for i in range(n):
-        L[i] = max(0, min(nmax, _nearest_int(iscale * (x[i] - mn))))
+        L[i] = max(0, min(nmax, nearest_int(iscale * (x[i] - mn))))
         diff = scale * F32(L[i]) + mn - x[i]
         diff = abs(diff) if use_mad else diff * diff
         best_error += weights[i] * diff
@@ -337,9 +325,9 @@ def _make_qkx2_quants(x, weights, nmax, L, Laux, rmin, rdelta, nstep, use_mad, c
         for i in range(n):
             if capped:
                 v = iscale * (x[i] - mn)
-                l = _nearest_int(min(v, F32(nmax))) if v > 0 else 0
+                l = nearest_int(min(v, F32(nmax))) if v > 0 else 0
             else:
-                l = max(0, min(nmax, _nearest_int(iscale * (x[i] - mn))))
+                l = max(0, min(nmax, nearest_int(iscale * (x[i] - mn))))
             Laux[i] = l
             w = weights[i]
             sum_l += w * F32(l)
@@ -363,65 +351,6 @@ def _make_qkx2_quants(x, weights, nmax, L, Laux, rmin, rdelta, nstep, use_mad, c
                 scale = this_scale
                 mn = this_min
     return scale, -mn
-
-
-@njit(cache=True)
-def _make_qp_quants(x, nmax, L, weights):
-    """make_qp_quants: codes 0..nmax (L, uint8 as llama.cpp stores them) for the non-negative x (a
-    super-block's scales or mins) and the scale they share, weighed by weights; returns the scale."""
-    n = x.size
-    mx = F32(0.0)
-    for v in x:
-        mx = max(mx, v)
-    if mx < GROUP_MAX_EPS:
-        L[:] = 0
-        return F32(0.0)
-    iscale = F32(nmax) / mx
-    scale = F32(1.0) / iscale
-    best_mse = F32(0.0)
-    for i in range(n):
-        L[i] = np.uint8(_nearest_int(iscale * x[i]) & 0xFF)
-        diff = x[i] - scale * F32(L[i])
-        best_mse += weights[i] * diff * diff
-    for step in range(-4, 5):
-        if step == 0:
-            continue
-        iscale_step = (F32(0.1) * F32(step) + F32(nmax)) / mx
-        scale_step = F32(1.0) / iscale_step
-        mse = F32(0.0)
-        for i in range(n):
-            diff = x[i] - scale_step * F32(min(nmax, _nearest_int(iscale_step * x[i])))
-            mse += weights[i] * diff * diff
-        if mse < best_mse:
-            best_mse = mse
-            iscale = iscale_step
-    sumlx = F32(0.0)
-    suml2 = F32(0.0)
-    for i in range(n):
-        l = min(nmax, _nearest_int(iscale * x[i]))
-        L[i] = np.uint8(l & 0xFF)
-        sumlx += weights[i] * x[i] * F32(l)
-        suml2 += weights[i] * F32(l) * F32(l)
-    for _ in range(5):
-        changed = 0
-        for i in range(n):
-            w = weights[i]
-            li = np.int32(L[i])
-            slx = sumlx - w * x[i] * F32(li)
-            sl2 = suml2 - w * F32(li) * F32(li)
-            if slx > 0 and sl2 > 0:
-                new_l = min(nmax, _nearest_int(x[i] * sl2 / slx))
-                if new_l != li:
-                    slx += w * x[i] * F32(new_l)
-                    sl2 += w * F32(new_l) * F32(new_l)
-                    if slx * slx * suml2 > sumlx * sumlx * sl2:
-                        L[i] = np.uint8(new_l & 0xFF)
-                        sumlx = slx
-                        suml2 = sl2
-                        changed += 1
-        if changed == 0:
-            break
-    return sumlx / suml2 if suml2 > 0 else F32(0.0)
 
 
 @njit(cache=True)
@@ -469,7 +398,7 @@ def _q2_k_codes(x, sc, d, dmin, L, out):
             continue
         dm = dmin * F32(sc[j] >> 4)
         for i in range(16):
-            L[16 * j + i] = max(0, min(3, _nearest_int((x[16 * j + i] + dm) / dl)))
+            L[16 * j + i] = max(0, min(3, nearest_int((x[16 * j + i] + dm) / dl)))
     _pack_2bit_planes(L, out, 16)
 
 
@@ -491,17 +420,17 @@ def _q2_k(x, out):  # scales[16] qs[64] d dmin
     if max_scale > 0:
         iscale = F32(15.0) / max_scale
         for j in range(16):
-            sc[j] = _nearest_int(iscale * scales[j])
-        d = _put_f16(out, 80, max_scale / F32(15.0))
+            sc[j] = nearest_int(iscale * scales[j])
+        d = put_f16(out, 80, max_scale / F32(15.0))
     else:
-        d = _put_f16(out, 80, F32(0.0))
+        d = put_f16(out, 80, F32(0.0))
     if max_min > 0:
         iscale = F32(15.0) / max_min
         for j in range(16):
-            sc[j] |= _nearest_int(iscale * mins[j]) << 4
-        dmin = _put_f16(out, 82, max_min / F32(15.0))
+            sc[j] |= nearest_int(iscale * mins[j]) << 4
+        dmin = put_f16(out, 82, max_min / F32(15.0))
     else:
-        dmin = _put_f16(out, 82, F32(0.0))
+        dmin = put_f16(out, 82, F32(0.0))
     _q2_k_codes(x, sc, d, dmin, L, out)
 
 
@@ -521,8 +450,8 @@ def _q2_k_weighted(x, qw, row_sigma2, out):
                                                F32(-0.9), F32(0.05), 36, False, True)
     ls = np.zeros(16, np.uint8)
     lm = np.zeros(16, np.uint8)
-    d = _put_f16(out, 80, _make_qp_quants(scales, 15, ls, sw))
-    dmin = _put_f16(out, 82, _make_qp_quants(mins, 15, lm, sw))
+    d = put_f16(out, 80, make_qp_quants(scales, 15, ls, sw))
+    dmin = put_f16(out, 82, make_qp_quants(mins, 15, lm, sw))
     sc = np.zeros(16, np.int32)
     for j in range(16):
         sc[j] = np.int32(ls[j]) | (np.int32(lm[j]) << 4)
@@ -541,7 +470,7 @@ def _q3_k_codes(x, ls, d, L, out):
         else:
             packed[j - 8] |= (l & 15) << 4
         packed[8 + j % 4] |= (l >> 4) << (2 * (j // 4))
-    d = _put_f16(out, 108, d)
+    d = put_f16(out, 108, d)
     for j in range(12):
         out[96 + j] = np.uint8(packed[j] & 0xFF)
     for j in range(16):
@@ -551,7 +480,7 @@ def _q3_k_codes(x, ls, d, L, out):
         if dl == 0:
             continue
         for i in range(16):
-            L[16 * j + i] = max(-4, min(3, _nearest_int(x[16 * j + i] / dl))) + 4
+            L[16 * j + i] = max(-4, min(3, nearest_int(x[16 * j + i] / dl))) + 4
     for i in range(32):
         out[i] = 0
     for j in range(256):  # high bit of weight j goes to hmask[j % 32], bit j // 32
@@ -577,7 +506,7 @@ def _q3_k(x, out):  # hmask[32] qs[64] scales[12] d
     if max_scale != 0:
         iscale = F32(-32.0) / max_scale
         for j in range(16):
-            ls[j] = max(-32, min(31, np.int32(np.int8(_nearest_int(iscale * scales[j]) & 0xFF)))) + 32
+            ls[j] = max(-32, min(31, np.int32(np.int8(nearest_int(iscale * scales[j]) & 0xFF)))) + 32
         d = F32(1.0) / iscale
     _q3_k_codes(x, ls, d, L, out)
 
@@ -638,8 +567,8 @@ def _k4_codes(x, nmax, ls, lm, d, dmin, L, out):
             q[j] = (q[j] | ((lm[j] >> 4) << 6)) & 0xFF
     for j in range(12):
         out[4 + j] = np.uint8(q[j] & 0xFF)
-    d = _put_f16(out, 0, d)
-    dmin = _put_f16(out, 2, dmin)
+    d = put_f16(out, 0, d)
+    dmin = put_f16(out, 2, dmin)
     for j in range(8):  # (get_scale_min_k4)
         if j < 4:
             sc, m = q[j] & 63, q[j + 4] & 63
@@ -650,7 +579,7 @@ def _k4_codes(x, nmax, ls, lm, d, dmin, L, out):
             continue
         dm = dmin * F32(m)
         for i in range(32):
-            L[32 * j + i] = max(0, min(nmax, _nearest_int((x[32 * j + i] + dm) / dl)))
+            L[32 * j + i] = max(0, min(nmax, nearest_int((x[32 * j + i] + dm) / dl)))
     if nmax == 15:
         _q4_k_pack(L, out)
     else:
@@ -681,8 +610,8 @@ def _k4_scales(x, nmax, rmin, nstep, L, out):
     ls = np.zeros(8, np.int32)
     lm = np.zeros(8, np.int32)
     for j in range(8):
-        ls[j] = min(63, _nearest_int(inv_scale * scales[j]) & 0xFF)
-        lm[j] = min(63, _nearest_int(inv_min * mins[j]) & 0xFF)
+        ls[j] = min(63, nearest_int(inv_scale * scales[j]) & 0xFF)
+        lm[j] = min(63, nearest_int(inv_min * mins[j]) & 0xFF)
     _k4_codes(x, nmax, ls, lm, max_scale / F32(63.0), max_min / F32(63.0), L, out)
 
 
@@ -702,8 +631,8 @@ def _k4_scales_weighted(x, qw, nmax, L, out):
                                                F32(-0.9), F32(0.05), 36, False, True)
     ls8 = np.zeros(8, np.uint8)
     lm8 = np.zeros(8, np.uint8)
-    d = _make_qp_quants(scales, 63, ls8, sw)
-    dmin = _make_qp_quants(mins, 63, lm8, sw)
+    d = make_qp_quants(scales, 63, ls8, sw)
+    dmin = make_qp_quants(mins, 63, lm8, sw)
     cap = 63 if nmax == 31 else 255  # (Q5_K caps them at 63, Q4_K does not)
     ls = np.zeros(8, np.int32)
     lm = np.zeros(8, np.int32)
@@ -750,15 +679,15 @@ def _q6_k_scales(x, qw, out):  # ql[128] qh[64] scales[16] d
     if max_abs < GROUP_MAX_EPS:
         return
     iscale = F32(-128.0) / max_scale
-    d = _put_f16(out, 208, F32(1.0) / iscale)
+    d = put_f16(out, 208, F32(1.0) / iscale)
     for j in range(16):
-        s = np.int8(min(127, _nearest_int(iscale * scales[j])) & 0xFF)
+        s = np.int8(min(127, nearest_int(iscale * scales[j])) & 0xFF)
         out[192 + j] = np.uint8(np.int32(s) & 0xFF)
         dl = d * F32(s)
         if dl == 0:
             continue
         for i in range(16):
-            L[16 * j + i] = max(-32, min(31, _nearest_int(x[16 * j + i] / dl))) + 32
+            L[16 * j + i] = max(-32, min(31, nearest_int(x[16 * j + i] / dl))) + 32
     for half in range(2):
         j = half * 128
         for l in range(32):
@@ -846,7 +775,7 @@ def _iq4_codes(x, d, out, at):
 @njit(cache=True)
 def _iq4_nl_scaled(x, w, out):
     d = _iq4_scale(x, w)
-    _put_f16(out, 0, d)
+    put_f16(out, 0, d)
     _iq4_codes(x, d, out, 2)
 
 
@@ -879,11 +808,11 @@ def _iq4_xs_scaled(x, w, out):
         if abs(scales[g]) > abs(max_scale):
             max_scale = scales[g]
     d = -max_scale / F32(32.0)
-    _put_f16(out, 0, d)
+    put_f16(out, 0, d)
     inv = F32(1.0) / d if d != 0 else F32(0.0)
     high = 0
     for g in range(8):
-        l = max(-32, min(31, _nearest_int(inv * scales[g])))
+        l = max(-32, min(31, nearest_int(inv * scales[g])))
         _iq4_codes(x[32 * g:32 * g + 32], d * F32(l), out, 8 + 16 * g)
         if g % 2 == 0:
             out[4 + g // 2] = np.uint8((l + 32) & 15)
@@ -924,7 +853,7 @@ def _ternary_inverse(x, out, at):
     """Store the block's d, its absolute max, at out[at:at+2]; return 1 / d (of d unrounded, as
     ggml), or 0 for a block of zeros."""
     amax, _ = _absmax_signed(x)
-    _put_f16(out, at, amax)
+    put_f16(out, at, amax)
     return F32(1.0) / amax if amax != 0 else F32(0.0)
 
 
@@ -966,6 +895,10 @@ def _tq2_0(x, out):  # qs[64] d: weight 128 h + 32 n + m in bits 2n of byte 32 h
 BLOCK_QUANTIZERS = {T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0, T.MXFP4: _mxfp4,
                     T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
                     T.IQ4_NL: _iq4_nl, T.IQ4_XS: _iq4_xs, T.TQ1_0: _tq1_0, T.TQ2_0: _tq2_0}
+# row quantizer (rows, type, importance of their columns or None) by type: the i-quants with
+# grids, whose searches use tables built once per type
+ROW_QUANTIZERS = {T.IQ1_S: quantize_iq1, T.IQ1_M: quantize_iq1, T.IQ2_XXS: quantize_iq2, T.IQ2_XS: quantize_iq2,
+                  T.IQ2_S: quantize_iq2, T.IQ3_XXS: quantize_iq3, T.IQ3_S: quantize_iq3}
 # importance-weighted block quantizer (x, qw, row_sigma2, out) by type: the types whose llama.cpp
 # quantizer reads an importance matrix (Q8_0's and MXFP4's ignore it)
 WEIGHTED_QUANTIZERS = {T.Q4_0: _q4_0_weighted, T.Q4_1: _q4_1_weighted, T.Q5_0: _q5_0_weighted,
@@ -1034,7 +967,7 @@ def quantizers_compiled(qtypes, weighted: bool = False) -> bool:
     if weighted:
         rows, qtypes = _quantize_rows_weighted, [t for t in qtypes if t in WEIGHTED_QUANTIZERS]
     else:
-        rows = _quantize_rows
+        rows, qtypes = _quantize_rows, [t for t in qtypes if t in BLOCK_QUANTIZERS]
     try:
         index = rows._cache._cache_file._load_index()  # (Numba's own cache index)
     except (AttributeError, OSError, EOFError, ValueError):
@@ -1057,6 +990,12 @@ def quantize(x: np.ndarray, qtype: T, imatrix: np.ndarray | None = None) -> np.n
         rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
         rounded = np.where(np.isnan(x), ((bits >> 16) | 64).astype(np.uint16), rounded)
         return rounded.view(np.uint8)
+    if qtype in ROW_QUANTIZERS:
+        if imatrix is None:
+            return ROW_QUANTIZERS[qtype](x, qtype, None)
+        qw = _importance_groups(x, imatrix)
+        rows = x.shape[0] // qw.shape[0]
+        return np.concatenate([ROW_QUANTIZERS[qtype](x[g * rows:(g + 1) * rows], qtype, qw[g]) for g in range(len(qw))])
     if qtype not in BLOCK_QUANTIZERS:
         raise ValueError(f"cannot quantize to {qtype.name}")
     block, block_bytes = GGML_QUANT_SIZES[qtype]
@@ -1066,9 +1005,14 @@ def quantize(x: np.ndarray, qtype: T, imatrix: np.ndarray | None = None) -> np.n
     if imatrix is None or qtype not in WEIGHTED_QUANTIZERS:
         _quantize_rows(_tag(qtype), x, out, block, block_bytes)
         return out
+    qw = _importance_groups(x, imatrix)
+    _quantize_rows_weighted(_tag(qtype), x, qw, x.shape[0] // qw.shape[0], out, block, block_bytes)
+    return out
+
+
+def _importance_groups(x: np.ndarray, imatrix: np.ndarray) -> np.ndarray:
+    """The importance matrix as (G, K): a vector for each of G equal groups of x's rows."""
     size = np.size(imatrix)
     if size == 0 or size % x.shape[1] or x.shape[0] % (size // x.shape[1]):
         raise ValueError(f"an importance matrix of {size} values does not fit {x.shape[0]} rows of {x.shape[1]} columns")
-    qw = np.ascontiguousarray(imatrix, dtype=np.float32).reshape(-1, x.shape[1])
-    _quantize_rows_weighted(_tag(qtype), x, qw, x.shape[0] // qw.shape[0], out, block, block_bytes)
-    return out
+    return np.ascontiguousarray(imatrix, dtype=np.float32).reshape(-1, x.shape[1])

@@ -20,10 +20,11 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
-from convert.quants_iq2 import FLT_MAX, QK_K, _best_neighbour, checked_rows, _nearest_int, _put_f16, _sigma2, tables
 from kernels_cpu.intrinsics import f16_bits
 
-F32 = np.float32
+from .block_math import F32, FLT_MAX, nearest_int, put_f16
+from .quants_iq2 import QK_K, _best_neighbour, checked_rows, _sigma2, tables
+
 IQ1_TYPES = (T.IQ1_S, T.IQ1_M)
 DELTA = F32(0.125)                    # IQ1S_DELTA and IQ1M_DELTA
 GROUP_MAX_EPS_IQ1_S = F32(1e-12)
@@ -127,7 +128,7 @@ def _sorted_group(xbl, qw, use_qw, sigma2, ib, n, eps, weight, idx):
 
 @njit(cache=True, inline="always")
 def _scale_code(id_, scale):
-    return max(0, min(7, _nearest_int(F32(0.5) * (id_ * scale - F32(1.0)))))
+    return max(0, min(7, nearest_int(F32(0.5) * (id_ * scale - F32(1.0)))))
 
 
 # ---- IQ1_S: d, 32 low bytes of the entries, per 32 weights a word of 4 x 3 high bits, scale, shift ----
@@ -183,7 +184,7 @@ def _iq1_s_block(xbl, qw, levels, kmap, lists, out):
         out[2 + QK_K // 8:] = qh.view(np.uint8)
         return
     d = max_scale / F32(15.0)
-    _put_f16(out, 0, d * F32(1.125))
+    put_f16(out, 0, d * F32(1.125))
     id_ = F32(1.0) / d
     for ib in range(QK_K // n):
         qh[ib] |= np.uint16((_scale_code(id_, scales[ib]) | (8 if shifts_minus[ib] else 0)) << 12)

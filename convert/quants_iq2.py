@@ -19,18 +19,14 @@ from functools import cache
 import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from gguf_io.quant_types import grid
-from kernels_cpu.intrinsics import f16_bits
 
-F32 = np.float32
+from .block_math import F32, FLT_MAX, GROUP_MAX_EPS, make_qp_quants, nearest_int, put_f16
+
 QK_K = 256
-GROUP_MAX_EPS = F32(1e-15)
 GROUP_MAX_EPS_IQ2_S = F32(1e-8)
-FLT_MAX = F32(3.4028234663852886e38)
 K_MAX_Q = 3                           # levels 0, 1, 2: magnitudes 1, 3, 5 times the scale (2 l + 1)
 MAP_SIZE = 0xAAAA + 1                 # indices of 8 two-bit fields, each at most 2
 IQ2_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S)
@@ -41,20 +37,6 @@ _NEIGHBOUR_DISTANCES = {T.IQ2_XXS: 2, T.IQ2_XS: 2, T.IQ2_S: 1, T.IQ1_S: 3}
 _LEVEL_VALUES = {T.IQ1_S: (-1, 0, 1)}
 _IQ2_LEVEL_VALUES = (8, 25, 43)
 _IQ2_VALUES = np.array([1, 3, 5], F32)  # the levels' magnitudes in the quantizing space, 2 l + 1
-
-
-@intrinsic
-def _f32_bits(typingctx, value):
-    """float32 value's bits as int32."""
-    if value != types.float32:
-        return None
-    return types.int32(value), lambda context, b, sig, args: b.bitcast(args[0], ir.IntType(32))
-
-
-@njit(cache=True, inline="always")
-def _nearest_int(f):
-    """ggml's nearest_int: the mantissa of f + 1.5 * 2^23, which rounds to even where |f| < 2^22."""
-    return np.int32((_f32_bits(F32(f) + F32(12582912.0)) & 0x007FFFFF) - 0x00400000)
 
 
 # ---- the grid's neighbour lists --------------------------------------------------------------
@@ -132,68 +114,6 @@ def tables(qtype: T) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 # ---- shared steps ----------------------------------------------------------------------------
 
-@njit(cache=True)
-def _make_qp_quants(nmax, x, L, qw):
-    """ggml's make_qp_quants: the weighted least-squares scale of levels 0..nmax for x, L as uint8
-    (where negative levels wrap, as in C)."""
-    n = x.shape[0]
-    fmax = F32(0.0)
-    for i in range(n):
-        fmax = fmax if fmax > x[i] else x[i]
-    if fmax < GROUP_MAX_EPS:
-        L[:] = 0
-        return F32(0.0)
-    iscale = F32(nmax) / fmax
-    for i in range(n):
-        L[i] = np.uint8(_nearest_int(iscale * x[i]) & 0xFF)
-    scale = F32(1.0) / iscale
-    best_mse = F32(0.0)
-    for i in range(n):
-        diff = x[i] - scale * F32(L[i])
-        best_mse += qw[i] * diff * diff
-    for step in range(-4, 5):
-        if step == 0:
-            continue
-        iscale_is = (F32(0.1) * F32(step) + F32(nmax)) / fmax
-        scale_is = F32(1.0) / iscale_is
-        mse = F32(0.0)
-        for i in range(n):
-            l = min(nmax, _nearest_int(iscale_is * x[i]))
-            diff = x[i] - scale_is * F32(l)
-            mse += qw[i] * diff * diff
-        if mse < best_mse:
-            best_mse = mse
-            iscale = iscale_is
-    sumlx = F32(0.0)
-    suml2 = F32(0.0)
-    for i in range(n):
-        l = min(nmax, _nearest_int(iscale * x[i]))
-        L[i] = np.uint8(l & 0xFF)
-        w = qw[i]
-        sumlx += w * x[i] * F32(l)
-        suml2 += w * F32(l) * F32(l)
-    for _ in range(5):
-        changed = 0
-        for i in range(n):
-            w = qw[i]
-            li = F32(L[i])
-            slx = sumlx - w * x[i] * li
-            sl2 = suml2 - w * li * li
-            if slx > 0 and sl2 > 0:
-                new_l = min(nmax, _nearest_int(x[i] * sl2 / slx))
-                if new_l != np.int32(L[i]):
-                    slx += w * x[i] * F32(new_l)
-                    sl2 += w * F32(new_l) * F32(new_l)
-                    if slx * slx * suml2 > sumlx * sumlx * sl2:
-                        L[i] = np.uint8(new_l & 0xFF)
-                        sumlx = slx
-                        suml2 = sl2
-                        changed += 1
-        if not changed:
-            break
-    return sumlx / suml2 if suml2 > 0 else F32(0.0)
-
-
 @njit(cache=True, inline="always")
 def _point(L, at):
     u = 0
@@ -229,7 +149,7 @@ def _best_neighbour(lists, start, levels, values, xval, w, at, scale, L):
 def _round_group(id_, xval, at, L):
     """The levels of xval[at:at+8] at inverse scale id_, clamped to 0..2, into L; their point."""
     for i in range(8):
-        l = _nearest_int(F32(0.5) * (id_ * xval[at + i] - F32(1.0)))
+        l = nearest_int(F32(0.5) * (id_ * xval[at + i] - F32(1.0)))
         L[at + i] = max(0, min(K_MAX_Q - 1, l))
     return _point(L, at)
 
@@ -305,16 +225,9 @@ def _group_max(xval):
     return m
 
 
-@njit(cache=True)
-def _put_f16(out, at, f):
-    h = f16_bits(F32(f))
-    out[at] = np.uint8(h & 0xFF)
-    out[at + 1] = np.uint8(h >> 8)
-
-
 @njit(cache=True, inline="always")
 def _scale_code(id_, scale):
-    return max(0, min(15, _nearest_int(F32(0.5) * (id_ * scale - F32(1.0)))))
+    return max(0, min(15, nearest_int(F32(0.5) * (id_ * scale - F32(1.0)))))
 
 
 @njit(cache=True)
@@ -359,7 +272,7 @@ def _search32(xval, weight, waux, L, Laux, levels, kmap, lists):
     then all four groups rounded again at the best fitted scale. Zero when all weigh nothing."""
     n = 32
     Lqp = np.zeros(n, np.uint8)
-    scale = _make_qp_quants(K_MAX_Q + 1, xval, Lqp, weight)
+    scale = make_qp_quants(xval, K_MAX_Q + 1, Lqp, weight)
     for i in range(n):
         L[i] = np.int8(np.int32(Lqp[i]) - 256 if Lqp[i] > 127 else Lqp[i])
     eff_max = scale * F32(K_MAX_Q)
@@ -416,7 +329,7 @@ def _iq2_xxs_block(xbl, qw, use_qw, levels, kmap, lists, out):
     if max_scale == 0:
         return
     d = max_scale / F32(31.0)
-    _put_f16(out, 0, d)
+    put_f16(out, 0, d)
     id_ = F32(1.0) / d
     for ib in range(QK_K // n):
         q2[2 * ib + 1] |= np.uint32(_scale_code(id_, scales[ib])) << 28
@@ -497,7 +410,7 @@ def _iq2_16_block(xbl, qw, use_qw, is_s, levels, kmap, lists, out):
             out[:] = 0
         return
     d = max_scale / F32(31.0)
-    _put_f16(out, 0, d * F32(0.9875) if is_s else d)
+    put_f16(out, 0, d * F32(0.9875) if is_s else d)
     _nibble_scales(out, qh + QK_K // 32 if is_s else qh, scales, F32(1.0) / d)
 
 

@@ -15,30 +15,16 @@ from functools import cache
 import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core.extending import intrinsic
+from numba import njit, prange
 
 from gguf_io.quant_types import grid
 from kernels_cpu.intrinsics import f16_bits
 
-F32 = np.float32
+from .block_math import F32, FLT_MAX, nearest_int
+
 QK_K = 256
-FLT_MAX = F32(3.4028234663852886e38)
 # how many distinct distances each off-grid point's neighbour list spans (llama.cpp's nwant)
 _NEIGHBOUR_DISTANCES = {T.IQ3_XXS: 2, T.IQ3_S: 3}
-
-
-@intrinsic
-def _f32_as_i32(typingctx, value):
-    return types.int32(types.float32), lambda context, b, sig, args: b.bitcast(args[0], ir.IntType(32))
-
-
-@njit(cache=True, inline="always")
-def _nearest_int(f):
-    """llama.cpp's nearest_int: the low mantissa bits of f + 1.5 * 2^23 (ties to even; for |f| past
-    2^22 it wraps as llama.cpp's does)."""
-    return (np.int32(_f32_as_i32(F32(F32(f) + F32(12582912.0)))) & 0x007FFFFF) - 0x00400000
 
 
 # ---- the grid's tables ---------------------------------------------------------------------
@@ -106,7 +92,7 @@ def _round_group(xval, id, k, L):
     """Levels of xval[4k:4k+4] * id into L; the point's index."""
     u = 0
     for i in range(4):
-        l = _nearest_int(F32(0.5) * (id * xval[4 * k + i] - F32(1.0)))
+        l = nearest_int(F32(0.5) * (id * xval[4 * k + i] - F32(1.0)))
         l = max(0, min(7, l))
         L[4 * k + i] = l
         u |= l << (3 * i)
@@ -245,7 +231,7 @@ def _inverse_step(out, max_scale, fudge):
 
 @njit(cache=True, inline="always")
 def _scale_code(id, scale):
-    return max(0, min(15, _nearest_int(F32(0.5) * (id * scale - F32(1.0)))))
+    return max(0, min(15, nearest_int(F32(0.5) * (id * scale - F32(1.0)))))
 
 
 # ---- the blocks ----------------------------------------------------------------------------

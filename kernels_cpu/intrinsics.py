@@ -260,3 +260,11 @@ def cache_product(typingctx, cache, kv, row_first, col_first, a, out, rows_of_a)
             all_columns([ir.Constant(I64, n_group // together * together + j) for j in range(n_group % together)])
         return context.get_dummy_value()
     return types.none(cache, kv, row_first, col_first, a, out, rows_of_a), codegen
+
+
+@intrinsic
+def f32_bits(typingctx, value):
+    """float32 value's bits as int32."""
+    if value != types.float32:
+        return None
+    return types.int32(value), lambda context, b, sig, args: b.bitcast(args[0], ir.IntType(32))

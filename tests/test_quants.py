@@ -53,16 +53,17 @@ def _importance(rng, kind, k):
 
 
 def _ggml_quantize_chunk(ggml_base, x, qtype, imatrix):
-    """llama.cpp b11434's ggml_quantize_chunk (llama-quantize's call) on the rows of x, given quant_weights."""
+    """llama.cpp b11434's ggml_quantize_chunk (llama-quantize's call) on the rows of x, given quant_weights
+    (or None)."""
     import ctypes
     f = ggml_base.ggml_quantize_chunk
     f.restype = ctypes.c_size_t
     f.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                   ctypes.c_void_p]
     x = np.ascontiguousarray(x, dtype=np.float32)
-    imatrix = np.ascontiguousarray(imatrix, dtype=np.float32)
+    imatrix = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
     out = np.zeros((x.shape[0], int(libgguf.row_size(int(qtype), x.shape[1]))), np.uint8)
-    f(int(qtype), x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1], imatrix.ctypes.data)
+    f(int(qtype), x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1], None if imatrix is None else imatrix.ctypes.data)
     return out
 
 

@@ -5,36 +5,23 @@ fixture), not libgguf: libgguf's IQ1_S gives the same bytes, but its IQ1_M is an
 llama.cpp's (before the search's prefix sums were kept per half-block), whose float32 sums round
 differently and pick other grid entries. (Each library builds its IQ1 neighbour tables on first
 use, for seconds, so one reference keeps this file quick.)"""
-import ctypes
 import zlib
+from functools import partial
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
 from convert.quants_iq1 import IQ1_TYPES, quantize_iq1, tables
-from tests.test_quants import _inputs
+from tests.test_quants import _ggml_quantize_chunk, _inputs
 from tests.test_quants_iq2 import KINDS, _importance
 
 
 @pytest.fixture(scope="module")
 def reference(ggml_base):
     """llama.cpp's ggml_quantize_chunk: (x, qtype, importance or None) -> (rows, bytes) uint8."""
-    fn = ggml_base.ggml_quantize_chunk
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_void_p]
-    fn.restype = ctypes.c_size_t
-
-    def run(x, qtype, importance):
-        x = np.ascontiguousarray(x, np.float32)
-        out = np.zeros((x.shape[0], x.shape[1] // 256 * GGML_QUANT_SIZES[qtype][1]), np.uint8)
-        qw = None if importance is None else np.ascontiguousarray(importance, np.float32)
-        fn(int(qtype), x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1],
-           None if qw is None else qw.ctypes.data)
-        return out
-    return run
+    return partial(_ggml_quantize_chunk, ggml_base)
 
 
 @pytest.mark.parametrize("qtype", IQ1_TYPES, ids=lambda t: t.name)

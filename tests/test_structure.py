@@ -64,7 +64,7 @@ def test_a_model_loads_only_tensors_its_declaration_has(smollm_path, monkeypatch
 
 def test_every_declared_weight_type_has_every_implementation():
     """One descriptor per type (gguf_io.quant_types); each implementation table covers them all."""
-    from convert.quants import BLOCK_QUANTIZERS
+    from convert.quants import BLOCK_QUANTIZERS, ROW_QUANTIZERS
     from gguf import GGMLQuantizationType as T
     from gguf_io.quant_types import BLOCK_TYPES, FLOAT_TYPES, GRID_TYPES, QUANT_TYPES
     from kernels_cpu.block_ir import DECODERS
@@ -73,8 +73,9 @@ def test_every_declared_weight_type_has_every_implementation():
     assert set(DECODERS) == BLOCK_TYPES
     # (the i-quants with grids and the ternary types run row by row: no interleaved groups yet)
     assert set(KINDS) == set(LAYOUTS) == BLOCK_TYPES - set(GRID_TYPES) - {T.TQ1_0, T.TQ2_0}
-    # (quantizing to the i-quants with grids comes later: a conversion to them is refused by name)
-    assert set(BLOCK_QUANTIZERS) == BLOCK_TYPES - set(GRID_TYPES)
+    # (the i-quants with grids quantize row by row)
+    assert not set(BLOCK_QUANTIZERS) & set(ROW_QUANTIZERS)
+    assert set(BLOCK_QUANTIZERS) | set(ROW_QUANTIZERS) == BLOCK_TYPES
     assert set(FLOAT_BYTES) == FLOAT_TYPES
     assert all(q.fallback is None or QUANT_TYPES[q.fallback].block < q.block for q in QUANT_TYPES.values())
     torch = pytest.importorskip("torch")  # noqa: F841
