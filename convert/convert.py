@@ -18,7 +18,7 @@ from .gguf_out import PlannedTensor, Summary, typed_value, write_gguf
 from .hf_metadata import general_metadata
 from .hf_model import HFModel, read_hf_model
 from .hf_tokenizer import read_tokenizer
-from .importance import Importance, load_importance
+from .importance import Importance, check_importance, load_importance
 from .mixes import COPY, FILE_TYPES, MixOptions, llama_quantize_order, mix_types
 
 QUANTIZATION_VERSION = 2
@@ -95,6 +95,7 @@ def convert_hf(folder: Path, out: Path, type_name: str, progress: bool = True, s
     # (with an importance matrix for those llama-quantize quantizes: of another type than F32)
     tensors = [PlannedTensor(name, shape, types[name], load, imatrix=importance.for_tensor(name, shape)
                              if importance and types[name] != T.F32 else None) for name, shape, load in planned]
+    check_importance(tensors, importance)
     tensors += [t for ts in carried.values() for t in ts]
 
     # (a float conversion that carries MXFP4 experts is an MXFP4_MOE file, as llama.cpp names it)
@@ -231,6 +232,7 @@ def requantize(src: Path, out: Path, type_name: str, progress: bool = True, allo
                 .astype(np.float32).reshape(tuple(reversed(tt.shape))))
         tensors.append(PlannedTensor(name, t.shape, new_type, load,
                                      imatrix=importance.for_tensor(name, t.shape) if importance else None))
+    check_importance(tensors, importance)
     metadata = []
     imatrix_keys = _imatrix_keys(importance)
     for key, mv in f.metadata.items():

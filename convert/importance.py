@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType
 
 from gguf_io import GGUFError
@@ -18,6 +19,12 @@ FILE_KEY, DATASET_KEY = "quantize.imatrix.file", "quantize.imatrix.dataset"
 ENTRIES_KEY, CHUNKS_KEY = "quantize.imatrix.entries_count", "quantize.imatrix.chunks_count"
 _KEY_CHARS = 127  # (llama-quantize copies strings into a 128-byte override value)
 _TOKEN_EMBEDDINGS = ("token_embd.weight", "per_layer_token_embd.weight")
+# the types llama-quantize writes only with an importance matrix (but for the token embedding and
+# the output: llama-quant.cpp's tensor_requires_imatrix), and those whose quantizers cannot run
+# without one at all
+_NEEDS_IMPORTANCE = frozenset({T.IQ1_S, T.IQ1_M, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS})
+_CANNOT_RUN_WITHOUT = frozenset({T.IQ1_S, T.IQ2_XXS, T.IQ2_XS})
+_HOW = "make one with `ggrun imatrix MODEL -f TEXT -o imatrix.gguf` and pass --imatrix imatrix.gguf"
 
 
 @dataclass
@@ -89,3 +96,17 @@ def load_importance(path: str | None, include: tuple[str, ...] = (), exclude: tu
         if not np.isfinite(v).all():
             raise ConversionError(f"the importance matrix {path} has a value that is not finite for {name}")
     return Importance(values, str(path), imatrix.datasets, imatrix.chunk_count) if values else None
+
+
+def check_importance(tensors, importance: Importance | None) -> None:
+    """ConversionError, before anything is written, where a tensor would be written in a type that
+    needs an importance matrix without one (PlannedTensors: name, type, imatrix)."""
+    for t in tensors:
+        exempt = t.name in (*_TOKEN_EMBEDDINGS, "output.weight") and t.type not in _CANNOT_RUN_WITHOUT
+        if t.imatrix is not None or t.type not in _NEEDS_IMPORTANCE or exempt or t.quantized:
+            continue
+        if importance is None:
+            raise ConversionError(f"{t.type.name} ({t.name}) needs an importance matrix, as in llama-quantize: {_HOW}")
+        raise ConversionError(f"the importance matrix {importance.file} has no entry for {t.name}, which "
+                              f"{t.type.name} needs (made for another model, or left out by --include-weights "
+                              f"or --exclude-weights)")

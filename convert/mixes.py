@@ -15,7 +15,6 @@ from gguf import GGMLQuantizationType as T
 
 from gguf_io import ggml_dims
 from gguf_io.quant_types import FLOAT_TYPES, QUANT_TYPES
-from .quants import BLOCK_QUANTIZERS
 
 # llama-quantize's type that keeps every tensor as it is (to rewrite or split a file)
 COPY = "COPY"
@@ -41,7 +40,22 @@ FILE_TYPES: dict[str, tuple[T, LlamaFileType]] = {
     "IQ4_NL": (T.IQ4_NL, LlamaFileType.MOSTLY_IQ4_NL),
     "IQ4_XS": (T.IQ4_XS, LlamaFileType.MOSTLY_IQ4_XS),
     "MXFP4_MOE": (T.MXFP4, LlamaFileType.MOSTLY_MXFP4_MOE),  # a mixture's experts MXFP4, the rest Q8_0 (gpt-oss)
+    "IQ1_S": (T.IQ1_S, LlamaFileType.MOSTLY_IQ1_S),
+    "IQ1_M": (T.IQ1_M, LlamaFileType.MOSTLY_IQ1_M),
+    "IQ2_XXS": (T.IQ2_XXS, LlamaFileType.MOSTLY_IQ2_XXS),
+    "IQ2_XS": (T.IQ2_XS, LlamaFileType.MOSTLY_IQ2_XS),
+    "IQ2_S": (T.IQ2_XS, LlamaFileType.MOSTLY_IQ2_S),
+    "IQ2_M": (T.IQ2_S, LlamaFileType.MOSTLY_IQ2_M),
+    "IQ3_XXS": (T.IQ3_XXS, LlamaFileType.MOSTLY_IQ3_XXS),
+    "IQ3_XS": (T.IQ3_S, LlamaFileType.MOSTLY_IQ3_XS),
+    "IQ3_S": (T.IQ3_S, LlamaFileType.MOSTLY_IQ3_S),
+    "IQ3_M": (T.IQ3_S, LlamaFileType.MOSTLY_IQ3_M),
+    "TQ1_0": (T.TQ1_0, LlamaFileType.MOSTLY_TQ1_0),
+    "TQ2_0": (T.TQ2_0, LlamaFileType.MOSTLY_TQ2_0),
 }
+# the mixes below 2.5 bits a weight, which promote their own set of tensors (llama-quant.cpp's first
+# branch after the embeddings)
+_LOW_BIT = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M")
 
 
 @dataclass(frozen=True)
@@ -103,6 +117,8 @@ class _TypeChooser:
     has_imatrix: bool = False  # quantized with an importance matrix (some of its entries left)
     i_attn_v: int = 0
     i_ffn_down: int = 0
+    i_ffn_gate: int = 0
+    i_ffn_up: int = 0
 
     def choose(self, name: str, shape: tuple[int, ...]) -> T:
         """shape in GGML order (shape[0] = row length). A type given by name is taken as given,
@@ -125,13 +141,23 @@ class _TypeChooser:
                 return self.options.output_type
             if ft == "MXFP4_MOE" or shape[0] % GGML_QUANT_SIZES[t][0]:
                 return T.Q8_0
+            if ft in _LOW_BIT or ft == "IQ3_XXS":
+                return T.Q5_K
             return t if t == T.Q8_0 else T.Q6_K
         if ft == "MXFP4_MOE":  # (experts are the 3-D tensors)
             return T.MXFP4 if len(ggml_dims(shape)) > 2 else T.Q8_0
         if cat == "token_embd":
-            return t
+            return {"IQ2_XXS": T.Q2_K, "IQ2_XS": T.Q2_K, "IQ1_S": T.Q2_K, "IQ1_M": T.Q2_K, "IQ2_S": T.IQ3_S,
+                    "IQ2_M": T.IQ3_S, "IQ3_XXS": T.IQ3_S, "TQ1_0": T.Q4_K, "TQ2_0": T.Q4_K}.get(ft, t)
+        if ft in _LOW_BIT:
+            return self._low_bit(cat, t)
         if cat == "attn_k" and self.n_expert == 8:
             return T.Q8_0  # llama.cpp's rule for 8-expert models (Mixtral): "trades just ~128MB"
+        if cat in ("attn_k", "attn_q"):
+            return {"IQ3_XS": T.IQ3_XXS, "IQ3_XXS": T.IQ2_S}.get(ft, t)
+        if cat in ("ffn_gate", "ffn_up"):
+            i = self._count(cat) if not self.n_expert else _layer(name)
+            return T.IQ3_XXS if ft == "IQ3_XS" and self.n_layer // 8 <= i < 7 * self.n_layer // 8 else t
         if cat in ("attn_v", "attn_qkv"):
             i = self.i_attn_v
             self.i_attn_v += 1
@@ -139,6 +165,10 @@ class _TypeChooser:
                 return T.Q8_0
             if ft == "Q2_K":
                 t = T.Q4_K if self.n_gqa >= 4 else T.Q3_K
+            elif ft == "IQ3_XXS":
+                t = T.Q4_K if self.n_gqa >= 4 else T.IQ3_XXS if self.has_imatrix else T.IQ3_S
+            elif ft in ("IQ3_XS", "IQ3_S") and self.n_gqa >= 4 or ft == "IQ3_M":
+                t = T.Q4_K
             elif ft == "Q3_K_M":
                 t = T.Q5_K if i < 2 else T.Q4_K
             elif ft == "Q3_K_L":
@@ -156,6 +186,10 @@ class _TypeChooser:
             self.i_ffn_down += 1
             if ft == "Q2_K":
                 t = T.Q3_K
+            elif ft == "IQ3_XXS" and not self.has_imatrix:
+                t = T.Q4_K if i < n // 8 else T.Q3_K
+            elif ft == "IQ3_M" and (i < n // 8 or self.n_expert == 8 and use_more_bits(i, n)):
+                t = T.Q4_K
             elif ft == "Q3_K_M":
                 t = T.Q5_K if i < n // 16 else T.Q4_K
             elif ft == "Q3_K_L":
@@ -169,9 +203,34 @@ class _TypeChooser:
             return t
         if cat == "attn_output":
             if self.n_expert == 8:
-                return T.Q5_K if ft in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS") else t
-            return {"Q2_K": T.Q3_K, "Q3_K_M": T.Q4_K, "Q3_K_L": T.Q5_K}.get(ft, t)
+                return T.Q5_K if ft in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS", "IQ3_XXS",
+                                        "IQ3_XS", "IQ3_S", "IQ3_M") else t
+            return {"Q2_K": T.Q3_K, "Q3_K_M": T.Q4_K, "Q3_K_L": T.Q5_K, "IQ3_XXS": T.IQ3_S, "IQ3_M": T.Q4_K}.get(ft, t)
         return t
+
+    def _low_bit(self, cat: str, t: T) -> T:
+        """The mixes of _LOW_BIT: attn_v, the first eighth of ffn_down and attn_output a type up."""
+        ft = self.file_type
+        up = T.IQ3_S if ft in ("IQ2_S", "IQ2_M") else T.Q2_K
+        if cat in ("attn_v", "attn_qkv"):
+            self.i_attn_v += 1
+            return T.Q4_K if self.n_gqa >= 4 or self.n_expert >= 4 else up
+        if cat == "attn_k" and self.n_expert == 8:
+            return T.Q4_K
+        if cat == "ffn_down":  # (counted tensor by tensor here, experts too, against the layers)
+            i = self._count(cat)
+            return up if i < self.n_layer // 8 else t
+        if cat == "attn_output":
+            if self.n_expert == 8:
+                return T.Q5_K
+            return {"IQ1_S": T.IQ2_XXS, "IQ1_M": T.IQ2_XXS, "IQ2_S": T.IQ3_S, "IQ2_M": T.IQ3_S}.get(ft, t)
+        return t
+
+    def _count(self, cat: str) -> int:
+        """The count of `cat` tensors seen before this one (ffn_down, ffn_gate, ffn_up)."""
+        i = getattr(self, f"i_{cat}")
+        setattr(self, f"i_{cat}", i + 1)
+        return i
 
     @staticmethod
     def _fallback(t: T, n_cols: int) -> T:
@@ -208,8 +267,6 @@ def mix_types(file_type: str, shapes: dict[str, tuple[int, ...]], n_layer: int, 
                            has_imatrix)
     types = {name: chooser.choose(name, shapes[name]) for name in names}
     for option, t in options.overrides().items():
-        if t not in FLOAT_TYPES and t not in BLOCK_QUANTIZERS:
-            raise ValueError(f"{option} {t.name}: ggrun cannot quantize to {t.name} yet (it runs files of it)")
         for name in names:
             if types[name] == t and shapes[name][0] % GGML_QUANT_SIZES[t][0]:
                 raise ValueError(f"{option} {t.name}: {name}'s rows of {shapes[name][0]} weights are not whole "

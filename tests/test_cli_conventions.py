@@ -98,9 +98,6 @@ def test_quantize_and_convert_take_llama_quantizes_mix_options(f32_model, tmp_pa
     message = _error(ggrun("quantize", f32_model, tmp_path / "bad.gguf", "Q4_0", "--output-tensor-type", "q4_k"))
     assert "--output-tensor-type Q4_K: output.weight's rows of 64 weights" in message
     assert not (tmp_path / "bad.gguf").exists()
-    message = _error(ggrun("quantize", f32_model, tmp_path / "bad.gguf", "Q4_0", "--token-embedding-type", "iq1_s"))
-    assert "--token-embedding-type IQ1_S: ggrun cannot quantize to IQ1_S" in message  # (yet: it runs them)
-    assert not (tmp_path / "bad.gguf").exists()
 
 
 def test_quantize_takes_an_importance_matrix(f32_model, tmp_path):

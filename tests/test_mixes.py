@@ -25,6 +25,12 @@ MOE_REFERENCES = Path(__file__).parent / "data" / "llama_cpp_moe_mixes.json"
 # the types whose choices a mixture changes: its 8-expert rules (attn_k/attn_v/attn_output), ffn_down
 # counted by layer, the router kept in F32
 MOE_TYPES = ("F32", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "IQ4_XS", "MXFP4_MOE")
+# the mixes below 4 bits a weight (IQ1_S ... IQ3_M, TQ1_0, TQ2_0): llama-quantize writes most only with
+# an importance matrix, so they are compared beside it (test_iquant_mixes_are_llama_quantizes), not
+# against stored references
+IQ_MIXES = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M",
+            "TQ1_0", "TQ2_0")
+REFERENCE_TYPES = [t for t in FILE_TYPES if t not in IQ_MIXES]
 
 
 # llama-quantize's options that change a mix: reference name -> (file type, its options as given to
@@ -57,7 +63,7 @@ def test_f32_conversion_equals_llama_cpps_converter(smollm_f32):
     assert sorted(tensor_digests(smollm_f32)) == sorted(_references()["F32"])
 
 
-@pytest.mark.parametrize("file_type", [t for t in FILE_TYPES if t != "F32"])
+@pytest.mark.parametrize("file_type", [t for t in REFERENCE_TYPES if t != "F32"])
 def test_mix_is_llama_cpps_through_convert_and_quantize(smollm_hf, smollm_f32, tmp_path, file_type):
     from convert.convert import convert_hf, requantize
     want = _references()[file_type]
@@ -170,3 +176,32 @@ def test_moe_conversion_and_mixes_are_llama_cpps(moe_folders, tmp_path, arch):
         requantize(f32, quantized, file_type, progress=False)
         assert tensor_digests(quantized) == want[file_type], file_type
         quantized.unlink()
+
+
+
+@pytest.fixture(scope="module")
+def llama_256(tmp_path_factory):
+    """An 8-layer Llama F32 whose rows are whole super-blocks (256 and 512 weights), two queries a KV head."""
+    from convert.random_model import LlamaShape, write_random_llama
+    f32 = tmp_path_factory.mktemp("llama-256") / "f32.gguf"
+    write_random_llama(f32, LlamaShape(n_layer=8, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, vocab_size=512,
+                                       context_length=256), "F32", progress=False, tiled=False)
+    return f32
+
+
+def test_iquant_mixes_are_llama_quantizes(llama_256, llama_cpp_tools, tmp_path):
+    """Every i-quant and ternary mix, with an importance matrix made by ggrun imatrix: the bytes
+    llama-quantize b11434 writes."""
+    imatrix = _imatrix_of(llama_256, tmp_path)
+    for file_type in IQ_MIXES:
+        _quantized_alike(llama_cpp_tools, llama_256, imatrix, file_type, [], MixOptions(imatrix=str(imatrix)), tmp_path)
+
+
+def test_types_that_need_an_importance_matrix_are_refused_without_one(llama_256, tmp_path):
+    """As llama-quantize refuses them, before anything is written, saying how to make one."""
+    from convert.convert import requantize
+    from convert.errors import ConversionError
+    for file_type in ("IQ2_XXS", "IQ1_M", "IQ3_XXS"):
+        with pytest.raises(ConversionError, match=r"needs an importance matrix.*ggrun imatrix"):
+            requantize(llama_256, tmp_path / "q.gguf", file_type, progress=False)
+        assert not (tmp_path / "q.gguf").exists()
