@@ -307,8 +307,8 @@ def _q3_k(b, p):  # hmask[32], qs[64], scales[12] (6-bit, packed, offset 32), d
 
 
 def _u8(b, p, at):
-    """The byte at p + at as an i64 (an index)."""
-    return b.zext(b.load(b.gep(p, [ir.Constant(I64, at)])), I64)
+    """The byte at p + at as an i32."""
+    return b.zext(b.load(b.gep(p, [ir.Constant(I64, at)])), I32)
 
 
 def _u16(b, p, at):
@@ -350,14 +350,6 @@ def _splat32(b, value, n):
     return b.shuffle_vector(one, one, const_vector(I32, [0] * n))
 
 
-def _index_vector(b, scalars):
-    """Scalar indices (i64 values) as one <n x i32>."""
-    v = ir.Constant(vector(I32, len(scalars)), ir.Undefined)
-    for k, i in enumerate(scalars):
-        v = b.insert_element(v, b.trunc(i, I32), ir.Constant(I32, k))
-    return v
-
-
 def _negated_where(b, values, bits):
     """values (<n x i8>) negated in the lanes whose bit of `bits` (an n-bit integer) is set."""
     n = values.type.count
@@ -366,20 +358,28 @@ def _negated_where(b, values, bits):
 
 
 def _sign_bytes(b, fields):
-    """7-bit sign fields (i32 values) -> their sign bytes side by side as one integer: each
-    field with an eighth bit that makes the byte's count of set bits even (ggml's
+    """<n x i32> of 7-bit sign fields (above bit 6 ignored) -> their sign bytes side by side as one
+    integer: each field with an eighth bit that makes the byte's count of set bits even (ggml's
     ksigns_iq2xs, quant_types.sign_byte)."""
-    v = ir.Constant(vector(I32, len(fields)), ir.Undefined)
-    for k, f in enumerate(fields):
-        v = b.insert_element(v, b.and_(f, ir.Constant(I32, 127)), ir.Constant(I32, k))
-    parity = _and(b, x86_call(b, f"llvm.ctpop.v{len(fields)}i32", v.type, [v]), 1)
-    signs = b.trunc(b.or_(v, _shl(b, parity, 7)), vector(I8, len(fields)))
-    return b.bitcast(signs, ir.IntType(8 * len(fields)))
+    n = fields.type.count
+    v = _and(b, fields, 127)
+    parity = _and(b, x86_call(b, f"llvm.ctpop.v{n}i32", v.type, [v]), 1)
+    return b.bitcast(b.trunc(b.or_(v, _shl(b, parity, 7)), vector(I8, n)), ir.IntType(8 * n))
 
 
 def _seven_bit_fields(b, aux):
-    """The four 7-bit sign fields of a u32 (bits 0-27)."""
-    return [b.lshr(aux, ir.Constant(I32, 7 * k)) for k in range(4)]
+    """The four 7-bit sign fields of a u32 (bits 0-27), as <4 x i32>."""
+    return b.lshr(_splat32(b, aux, 4), const_vector(I32, [0, 7, 14, 21]))
+
+
+def _bit_fields(b, word, shifts, mask):
+    """(word >> shift) & mask for each shift, as <n x i32> (word: an i32)."""
+    return _and(b, b.lshr(_splat32(b, word, len(shifts)), const_vector(I32, shifts)), mask)
+
+
+def _halves(b, values):
+    """A <32 x i8> as the two 16-weight groups it holds."""
+    return [Group(None, None, [_pick(b, values, range(16 * h, 16 * h + 16))], True) for h in (0, 1)]
 
 
 def _odd_scales(b, scales):
@@ -417,27 +417,24 @@ def _iq2_xxs(b, p):
 
 def _iq2_xs(b, p):
     """d, qs u16[32] (per 8 weights a 9-bit grid index under a 7-bit sign field), scales[8]: a
-    4-bit scale per 16 weights."""
+    4-bit scale per 16 weights. Two groups' four entries are gathered at once."""
     groups = []
-    for g in range(16):
-        qs = [b.zext(_u16(b, p, 2 + 4 * g + 2 * j), I32) for j in (0, 1)]
-        values = _grid_rows(b, T.IQ2_XS, _index_vector(b, [b.and_(q, ir.Constant(I32, 511)) for q in qs]))
-        signs = _sign_bytes(b, [b.lshr(q, ir.Constant(I32, 9)) for q in qs])
-        groups.append(Group(None, None, [_negated_where(b, values, signs)], True))
+    for h in range(8):
+        qs = b.zext(b.bitcast(load_bytes(b, p, 2 + 8 * h, 8), vector(I16, 4)), vector(I32, 4))
+        values = _grid_rows(b, T.IQ2_XS, _and(b, qs, 511))
+        groups += _halves(b, _negated_where(b, values, _sign_bytes(b, b.lshr(qs, const_vector(I32, [9] * 4)))))
     return Block(groups, _d_times(b, p, 0, 0.125), scales=_odd_scales(b, _nibble_scales(b, p, 66, 16)))
 
 
 def _iq2_s(b, p):
     """d, qs[32] (low bytes of the 10-bit grid index of each 8 weights), signs[32] (a byte per 8
-    weights), qh[8] (the indices' top two bits, 2c % 8 of byte c // 4), scales[8] (per 16)."""
+    weights), qh[8] (the indices' top two bits, 2c % 8 of byte c // 4), scales[8] (per 16). Two
+    groups' four entries are gathered at once."""
     groups = []
-    for g in range(16):
-        indices = []
-        for c in (2 * g, 2 * g + 1):
-            top = b.and_(b.lshr(_u8(b, p, 66 + c // 4), ir.Constant(I64, 2 * (c % 4))), ir.Constant(I64, 3))
-            indices.append(b.or_(_u8(b, p, 2 + c), b.shl(top, ir.Constant(I64, 8))))
-        values = _negated_where(b, _grid_rows(b, T.IQ2_S, _index_vector(b, indices)), _u16(b, p, 34 + 2 * g))
-        groups.append(Group(None, None, [values], True))
+    for h in range(8):
+        tops = _shl(b, _bit_fields(b, _u8(b, p, 66 + h), [0, 2, 4, 6], 3), 8)
+        indices = b.or_(b.zext(load_bytes(b, p, 2 + 4 * h, 4), vector(I32, 4)), tops)
+        groups += _halves(b, _negated_where(b, _grid_rows(b, T.IQ2_S, indices), load_u32(b, p, 34 + 4 * h)))
     return Block(groups, _d_times(b, p, 0, 0.125), scales=_odd_scales(b, _nibble_scales(b, p, 74, 16)))
 
 
@@ -458,7 +455,7 @@ def _iq3_s(b, p):
     byte c // 8), signs[32] (a bit per weight), scales[4] (a 4-bit s per 32 weights: d * (2s + 1))."""
     groups = []
     for g in range(8):
-        top = b.trunc(_u8(b, p, 66 + g), I32)
+        top = _u8(b, p, 66 + g)
         tops = _shl(b, _and(b, b.lshr(_splat32(b, top, 8), const_vector(I32, range(8))), 1), 8)
         indices = b.or_(b.zext(load_bytes(b, p, 2 + 8 * g, 8), vector(I32, 8)), tops)
         values = _negated_where(b, _grid_rows(b, T.IQ3_S, indices), load_u32(b, p, 74 + 4 * g))
@@ -466,16 +463,14 @@ def _iq3_s(b, p):
     return Block(groups, load_f16(b, p, 0), scales=_odd_scales(b, _nibble_scales(b, p, 106, 8)))
 
 
-def _iq1_values(b, qtype, p, qs_at, chunks):
-    """IQ1 weights (grid values -1, 0, 1 plus a delta of +-1/8) times 8, as signed bytes: the
-    8-weight chunks given as (index byte offset, top 3 index bits, delta negative), i64 values."""
-    rows = _grid_rows(b, qtype, _index_vector(b, [b.or_(_u8(b, p, qs_at + at), b.shl(top, ir.Constant(I64, 8))) for at, top, _ in chunks]))
-    deltas = ir.Constant(vector(I8, 8 * len(chunks)), ir.Undefined)
-    for k, (_, _, negative) in enumerate(chunks):
-        delta = b.select(b.trunc(negative, ir.IntType(1)), ir.Constant(I8, -1), ir.Constant(I8, 1))
-        for j in range(8):
-            deltas = b.insert_element(deltas, delta, ir.Constant(I32, 8 * k + j))
-    return b.add(_shl(b, rows, 3), deltas)
+def _iq1_values(b, qtype, indices, negative):
+    """IQ1 weights (grid values -1, 0, 1 plus a delta of +-1/8) times 8, as signed bytes: the grid
+    rows at `indices` (<n x i32>), each chunk of 8 weights plus -1 where its lane of `negative`
+    (<n x i1>) is set, else 1."""
+    n = indices.type.count
+    deltas = b.select(negative, const_vector(I8, [-1] * n), const_vector(I8, [1] * n))
+    spread = _pick(b, deltas, [k for k in range(n) for _ in range(8)])
+    return b.add(_shl(b, _grid_rows(b, qtype, indices), 3), spread)
 
 
 def _iq1_s(b, p):
@@ -484,13 +479,11 @@ def _iq1_s(b, p):
     weight = d * (2s + 1) * (grid value +- 1/8)."""
     groups, scales = [], []
     for g in range(8):
-        qh = b.zext(_u16(b, p, 34 + 2 * g), I64)
-
-        def bits(shift, mask):
-            return b.and_(b.lshr(qh, ir.Constant(I64, shift)), ir.Constant(I64, mask))
-        chunks = [(4 * g + l, bits(3 * l, 7), bits(15, 1)) for l in range(4)]
-        groups.append(Group(None, None, [_iq1_values(b, T.IQ1_S, p, 2, chunks)], True))
-        scales.append(bits(12, 7))
+        qh = b.zext(_u16(b, p, 34 + 2 * g), I32)
+        indices = b.or_(b.zext(load_bytes(b, p, 2 + 4 * g, 4), vector(I32, 4)), _shl(b, _bit_fields(b, qh, [0, 3, 6, 9], 7), 8))
+        negative = b.icmp_unsigned("!=", _bit_fields(b, qh, [15] * 4, 1), const_vector(I32, [0] * 4))
+        groups.append(Group(None, None, [_iq1_values(b, T.IQ1_S, indices, negative)], True))
+        scales.append(b.and_(b.lshr(qh, ir.Constant(I32, 12)), ir.Constant(I32, 7)))
     return Block(groups, _d_times(b, p, 0, 0.125), scales=_odd_scales(b, scales))
 
 
@@ -503,11 +496,12 @@ def _iq1_m(b, p):
                    b.or_(b.and_(b.lshr(words[2], ir.Constant(I32, 4)), ir.Constant(I32, 0xF00)), b.and_(words[3], ir.Constant(I32, 0xF000))))
     d = b.fmul(b.fpext(b.bitcast(b.trunc(d_bits, I16), ir.HalfType()), F32), ir.Constant(F32, 0.125))
     groups, scales = [], []
+    for h in range(8):  # (two groups of 16 at once: four chunks of 8)
+        qh = b.zext(_u16(b, p, 32 + 2 * h), I32)
+        indices = b.or_(b.zext(load_bytes(b, p, 4 * h, 4), vector(I32, 4)), _shl(b, _bit_fields(b, qh, [0, 4, 8, 12], 7), 8))
+        negative = b.icmp_unsigned("!=", _bit_fields(b, qh, [3, 7, 11, 15], 1), const_vector(I32, [0] * 4))
+        groups += _halves(b, _iq1_values(b, T.IQ1_M, indices, negative))
     for g in range(16):
-        qh = _u8(b, p, 32 + g)
-        chunks = [(2 * g + h, b.and_(b.lshr(qh, ir.Constant(I64, 4 * h)), ir.Constant(I64, 7)),
-                   b.and_(b.lshr(qh, ir.Constant(I64, 4 * h + 3)), ir.Constant(I64, 1))) for h in (0, 1)]
-        groups.append(Group(None, None, [_iq1_values(b, T.IQ1_M, p, 0, chunks)], True))
         scales.append(b.and_(b.lshr(words[g // 4], ir.Constant(I32, 3 * (g % 4))), ir.Constant(I32, 7)))
     return Block(groups, d, scales=_odd_scales(b, scales))
 

@@ -91,7 +91,7 @@ def test_bench_json(smollm_path):
 
 def test_unsupported_tensor_type_is_refused(tmp_path):
     from gguf import GGMLQuantizationType
-    path = tmp_path / "iq.gguf"
+    path = tmp_path / "nvfp4.gguf"
     w = GGUFWriter(str(path), "llama")
     for key, value in (("block_count", 1), ("embedding_length", 256), ("feed_forward_length", 256),
                        ("attention.head_count", 4)):
@@ -99,13 +99,13 @@ def test_unsupported_tensor_type_is_refused(tmp_path):
     w.add_tokenizer_model("gpt2")
     w.add_token_list(["a", "b"])
     w.add_token_merges([])
-    w.add_tensor("token_embd.weight", np.zeros((2, 66), dtype=np.uint8), raw_dtype=GGMLQuantizationType.IQ2_XXS)
+    w.add_tensor("token_embd.weight", np.zeros((2, 144), dtype=np.uint8), raw_dtype=GGMLQuantizationType.NVFP4)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     r = ggrun("run", path, "-p", "hi")
-    assert r.returncode == 1 and "unsupported tensor type IQ2_XXS" in r.stderr, r.stderr
+    assert r.returncode == 1 and "unsupported tensor type NVFP4" in r.stderr, r.stderr
 
 
 def test_run_timings_break_down_the_start_up(smollm_path):
