@@ -24,7 +24,12 @@ _TOKEN_EMBEDDINGS = ("token_embd.weight", "per_layer_token_embd.weight")
 # without one at all
 _NEEDS_IMPORTANCE = frozenset({T.IQ1_S, T.IQ1_M, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS})
 _CANNOT_RUN_WITHOUT = frozenset({T.IQ1_S, T.IQ2_XXS, T.IQ2_XS})
-_HOW = "make one with `ggrun imatrix MODEL -f TEXT -o imatrix.gguf` and pass --imatrix imatrix.gguf"
+HOW_TO_MAKE_ONE = "make one with `ggrun imatrix MODEL -f TEXT -o imatrix.gguf` and pass --imatrix imatrix.gguf"
+
+
+def needs_importance(qtype: T) -> bool:
+    """Whether llama-quantize writes a mix of this default type only with an importance matrix."""
+    return qtype in _NEEDS_IMPORTANCE
 
 
 @dataclass
@@ -106,7 +111,8 @@ def check_importance(tensors, importance: Importance | None) -> None:
         if t.imatrix is not None or t.type not in _NEEDS_IMPORTANCE or exempt or t.quantized:
             continue
         if importance is None:
-            raise ConversionError(f"{t.type.name} ({t.name}) needs an importance matrix, as in llama-quantize: {_HOW}")
+            raise ConversionError(f"{t.type.name} ({t.name}) needs an importance matrix, as in llama-quantize: "
+                                  f"{HOW_TO_MAKE_ONE}")
         raise ConversionError(f"the importance matrix {importance.file} has no entry for {t.name}, which "
                               f"{t.type.name} needs (made for another model, or left out by --include-weights "
                               f"or --exclude-weights)")

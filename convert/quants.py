@@ -907,6 +907,11 @@ WEIGHTED_QUANTIZERS = {T.Q4_0: _q4_0_weighted, T.Q4_1: _q4_1_weighted, T.Q5_0: _
                        T.IQ4_NL: _iq4_nl_weighted, T.IQ4_XS: _iq4_xs_weighted}
 
 
+def reads_importance(qtype: T) -> bool:
+    """Whether an importance matrix changes how this type is quantized."""
+    return qtype in ROW_QUANTIZERS or qtype in WEIGHTED_QUANTIZERS
+
+
 def _quantize_block(tag, x, out):
     """x (one block) into out as the type tag's dtype names, in compiled code only."""
     raise NotImplementedError

@@ -240,13 +240,15 @@ def _runnable(path: str) -> bool:
     return {f[1:] for f in PATHS[path][1].split(",") if f} <= set(target_features())
 
 
-@pytest.fixture(scope="module")
-def path_runs():
+@pytest.fixture(scope="module", autouse=True)
+def path_runs(request):
     """The product tests, each path this CPU runs but the native one in a fresh process of its
-    own, all started at once: each compiles every kernel alone, on one core, for its target."""
+    own, all started with this module's first test when the session runs the path test: each
+    compiles every kernel alone, on one core, for its target, while this process runs the rest."""
     runs = {}
+    wanted = any(item.originalname == "test_every_instruction_path_this_cpu_runs" for item in request.session.items)
     for path, (cpu, features) in PATHS.items():
-        if _runnable(path):
+        if wanted and _runnable(path):
             env = {**os.environ, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": features}
             code = "from kernels_cpu.cpu_features import int8_isa; print(int8_isa())"
             tests = "(exact_on_rounded and (normal or random) and not 130) or alone_or_together"

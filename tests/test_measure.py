@@ -165,13 +165,32 @@ def test_bench_json_schema(smollm_path):
 
 
 def test_quant_report(smollm_f32, tmp_path):
-    png = tmp_path / "report.png"
-    r = ggrun("quant-report", smollm_f32, "-f", TEXT_PATH, "-c", "256", "--types", "Q8_0,Q2_K", "--plot", png)
+    """A row per type, and with an importance matrix a second row for each type it changes and
+    the only row of a type that needs one (refused without a matrix, before any work)."""
+    png, imatrix, text = tmp_path / "report.png", tmp_path / "imatrix.gguf", tmp_path / "text.txt"
+    text.write_text(TEXT[:1600])
+    report = ["quant-report", smollm_f32, "-f", text, "-c", "128", "--types", "Q2_K,IQ2_XXS"]
+    r = ggrun(*report)
+    assert r.returncode == 1 and "IQ2_XXS needs an importance matrix: make one with `ggrun imatrix" in r.stderr
+    assert ggrun("imatrix", smollm_f32, "-f", text, "-o", imatrix, "-c", "128", "--chunks", "2").returncode == 0
+    r = ggrun(*report, "--imatrix", imatrix, "--plot", png)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     assert lines[0].split()[:3] == ["type", "size", "MiB"]
-    assert [line.split()[0] for line in lines[2:]] == ["F32", "Q8_0", "Q2_K"]
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert list(rows) == ["F32", "Q2_K", "Q2_K+imatrix", "IQ2_XXS+imatrix"]
+    assert rows["Q2_K+imatrix"][5] != rows["Q2_K"][5]  # (the KL divergence)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_quant_report_makes_each_type_with_an_importance_matrix_where_it_changes_it():
+    from runner.measure.quant_report import _variants
+    assert _variants(["Q8_0", "Q4_K_M", "IQ3_S", "TQ1_0", "IQ2_XS"], Path("imatrix.gguf")) == [
+        ("Q8_0", False), ("Q4_K_M", False), ("Q4_K_M", True), ("IQ3_S", False), ("IQ3_S", True), ("TQ1_0", False),
+        ("IQ2_XS", True)]
+    assert _variants(["Q8_0", "Q4_K_M"], None) == [("Q8_0", False), ("Q4_K_M", False)]
+    with pytest.raises(ValueError, match="IQ1_S, IQ2_M need an importance matrix"):
+        _variants(["Q4_K_M", "IQ1_S", "IQ2_M"], None)
 
 
 @pytest.mark.parametrize("model", ["smollm_path", "gemma_path"])

@@ -15,9 +15,12 @@ DEFAULT_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
 
 
 def quant_report(source: Path, text: str, types, n_ctx: int, threads: int | None = None,
-                 progress: bool = True) -> list[dict]:
-    """source: a Hugging Face folder (converted to F32 first) or an F32/F16/BF16 GGUF."""
+                 progress: bool = True, imatrix: Path | None = None) -> list[dict]:
+    """source: a Hugging Face folder (converted to F32 first) or an F32/F16/BF16 GGUF. With an
+    importance matrix, each type whose quantizer reads one is made again with it."""
     from convert.convert import convert_hf, requantize
+    from convert.mixes import MixOptions
+    variants = _variants(types, imatrix)
     if not source.is_dir():
         _check_unquantized(source)
     rows = []
@@ -26,14 +29,15 @@ def quant_report(source: Path, text: str, types, n_ctx: int, threads: int | None
         if source.is_dir():
             base_path = tmp / "F32.gguf"
             convert_hf(source, base_path, "F32", progress=progress)
-            make = lambda t, out: convert_hf(source, out, t, progress=progress)  # noqa: E731
+            make = lambda t, out, mix: convert_hf(source, out, t, progress=progress, mix=mix)  # noqa: E731
         else:
             base_path = source
-            make = lambda t, out: requantize(source, out, t, progress=progress)  # noqa: E731
-        for type_name in ("base", *types):
-            path = base_path if type_name == "base" else tmp / f"{type_name}.gguf"
+            make = lambda t, out, mix: requantize(source, out, t, progress=progress, mix=mix)  # noqa: E731
+        for type_name, weighted in (("base", False), *variants):
+            label = "F32 (base)" if type_name == "base" else type_name + ("+imatrix" if weighted else "")
+            path = base_path if type_name == "base" else tmp / f"{label}.gguf"
             if type_name != "base":
-                make(type_name, path)
+                make(type_name, path, MixOptions(imatrix=str(imatrix) if weighted else None))
             lm = load_model(path, LoadOptions(kv_type="f32", threads=threads))
             if type_name == "base":
                 result = perplexity(lm, text, n_ctx, progress=progress)
@@ -44,12 +48,32 @@ def quant_report(source: Path, text: str, types, n_ctx: int, threads: int | None
                 result = perplexity(lm, text, n_ctx, base=base, progress=progress)
                 kl = compare_to_base(result, base)
             time_decode(lm, 4)  # warm-up outside the measurement
-            rows.append({"type": "F32 (base)" if type_name == "base" else type_name,
+            rows.append({"type": label, "imatrix": weighted,
                          "size_mib": lm.file.size / 2**20, "bits_per_weight": lm.file.bits_per_weight(),
                          "ppl": result.ppl, "ppl_stderr": result.ppl_stderr, "kld_mean": kl["kld_mean"],
                          "top1_agreement": kl["top1_agreement"], "decode_tok_s": time_decode(lm, 32)})
             lm.file = lm.model = None
     return rows
+
+
+def _variants(types, imatrix: Path | None) -> list[tuple[str, bool]]:
+    """(type, made with the importance matrix) for each row: every type as it is (but the ones
+    that need a matrix), then again with the matrix where it changes the type's quantization.
+    ValueError, before any work, for a type that needs a matrix when none is given."""
+    from convert.importance import HOW_TO_MAKE_ONE, needs_importance
+    from convert.mixes import FILE_TYPES
+    from convert.quants import reads_importance
+    needing = [t for t in types if needs_importance(FILE_TYPES[t][0])]
+    if needing and imatrix is None:
+        raise ValueError(f"{', '.join(needing)} need{'s' if len(needing) == 1 else ''} an importance matrix: "
+                         f"{HOW_TO_MAKE_ONE}")
+    variants = []
+    for t in types:
+        if t not in needing:
+            variants.append((t, False))
+        if imatrix is not None and reads_importance(FILE_TYPES[t][0]):
+            variants.append((t, True))
+    return variants
 
 
 def _check_unquantized(path: Path) -> None:
@@ -65,10 +89,10 @@ def _check_unquantized(path: Path) -> None:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'type':<12} {'size MiB':>9} {'bpw':>6} {'PPL':>16} {'KLD mean':>9} {'top-1':>7} {'decode tok/s':>13}"
+    head = f"{'type':<15} {'size MiB':>9} {'bpw':>6} {'PPL':>16} {'KLD mean':>9} {'top-1':>7} {'decode tok/s':>13}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['type']:<12} {r['size_mib']:>9.1f} {r['bits_per_weight']:>6.2f} "
+        lines.append(f"{r['type']:<15} {r['size_mib']:>9.1f} {r['bits_per_weight']:>6.2f} "
                      f"{r['ppl']:>8.3f} ± {r['ppl_stderr']:<5.3f} {r['kld_mean']:>9.4f} "
                      f"{100 * r['top1_agreement']:>6.1f}% {r['decode_tok_s']:>13.1f}")
     return "\n".join(lines)

@@ -790,10 +790,13 @@ def imatrix(model, text_file, output, ctx_size, chunks, load):
 @click.option("-f", "--file", "text_file", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--types", default="Q8_0,Q6_K,Q5_K_M,Q4_K_M,Q3_K_M,Q2_K", show_default=True)
 @click.option("-c", "--ctx-size", default=512, show_default=True, type=click.IntRange(8))
+@click.option("--imatrix", type=click.Path(exists=True, dir_okay=False),
+              help="An importance matrix: each type it changes is made again with it (and the types that "
+                   "need one, with it alone).")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="Also draw bits per weight vs KLD (PNG).")
 @threads_option
 @click.option("--json", "as_json", is_flag=True)
-def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json):
+def quant_report(source, text_file, types, ctx_size, imatrix, plot_file, threads, as_json):
     """Size, PPL, KLD, top-1 agreement and decode speed per quantization type of SOURCE
     (a Hugging Face folder, or an F32/F16/BF16 GGUF)."""
     from pathlib import Path
@@ -808,7 +811,7 @@ def quant_report(source, text_file, types, ctx_size, plot_file, threads, as_json
     if plot_file:  # (before the work, not after it)
         check_output(plot_file, [Path(source), text_file])
     try:
-        rows = report(Path(source), text, names, ctx_size, threads)
+        rows = report(Path(source), text, names, ctx_size, threads, imatrix=Path(imatrix) if imatrix else None)
     except ValueError as e:
         raise InputError(str(e)) from None
     click.echo(json.dumps(rows, indent=1) if as_json else format_table(rows))
