@@ -136,7 +136,7 @@ def groups_product_amx(typingctx, kinds, qtype, w, first, last, q32, d32, sum32,
                 ptrs = group_ptrs(pair.index)
                 with cgutils.for_range(b, n_blocks) as loop:
                     i = loop.index
-                    blks = [Block(b, qt, offset(b, ptr, b.mul(i, const(block_bytes)))) for ptr in ptrs]
+                    blks = [Block(b, LAYOUTS[qt], offset(b, ptr, b.mul(i, const(block_bytes)))) for ptr in ptrs]
                     for blk, table in zip(blks, tables):
                         for j, scale in enumerate(kind.scale_table(b, blk) or ()):
                             b.store(scale, b.gep(table, [const(j)]))
@@ -209,7 +209,7 @@ def groups_product_amx(typingctx, kinds, qtype, w, first, last, q32, d32, sum32,
                                 product(u, _TILE_SETS[n], sums_at[n])
                             for n, u in enumerate(us):
                                 add_up(u, sums_at[n])
-                        blks = [Block(b, qt, offset(b, ptr, b.mul(i, const(block_bytes)))) for ptr in ptrs]
+                        blks = [Block(b, LAYOUTS[qt], offset(b, ptr, b.mul(i, const(block_bytes)))) for ptr in ptrs]
                         for t in range(TOKENS):
                             total = b.load(b.gep(totals, [const(t)]))
                             for h, blk in enumerate(blks):

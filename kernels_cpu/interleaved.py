@@ -152,12 +152,12 @@ def interleave(qtype, raw: np.ndarray) -> np.ndarray:
 
 
 class Block:
-    """One interleaved block at `ptr`: its pieces for all GROUP rows."""
+    """One interleaved block at `ptr`: its pieces for all GROUP rows (layout: a type's LAYOUTS)."""
 
-    def __init__(self, b, qtype, ptr):
+    def __init__(self, b, layout, ptr):
         self.b, self.ptr, self.starts = b, ptr, {}
         at = 0
-        for first, size in LAYOUTS[qtype]:
+        for first, size in layout:
             self.starts[first] = at
             at += GROUP * size
 
@@ -172,6 +172,11 @@ class Block:
         """A float16 of every row (the piece at byte `first`) as <8 x float>."""
         at = self.b.bitcast(offset(self.b, self.ptr, self.starts[first]), vector(ir.HalfType(), GROUP).as_pointer())
         return self.b.fpext(self.b.load(at, align=1), vector(F32, GROUP))
+
+    def floats(self, first):
+        """A float32 of every row (the piece at byte `first`) as <8 x float>."""
+        at = self.b.bitcast(offset(self.b, self.ptr, self.starts[first]), vector(F32, GROUP).as_pointer())
+        return self.b.load(at, align=4)
 
 
 def _bytes_op(op):
@@ -647,12 +652,15 @@ def _as_word_pairs(b, scale):
     return b.or_(low, b.shl(scale, const_vector(I32, [16] * GROUP)))
 
 
-def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts, from_memory):
+def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts, from_memory, kind=None):
     """[<8 x float>]: rows 0-7 of a group dotted with each token's activations (acts: one dict
     per token). Each unit's weights are decoded once for all the tokens. from_memory (an i1
-    value): whether this pass is the first over the group, which reads it from memory."""
-    kind = KINDS[qtype]
-    block_bytes = GROUP * GGML_QUANT_SIZES[qtype][1]
+    value): whether this pass is the first over the group, which reads it from memory. kind:
+    a _Kind with its own `layout` and `sizes` (weights, bytes) of a row's block, in place of
+    qtype's."""
+    layout, (block, block_bytes) = (LAYOUTS[qtype], GGML_QUANT_SIZES[qtype]) if kind is None else (kind.layout, kind.sizes)
+    kind = kind or KINDS[qtype]
+    block_bytes *= GROUP
     lines_per_step = -(-block_bytes // (64 * kind.steps))  # (cache lines each step fetches ahead)
     zero = ir.Constant(vector(F32, GROUP), [0.0] * GROUP)
     accs = [cgutils.alloca_once_value(b, zero) for _ in acts]
@@ -661,8 +669,8 @@ def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts, from_memory):
     in_int16 = isa == "avx2" and not kind.signed
     with cgutils.for_range(b, n_blocks) as loop:
         i = loop.index
-        blk = Block(b, qtype, offset(b, group_ptr, b.mul(i, ir.Constant(I64, block_bytes))))
-        first = b.mul(i, ir.Constant(I64, GGML_QUANT_SIZES[qtype][0]))
+        blk = Block(b, layout, offset(b, group_ptr, b.mul(i, ir.Constant(I64, block_bytes))))
+        first = b.mul(i, ir.Constant(I64, block))
         table = kind.scale_table(b, blk)
         if table is not None:
             for j, scale in enumerate(table):

@@ -5,9 +5,10 @@ values): nothing is unpacked or widened at load. A few tokens (decode) go throug
 kernels (rowdot*.py, interleaved.py), which read every row once for all of them. Many tokens
 (prefill) go through the 8-bit products of interleaved groups, where the matrix has them: on
 AMX's integer tiles where the CPU has them (amx_int8.py), else a few tokens per pass over each
-group (interleaved.py); else tile by tile of rows through AMX's tile units (amx.py) where the
-CPU has them (the precise path's 16-bit products); else they dequantize tiles to float32 for
-BLAS, which beats a hand loop of 16-bit products once a tile is reused across tokens.
+group (interleaved.py); the types without interleaved groups decode eight rows at a time into
+such a group first (decoded_tiles.py); else tile by tile of rows through AMX's tile units
+(amx.py) where the CPU has them (the precise path's 16-bit products); else they dequantize tiles
+to float32 for BLAS, which beats a hand loop of 16-bit products once a tile is reused across tokens.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from .activations import (Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS, quantize_activatio
                           rounding_kind)
 from .intrinsics import pointer_at
 from .cpu_features import memory_streams
+from .decoded_tiles import BLOCK_BYTES, decode_group, decoded_dot_int8, decodes_in_tiles
 from .interleaved import GROUP, byte_places, groups_dot_int8, interleave, interleaves, row_blocks
 from .type_sets import WeightTypes
 from .rowdot import row_dequantize, rows_dot
@@ -183,6 +185,23 @@ def many_products_amx(mats, tasks, acts, out, works):
                                 ssum32[mid:u], q256[mid:u], d256[mid:u], sum16[mid:u], out[mid:u], col)
 
 
+@njit(cache=True, parallel=True)
+def many_decoded_products(mats, tasks, acts, out, groups):
+    """many_products for a matrix of rows of a type that prefill decodes in tiles
+    (decoded_tiles.py): each group of rows of a task decoded once into this thread's scratch
+    group (groups: one row for each of Numba's threads), then every token passes over it."""
+    q256, d256, sum16 = acts[4:]
+    for j in prange(tasks.shape[0]):
+        m, first, last, col = tasks[j, 0], tasks[j, 1], tasks[j, 2], tasks[j, 3]
+        raw, _ = matrix_arrays(mats, m)
+        group = groups[numba.get_thread_id()]
+        for r in range(first, last, GROUP):
+            decode_group(mats, mats[m].qtype, raw, r, group)
+            for t in range(0, out.shape[0], PREFILL_TOKEN_BLOCK):
+                u = t + PREFILL_TOKEN_BLOCK
+                decoded_dot_int8(group, q256[t:u], d256[t:u], sum16[t:u], out[t:u], col + r - first)
+
+
 @njit(cache=True, nogil=True)
 def dequantize_rows(kinds, qtype, raw, rows, out):
     """out[i] = row rows[i] of the raw rows of a matrix of qtype as float32, for a qtype that
@@ -221,6 +240,8 @@ class WeightMatrix:
         self.qtype, self.shape, self.types = qtype, (raw.shape[0], k), types or WeightTypes()
         self.types.add(qtype)
         self.experts = experts
+        # (the 8-bit path's prefill decodes the rows of a type without interleaved groups in tiles)
+        self.decoded_tiles = interleaved and decodes_in_tiles(qtype, raw.shape[0] // experts)
         if interleaved and interleaves(qtype, raw.shape[0] // experts):  # (groups within an expert)
             self.raw, self.groups, self.places = None, interleave(qtype, raw), byte_places(qtype)
         else:  # (rows of a file's tensor are contiguous already: no copy)
@@ -234,6 +255,7 @@ class WeightMatrix:
             n = self.shape[0] // self.experts
             view = views[e] = object.__new__(WeightMatrix)
             view.qtype, view.shape, view.types, view.experts, view.stacks = self.qtype, (n, self.shape[1]), self.types, 1, {}
+            view.decoded_tiles = self.decoded_tiles
             view.places, view.__dict__["mins"] = self.places, self.mins[e * n:(e + 1) * n]
             if self.groups is None:
                 view.raw, view.groups = self.raw[e * n:(e + 1) * n], None
@@ -292,8 +314,8 @@ class WeightMatrix:
         """x @ W.T for many tokens, tile by tile of rows on all threads: 8-bit products of
         interleaved groups where the matrix has them (on AMX's integer tiles where the CPU has
         them; AMX's split bfloat16 products, whose 16 bits the precise path keeps, ran at half
-        the vector path's speed), else products on AMX where the CPU has it, else tiles of W
-        dequantized to float32 for BLAS."""
+        the vector path's speed) or of groups decoded from its rows (decoded_tiles), else
+        products on AMX where the CPU has it, else tiles of W dequantized to float32 for BLAS."""
         n, k = self.shape
         n_tokens = x.values.shape[0]
         if self.groups is not None:
@@ -308,6 +330,12 @@ class WeightMatrix:
                 many_products(self.descriptor, self.prefill_tasks, acts, out)
             return out
         out = np.empty((n_tokens, n), dtype=np.float32)
+        if self.decoded_tiles:
+            groups = amx.scratch("decoded_groups", (numba.config.NUMBA_NUM_THREADS, GROUP * BLOCK_BYTES * (k // 256)),
+                                 np.uint8)
+            many_decoded_products(self.descriptor, self.prefill_tasks, x.int8(self.descriptor, _formats([self])), out,
+                                  groups)
+            return out
 
         def amx_tile(first, last):
             rows = self.row_blocks(first, last)

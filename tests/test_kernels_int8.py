@@ -27,6 +27,7 @@ from gguf.quants import dequantize, quantize
 from gguf_io.quant_types import QUANT_TYPES
 from kernels_cpu.activations import quantize_q8_0, quantize_q8_k
 from kernels_cpu.cpu_features import int8_isa, target_features
+from kernels_cpu.decoded_tiles import decodes_in_tiles
 from kernels_cpu.interleaved import LAYOUTS as INTERLEAVED
 from kernels_cpu.interleaved import interleaves
 from kernels_cpu import amx_int8
@@ -121,18 +122,21 @@ def _check_products(m, ref, x):
 
 def _token_counts(layout):
     """(tokens, activations' kind) to test: decode's few tokens, and prefill's many where they
-    take 8-bit products too (interleaved groups), in a count that is not a multiple of the
-    tokens per pass."""
+    take 8-bit products too (interleaved groups, or rows decoded in tiles), in a count that is
+    not a multiple of the tokens per pass."""
     many = [(41, "hard")] if layout == "interleaved" else []
     return [(1, "normal"), (5, "hard")] + many
 
 
 def _matrix(qtype, raw, k, layout):
-    """The matrix in a layout: the file's rows, or interleaved groups (interleaved.py)."""
-    if layout == "interleaved" and not interleaves(qtype, raw.shape[0]):
+    """The matrix in a layout: the file's rows, or the 8-bit path's: interleaved groups
+    (interleaved.py), or for the types without them, rows whose prefill decodes them in tiles
+    (decoded_tiles.py)."""
+    if layout == "interleaved" and not (interleaves(qtype, raw.shape[0]) or decodes_in_tiles(qtype, raw.shape[0])):
         pytest.skip(f"{qtype.name} rows of this count are not interleaved")
     m = load_matrix(qtype, raw, k, interleaved=layout == "interleaved")
-    assert (m.groups is not None) == (layout == "interleaved")
+    assert (m.groups is not None) == (layout == "interleaved" and qtype in INTERLEAVED)
+    assert m.decoded_tiles == (layout == "interleaved" and qtype not in INTERLEAVED)
     return m
 
 

@@ -68,11 +68,14 @@ def test_every_declared_weight_type_has_every_implementation():
     from gguf import GGMLQuantizationType as T
     from gguf_io.quant_types import BLOCK_TYPES, FLOAT_TYPES, GRID_TYPES, QUANT_TYPES
     from kernels_cpu.block_ir import DECODERS
+    from kernels_cpu.decoded_tiles import TILE_TYPES
     from kernels_cpu.interleaved import KINDS, LAYOUTS
     from kernels_cpu.rowdot_float import FLOAT_BYTES
     assert set(DECODERS) == BLOCK_TYPES
-    # (the i-quants with grids and the ternary types run row by row: no interleaved groups yet)
+    # (the i-quants with grids and the ternary types keep the file's rows: prefill decodes them
+    # in tiles of interleaved groups, decode reads them row by row)
     assert set(KINDS) == set(LAYOUTS) == BLOCK_TYPES - set(GRID_TYPES) - {T.TQ1_0, T.TQ2_0}
+    assert TILE_TYPES == set(GRID_TYPES) | {T.TQ1_0, T.TQ2_0}
     # (the i-quants with grids quantize row by row)
     assert not set(BLOCK_QUANTIZERS) & set(ROW_QUANTIZERS)
     assert set(BLOCK_QUANTIZERS) | set(ROW_QUANTIZERS) == BLOCK_TYPES
