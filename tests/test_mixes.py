@@ -3,8 +3,8 @@
 on small mixtures of experts (tests/hf_folders.py) for the types whose rules experts change. The
 references (tests/data/llama_cpp_mixes.json, llama_cpp_moe_mixes.json: per tensor its type and a
 hash of its bytes, in llama-quantize's order) are made by scripts/llama_cpp_mixes from llama.cpp
-b11434. With an importance matrix (made by ggrun imatrix, whose sums may differ by machine in their
-last bits), llama-quantize runs beside ggrun in the test."""
+b11434. With an importance matrix (made by ggrun imatrix or llama-imatrix, whose sums may differ by
+machine in their last bits), llama-quantize runs beside ggrun in the test."""
 from __future__ import annotations
 
 import hashlib
@@ -195,6 +195,30 @@ def test_iquant_mixes_are_llama_quantizes(llama_256, llama_cpp_tools, tmp_path):
     imatrix = _imatrix_of(llama_256, tmp_path)
     for file_type in IQ_MIXES:
         _quantized_alike(llama_cpp_tools, llama_256, imatrix, file_type, [], MixOptions(imatrix=str(imatrix)), tmp_path)
+
+
+def test_an_iquant_mix_through_convert_with_llama_imatrixs_matrix(llama_cpp_source, llama_cpp_tools, tmp_path):
+    """A Hugging Face folder converted straight to an i-quant mix with the importance matrix that
+    llama-imatrix b11434 made: the bytes llama-quantize writes from the F32 file (ggrun's F32
+    conversion is llama.cpp's converter's: test_convert)."""
+    import subprocess
+
+    from convert.convert import convert_hf
+
+    from .hf_folders import random_folder
+    from .llama_cpp import PERPLEXITY_TEXT
+    folder = random_folder("llama", tmp_path / "hf", llama_cpp_source)
+    f32, text, imatrix = tmp_path / "f32.gguf", tmp_path / "text.txt", tmp_path / "imatrix.gguf"
+    convert_hf(folder, f32, "F32", progress=False)
+    text.write_text(PERPLEXITY_TEXT)
+    subprocess.run([llama_cpp_tools / "llama-imatrix", "-m", f32, "-f", text, "-o", imatrix, "-c", "128", "--chunks",
+                    "2", "--no-ppl"], capture_output=True, check=True, timeout=300)
+    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    # (IQ2_M: IQ2_S and IQ3_S with the low-bit mixes' promotions; every mix goes through quantize above)
+    subprocess.run([llama_cpp_tools / "llama-quantize", "--imatrix", imatrix, f32, theirs, "IQ2_M"],
+                   check=True, capture_output=True, timeout=300)
+    convert_hf(folder, ours, "IQ2_M", progress=False, mix=MixOptions(imatrix=str(imatrix)))
+    assert sorted(tensor_digests(ours)) == sorted(tensor_digests(theirs))
 
 
 def test_types_that_need_an_importance_matrix_are_refused_without_one(llama_256, tmp_path):
