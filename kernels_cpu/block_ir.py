@@ -159,17 +159,19 @@ def fp4_values(b, codes):
     return b.select(negative, b.sub(offset, magnitude), b.add(offset, magnitude))
 
 
-def iq4_values(b, codes):
-    """<16 x i8> or <32 x i8> of 4-bit codes -> their signed IQ4_VALUES: one vpshufb where the
-    target has it, else a comparison and a selection per table entry."""
-    looked_up = _table_lookup(b, codes, [v & 0xFF for v in IQ4_VALUES])
+def iq4_values(b, codes, plus=0):
+    """<16 x i8> or <32 x i8> of 4-bit codes -> their signed IQ4_VALUES (plus `plus`, modulo 256:
+    128 makes them unsigned bytes): one vpshufb where the target has it, else a comparison and a
+    selection per table entry."""
+    table = [(v + plus) & 0xFF for v in IQ4_VALUES]
+    looked_up = _table_lookup(b, codes, table)
     if looked_up is not None:
         return looked_up
     n = codes.type.count
-    values = const_vector(I8, [IQ4_VALUES[0] & 0xFF] * n)
-    for code, value in enumerate(IQ4_VALUES[1:], 1):
+    values = const_vector(I8, [table[0]] * n)
+    for code, value in enumerate(table[1:], 1):
         is_code = b.icmp_unsigned("==", codes, const_vector(I8, [code] * n))
-        values = b.select(is_code, const_vector(I8, [value & 0xFF] * n), values)
+        values = b.select(is_code, const_vector(I8, [value] * n), values)
     return values
 
 

@@ -392,11 +392,12 @@ class _MXFP4(_Kind):  # e, qs: 4-bit codes of signed values, offset to unsigned 
 class _IQ4_NL(_Kind):  # d, qs: Q4_0's nibbles, codes of signed values
     activations = "q32"
     signed = True
+    plus = 0  # added to the values (IQ4_OFFSET: the unsigned kinds)
     scales = staticmethod(_scale_times_dx(0, "d32"))
 
-    @staticmethod
-    def units(b, blk, step, scale):
-        yield _Unit([(iq4_values(b, codes), first) for codes, first in _nibbles(b, blk, 2)], 2)
+    @classmethod
+    def units(cls, b, blk, step, scale):
+        yield _Unit([(iq4_values(b, codes, cls.plus), first) for codes, first in _nibbles(b, blk, 2)], 2)
 
 
 class _IQ4_XS(_Kind):
@@ -404,6 +405,7 @@ class _IQ4_XS(_Kind):
     6-bit scales minus 32, the low four bits of group g's in nibble g % 2 of scales_l byte g // 2,
     the top two in bits 2g % 8 of scales_h byte g // 4."""
     signed = True
+    plus = 0
     scales = staticmethod(_scale_times_dx(0, "d256"))
 
     steps = 4  # two groups a step
@@ -418,14 +420,14 @@ class _IQ4_XS(_Kind):
             table.append(b.sub(_i32s(b, b.or_(low, _shl(b, high, 4))), const_vector(I32, [32] * GROUP)))
         return table
 
-    @staticmethod
-    def units(b, blk, step, scale):
+    @classmethod
+    def units(cls, b, blk, step, scale):
         """Step s: groups 2s and 2s + 1, four words each, whose low nibbles hold weights 32g + 4w
         ... and high ones 32g + 16 + 4w ... of each row."""
         qs = [blk.bytes(8 + 4 * w, 32, ahead=b.mul(step, ir.Constant(I64, GROUP * 32))) for w in range(8)]
         for half in (0, 1):
             first = b.add(b.mul(step, ir.Constant(I64, 64)), ir.Constant(I64, 32 * half))
-            words = [(iq4_values(b, nibble), b.add(first, ir.Constant(I64, 16 * high + 4 * w)))
+            words = [(iq4_values(b, nibble, cls.plus), b.add(first, ir.Constant(I64, 16 * high + 4 * w)))
                      for high, nibble_of in ((0, lambda q: _and(b, q, 15)), (1, lambda q: _shr(b, q, 4)))
                      for w, nibble in enumerate(nibble_of(q) for q in qs[4 * half:4 * half + 4])]
             yield _Unit(words, 2, scale=scale(b.add(b.mul(step, ir.Constant(I64, 2)), ir.Constant(I64, half))))
@@ -613,6 +615,32 @@ class _Q6_K(_Kind):
         return b.shl(sums, const_vector(I32, [5] * GROUP))
 
 
+# The IQ4 values plus 128 are unsigned bytes: on VNNI, vpdpbusd then takes them as they are (the
+# offset times the activations' sums taken off once a block), where signed ones take a sign flip
+# per token and word. AVX2's pair sums would saturate on them, and AMX's tiles take signed bytes:
+# those keep the signed kinds (the integer totals, and so the products, are the same bits).
+IQ4_OFFSET = 128
+
+
+class _IQ4_NL_Unsigned(_IQ4_NL):
+    signed, plus, top = False, IQ4_OFFSET, 255
+    correction = _offset_times_sums(IQ4_OFFSET)
+
+
+class _IQ4_XS_Unsigned(_IQ4_XS):
+    signed, plus, top = False, IQ4_OFFSET, 255
+
+    @classmethod
+    def correction(cls, b, isa, blk, i, act):
+        """The offset times each group's scale (one per 32 weights) and activations' sums."""
+        table = cls.scale_table(b, blk)
+        factors = [b.trunc(table[g // 2], vector(I16, GROUP)) for g in range(16)]
+        return b.shl(_group_sums(b, isa, factors, act, i), const_vector(I32, [7] * GROUP))
+
+
+VNNI_KINDS = {T.IQ4_NL: _IQ4_NL_Unsigned, T.IQ4_XS: _IQ4_XS_Unsigned}
+
+
 KINDS = {T.Q4_0: _Q4_0, T.Q4_1: _Q4_1, T.Q5_0: _Q5_0, T.Q5_1: _Q5_1, T.Q8_0: _Q8_0, T.MXFP4: _MXFP4, T.Q2_K: _Q2_K,
          T.Q3_K: _Q3_K, T.Q4_K: _Q4_K, T.Q5_K: _Q5_K, T.Q6_K: _Q6_K, T.IQ4_NL: _IQ4_NL, T.IQ4_XS: _IQ4_XS}
 
@@ -659,7 +687,7 @@ def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts, from_memory, kind=Non
     a _Kind with its own `layout` and `sizes` (weights, bytes) of a row's block, in place of
     qtype's."""
     layout, (block, block_bytes) = (LAYOUTS[qtype], GGML_QUANT_SIZES[qtype]) if kind is None else (kind.layout, kind.sizes)
-    kind = kind or KINDS[qtype]
+    kind = kind or (VNNI_KINDS.get(qtype) if isa == "vnni" else None) or KINDS[qtype]
     block_bytes *= GROUP
     lines_per_step = -(-block_bytes // (64 * kind.steps))  # (cache lines each step fetches ahead)
     zero = ir.Constant(vector(F32, GROUP), [0.0] * GROUP)
