@@ -87,3 +87,33 @@ def make_qp_quants(x, nmax, L, weights):
         if changed == 0:
             break
     return sumlx / suml2 if suml2 > 0 else F32(0.0)
+
+
+@njit(cache=True)
+def split_signs(xb, weight, xval, signs, parity):
+    """|xb| into xval, and into signs[k] the sign bits of weights 8k ... 8k + 7 (a bit set where
+    negative). With parity, a group of 8 with an odd count of negatives keeps the sign of its least
+    important weight (least weight * x^2) instead, negating that xval: IQ2_XXS, IQ2_XS and IQ3_XXS
+    store 7 sign bits, the eighth implied by even parity."""
+    for k in range(signs.shape[0]):
+        flips = 0
+        s = 0
+        for i in range(8):
+            v = xb[8 * k + i]
+            if v >= 0:
+                xval[8 * k + i] = v
+            else:
+                xval[8 * k + i] = -v
+                flips += 1
+                s |= 1 << i
+        if parity and flips % 2:
+            imin = 0
+            vmin = weight[8 * k] * xb[8 * k] * xb[8 * k]
+            for i in range(1, 8):
+                a = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i]
+                if a < vmin:
+                    vmin = a
+                    imin = i
+            xval[8 * k + imin] = -xval[8 * k + imin]
+            s ^= 1 << imin
+        signs[k] = s & 127 if parity else s

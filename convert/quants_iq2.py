@@ -23,7 +23,7 @@ from numba import njit, prange
 
 from gguf_io.quant_types import grid
 
-from .block_math import F32, FLT_MAX, GROUP_MAX_EPS, make_qp_quants, nearest_int, put_f16
+from .block_math import F32, FLT_MAX, GROUP_MAX_EPS, make_qp_quants, nearest_int, put_f16, split_signs
 
 QK_K = 256
 GROUP_MAX_EPS_IQ2_S = F32(1e-8)
@@ -177,38 +177,6 @@ def _fit(weight, xval, L, n):
     return sumqx, sumq2
 
 
-@njit(cache=True)
-def _signs(xb, weight, xval, n, parity):
-    """|x| into xval with the sign bits of each group of 8 (as a bit mask per group in the
-    returned array). With parity, a group with an odd count of negatives keeps the sign of its
-    least important weight (least w x^2) instead, negating that xval: IQ2_XXS and IQ2_XS store 7
-    sign bits, the eighth implied by even parity."""
-    signs = np.zeros(n // 8, np.uint8)
-    for k in range(n // 8):
-        flips = 0
-        s = 0
-        for i in range(8):
-            v = xb[8 * k + i]
-            if v >= 0:
-                xval[8 * k + i] = v
-            else:
-                xval[8 * k + i] = -v
-                flips += 1
-                s |= 1 << i
-        if parity and flips % 2:
-            imin = 0
-            vmin = weight[8 * k] * xb[8 * k] * xb[8 * k]
-            for i in range(1, 8):
-                a = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i]
-                if a < vmin:
-                    vmin = a
-                    imin = i
-            xval[8 * k + imin] = -xval[8 * k + imin]
-            s ^= 1 << imin
-        signs[k] = np.uint8(s & 127) if parity else np.uint8(s)
-    return signs
-
-
 @njit(cache=True, inline="always")
 def _sigma2(xbl, factor):
     sumx2 = F32(0.0)
@@ -243,7 +211,8 @@ def _prepare(xb, qw, use_qw, sigma2, weight, waux, xval, parity, eps):
             weight[i] = F32(0.25) * sigma2 + xb[i] * xb[i]
     for i in range(n):
         waux[i] = np.sqrt(weight[i])
-    signs = _signs(xb, weight, xval, n, parity)
+    signs = np.zeros(n // 8, np.uint8)
+    split_signs(xb, weight, xval, signs, parity)
     return signs, _group_max(xval) < eps
 
 

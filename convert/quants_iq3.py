@@ -20,7 +20,7 @@ from numba import njit, prange
 from gguf_io.quant_types import grid
 from kernels_cpu.intrinsics import f16_bits
 
-from .block_math import F32, FLT_MAX, nearest_int
+from .block_math import F32, FLT_MAX, nearest_int, split_signs
 
 QK_K = 256
 # how many distinct distances each off-grid point's neighbour list spans (llama.cpp's nwant)
@@ -164,28 +164,7 @@ def _group(xb, qw, sigma2, xxs, qgrid, kmap, neighbours, work):
         else:
             weight[i] = xb[i] * xb[i]
         waux[i] = np.sqrt(weight[i])
-    for k in range(4):
-        nflip = 0
-        s = 0
-        for i in range(8):
-            v = xb[8 * k + i]
-            if v >= 0:
-                xval[8 * k + i] = v
-            else:
-                xval[8 * k + i] = -v
-                nflip += 1
-                s |= 1 << i
-        if xxs and nflip % 2:
-            imin = 0
-            vmin = weight[8 * k] * xb[8 * k] * xb[8 * k]
-            for i in range(1, 8):
-                a = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i]
-                if a < vmin:
-                    vmin = a
-                    imin = i
-            xval[8 * k + imin] = -xval[8 * k + imin]
-            s ^= 1 << imin
-        signs[k] = s & 127 if xxs else s
+    split_signs(xb, weight, xval, signs, xxs)
     vmax = xval[0]
     for i in range(1, 32):
         if not vmax > xval[i]:
