@@ -10,6 +10,7 @@ Layouts follow ggml's block structs; `_weights` puts the pieces back in ggml's e
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
@@ -227,6 +228,9 @@ _HOST_TABLES = {qtype: torch.from_numpy(grid(qtype)).to(torch.float32) for qtype
 # ggml's ksigns_iq2xs as signs: row i is +-1 by the bits of sign_byte(i)
 _HOST_TABLES["ksigns"] = torch.tensor([[-1.0 if sign_byte(i) >> j & 1 else 1.0 for j in range(8)]
                                        for i in range(128)])
+# the grids' bytes as gguf_io holds them, for triton_blocks' decoders
+_HOST_TABLES.update({("bytes", qtype): torch.from_numpy(grid(qtype).view(np.uint8).ravel().copy())
+                     for qtype in GRID_TYPES})
 _DEVICE_TABLES = {}
 
 

@@ -20,24 +20,25 @@ from gguf import GGML_QUANT_SIZES
 import triton
 import triton.language as tl
 
+from .dequant import tables
 from .triton_blocks import DECODERS
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _block_products(decode: tl.constexpr, row_starts, x_rows, row_ok, first, N_BLOCKS: tl.constexpr,
+def _block_products(decode: tl.constexpr, table, row_starts, x_rows, row_ok, first, N_BLOCKS: tl.constexpr,
                     BLOCK_BYTES: tl.constexpr, WEIGHTS: tl.constexpr, BLOCKS: tl.constexpr):
     """Weights times activations of blocks first .. first + BLOCKS of each row, (R, B, P, L)."""
     b = first + tl.arange(0, BLOCKS)
     ok = (row_ok[:, None] & (b < N_BLOCKS)[None, :])[:, :, None, None]
-    w, inner = decode((row_starts[:, None] + b[None, :] * BLOCK_BYTES)[:, :, None, None], ok)
+    w, inner = decode((row_starts[:, None] + b[None, :] * BLOCK_BYTES)[:, :, None, None], ok, table)
     at = (b * WEIGHTS)[None, :, None, None] + inner[None, None, :, :]
     return w * tl.load(x_rows + at, mask=ok, other=0.0)
 
 
 @triton.jit
-def _row_dots(raw, x, out, ids, n_out, rows_per_x, row_bytes, k, decode: tl.constexpr, N_BLOCKS: tl.constexpr,
+def _row_dots(raw, x, out, ids, table, n_out, rows_per_x, row_bytes, k, decode: tl.constexpr, N_BLOCKS: tl.constexpr,
               BLOCK_BYTES: tl.constexpr, WEIGHTS: tl.constexpr, GATHER: tl.constexpr,
               ROWS: tl.constexpr, BLOCKS: tl.constexpr):
     # (the row's block count is a compile-time constant: a model has few widths, and Triton's
@@ -54,20 +55,21 @@ def _row_dots(raw, x, out, ids, n_out, rows_per_x, row_bytes, k, decode: tl.cons
     row_starts = raw + source * row_bytes
     # Products accumulate element by element across steps and are summed once at the end: a sum
     # over the block grid is a reduction across the program's threads, too dear for every step.
-    acc = _block_products(decode, row_starts, x_rows, row_ok, 0, N_BLOCKS, BLOCK_BYTES, WEIGHTS, BLOCKS)
+    acc = _block_products(decode, table, row_starts, x_rows, row_ok, 0, N_BLOCKS, BLOCK_BYTES, WEIGHTS, BLOCKS)
     for first in range(BLOCKS, N_BLOCKS, BLOCKS):
-        acc += _block_products(decode, row_starts, x_rows, row_ok, first, N_BLOCKS, BLOCK_BYTES, WEIGHTS, BLOCKS)
+        acc += _block_products(decode, table, row_starts, x_rows, row_ok, first, N_BLOCKS, BLOCK_BYTES, WEIGHTS,
+                               BLOCKS)
     acc = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
     tl.store(out + rows, acc, mask=row_ok)
 
 
 @triton.jit
-def _dequantize(raw, out, n_rows, row_bytes, k, n_blocks, decode: tl.constexpr, BLOCK_BYTES: tl.constexpr,
+def _dequantize(raw, out, table, n_rows, row_bytes, k, n_blocks, decode: tl.constexpr, BLOCK_BYTES: tl.constexpr,
                 WEIGHTS: tl.constexpr, ROWS: tl.constexpr, BLOCKS: tl.constexpr):
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
     ok = ((rows < n_rows)[:, None] & (b < n_blocks)[None, :])[:, :, None, None]
-    w, inner = decode((raw + rows[:, None] * row_bytes + b[None, :] * BLOCK_BYTES)[:, :, None, None], ok)
+    w, inner = decode((raw + rows[:, None] * row_bytes + b[None, :] * BLOCK_BYTES)[:, :, None, None], ok, table)
     at = rows[:, None, None, None] * k + (b * WEIGHTS)[None, :, None, None] + inner[None, None, :, :]
     tl.store(out + at, w, mask=ok)
 
@@ -81,6 +83,12 @@ def _configs(weights: int):
 
 
 _tuned = {}
+
+
+def _table(qtype, raw: torch.Tensor) -> torch.Tensor:
+    """The bytes of qtype's grid on raw's device (dequant.tables: copied there when the matrix
+    was), or raw itself for the types without one (a pointer the decoder never reads)."""
+    return tables(raw.device).get(("bytes", qtype), raw)
 
 
 def _row_dots_kernel(qtype):
@@ -105,7 +113,7 @@ def row_dots(qtype, raw: torch.Tensor, k: int, x: torch.Tensor, ids: torch.Tenso
     out = torch.empty(n_out, dtype=torch.float32, device=raw.device)
     fixed = {"ROWS": 2, "BLOCKS": 2} if INTERPRETED else {}
     _row_dots_kernel(qtype)[lambda meta: (triton.cdiv(n_out, meta["ROWS"]),)](
-        raw, x, out, raw if ids is None else ids, n_out, rows_per_x, raw.shape[1], k, decode=DECODERS[qtype],
+        raw, x, out, raw if ids is None else ids, _table(qtype, raw), n_out, rows_per_x, raw.shape[1], k, decode=DECODERS[qtype],
         N_BLOCKS=k // weights, BLOCK_BYTES=block_bytes, WEIGHTS=weights, GATHER=ids is not None, **fixed)
     return out
 
@@ -120,6 +128,6 @@ def dequantize(qtype, raw: torch.Tensor, k: int) -> torch.Tensor:
     out = torch.empty((raw.shape[0], k), dtype=torch.float32, device=raw.device)
     blocks = max(1, TILE_WEIGHTS // weights)
     grid = (triton.cdiv(raw.shape[0], TILE_ROWS), triton.cdiv(k // weights, blocks))
-    _dequantize[grid](raw, out, raw.shape[0], raw.shape[1], k, k // weights, decode=DECODERS[qtype],
+    _dequantize[grid](raw, out, _table(qtype, raw), raw.shape[0], raw.shape[1], k, k // weights, decode=DECODERS[qtype],
                       BLOCK_BYTES=block_bytes, WEIGHTS=weights, ROWS=TILE_ROWS, BLOCKS=blocks)
     return out

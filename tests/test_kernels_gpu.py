@@ -109,6 +109,11 @@ def test_row_dots_the_compiled_decode_function(qtype):
     assert np.all(np.abs(got - ref @ x) <= tol)
 
 
+def test_every_block_type_has_a_triton_decoder():
+    pytest.importorskip("triton")
+    assert set(TRITON_DECODERS) == BLOCK_TYPES
+
+
 @pytest.mark.parametrize("qtype", TRITON_TYPES, ids=lambda t: t.name)
 def test_triton_dequantizes_like_gguf(qtype):
     triton_products = pytest.importorskip("kernels_gpu.triton_products")
