@@ -140,10 +140,12 @@ def decoded_dot_int8(typingctx, group, q256, d256, sum16, out, col):
         n_blocks = b.udiv(array_shape(context, b, signature.args[0], groupv)[0], ir.Constant(I64, GROUP * BLOCK_BYTES))
 
         def store(tokens):
-            acts = [{name: array_row(context, b, ty, v, t)
-                     for name, ty, v in zip(("q256", "d256", "sum16"), signature.args[1:4], act_values)} for t in tokens]
+            acts = [{name: array_row(context, b, ty, v, t) for name, ty, v in
+                     zip(("q256", "d256", "sum16"), signature.args[1:4], act_values)} for t in tokens]
             first_pass = b.icmp_unsigned("==", tokens[0], ir.Constant(I64, 0))
-            for t, value in zip(tokens, _emit_groups(b, isa, None, group_ptr, n_blocks, acts, first_pass, _Decoded)):
+            values = _emit_groups(b, isa, _Decoded, _Decoded.layout, _Decoded.sizes, group_ptr, n_blocks, acts,
+                                  first_pass)
+            for t, value in zip(tokens, values):
                 out_row = b.bitcast(array_row(context, b, out_type, outv, t), F32.as_pointer())
                 b.store(value, b.bitcast(b.gep(out_row, [colv]), vector(F32, GROUP).as_pointer()), align=4)
         for_token_passes(b, n_tokens, TOKENS_PER_PASS, store)

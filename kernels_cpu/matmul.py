@@ -318,23 +318,20 @@ class WeightMatrix:
         products on AMX where the CPU has it, else tiles of W dequantized to float32 for BLAS."""
         n, k = self.shape
         n_tokens = x.values.shape[0]
-        if self.groups is not None:
+        out = np.empty((n_tokens, n), dtype=np.float32)
+        if self.groups is not None or self.decoded_tiles:
             acts = x.int8(self.descriptor, _formats([self]))
-            out = np.empty((n_tokens, n), dtype=np.float32)
-            if amx_int8.usable():
-                # (kept per Python thread: fresh memory costs a page fault per 4 KiB)
+            # (scratch kept per Python thread: fresh memory costs a page fault per 4 KiB)
+            if self.decoded_tiles:
+                groups = amx.scratch("decoded_groups", (numba.config.NUMBA_NUM_THREADS,
+                                                        GROUP * BLOCK_BYTES * (k // 256)), np.uint8)
+                many_decoded_products(self.descriptor, self.prefill_tasks, acts, out, groups)
+            elif amx_int8.usable():
                 works = amx.scratch("amx_int8", (numba.config.NUMBA_NUM_THREADS,
                                                  amx_int8.work_bytes(PREFILL_TASK_ROWS, k)), np.uint8)
                 many_products_amx(self.descriptor, self.prefill_tasks, acts, out, works)
             else:
                 many_products(self.descriptor, self.prefill_tasks, acts, out)
-            return out
-        out = np.empty((n_tokens, n), dtype=np.float32)
-        if self.decoded_tiles:
-            groups = amx.scratch("decoded_groups", (numba.config.NUMBA_NUM_THREADS, GROUP * BLOCK_BYTES * (k // 256)),
-                                 np.uint8)
-            many_decoded_products(self.descriptor, self.prefill_tasks, x.int8(self.descriptor, _formats([self])), out,
-                                  groups)
             return out
 
         def amx_tile(first, last):

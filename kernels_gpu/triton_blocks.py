@@ -3,8 +3,9 @@ triton_products.py.
 
 A decoder takes `b`, (R, B, 1, 1) pointers to the first byte of B blocks in each of R rows,
 `ok`, their mask of the same shape, and `table`, the bytes of the type's grid (gguf_io's
-quant_types.grid: the i-quants' rows of 8 or 4 values; unused by the other types). It returns (weights, inner): weights (R, B, P, L) float32,
-and inner (P, L), each weight's place inside its block. The P × L grid is chosen per layout so that every weight's
+quant_types.grid: the i-quants' rows of 8 or 4 values; unused by the other types). It returns
+(weights, inner): weights (R, B, P, L) float32, and inner (P, L), each weight's place inside its
+block. The P × L grid is chosen per layout so that every weight's
 bytes, bit shifts and scale are arithmetic on its grid position (no reshapes, which cost
 register shuffles): a K-quant's P runs over its sub-blocks of 32, a legacy type's over its low
 and high nibbles. Layouts follow ggml's block structs, as dequant.py's torch decoders do.

@@ -113,8 +113,8 @@ def row_dots(qtype, raw: torch.Tensor, k: int, x: torch.Tensor, ids: torch.Tenso
     out = torch.empty(n_out, dtype=torch.float32, device=raw.device)
     fixed = {"ROWS": 2, "BLOCKS": 2} if INTERPRETED else {}
     _row_dots_kernel(qtype)[lambda meta: (triton.cdiv(n_out, meta["ROWS"]),)](
-        raw, x, out, raw if ids is None else ids, _table(qtype, raw), n_out, rows_per_x, raw.shape[1], k, decode=DECODERS[qtype],
-        N_BLOCKS=k // weights, BLOCK_BYTES=block_bytes, WEIGHTS=weights, GATHER=ids is not None, **fixed)
+        raw, x, out, raw if ids is None else ids, _table(qtype, raw), n_out, rows_per_x, raw.shape[1], k,
+        decode=DECODERS[qtype], N_BLOCKS=k // weights, BLOCK_BYTES=block_bytes, WEIGHTS=weights, GATHER=ids is not None, **fixed)
     return out
 
 
