@@ -177,6 +177,9 @@ def test_quant_report(tmp_path):
     report = ["quant-report", f32, "-f", text, "-c", "128", "--types", "Q2_K,IQ2_XXS"]
     r = ggrun(*report)
     assert r.returncode == 1 and "IQ2_XXS needs an importance matrix: make one with `ggrun imatrix" in r.stderr
+    text.with_suffix(".dat").write_bytes(b"not a matrix")
+    r = ggrun(*report, "--imatrix", text.with_suffix(".dat"))
+    assert r.returncode == 1 and "cannot read the importance matrix" in r.stderr and "Traceback" not in r.stderr
     assert ggrun("imatrix", f32, "-f", text, "-o", imatrix, "-c", "128", "--chunks", "2").returncode == 0
     r = ggrun(*report, "--imatrix", imatrix, "--plot", png)
     assert r.returncode == 0, r.stderr

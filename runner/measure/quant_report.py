@@ -21,6 +21,9 @@ def quant_report(source: Path, text: str, types, n_ctx: int, threads: int | None
     from convert.convert import convert_hf, requantize
     from convert.mixes import MixOptions
     variants = _variants(types, imatrix)
+    if imatrix is not None:  # (a file that is not an importance matrix: refused before any work)
+        from convert.importance import load_importance
+        load_importance(str(imatrix))
     if not source.is_dir():
         _check_unquantized(source)
     rows = []
