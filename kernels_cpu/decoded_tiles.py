@@ -1,16 +1,29 @@
 """Prefill's 8-bit products for the types that have no interleaved groups (the i-quants with
-grids, the ternary types): eight rows at a time decoded once into a scratch group of plain
-blocks, then interleaved.py's products over it for every token.
+grids, the ternary types): eight rows at a time decoded once into a scratch group, then every
+band of 16 tokens passes over it with the tokens in the vector lanes.
 
 A row kernel (rowdot_int8.py) decodes each block again for every token, and a grid type's
 decoding (grid rows gathered, signs applied) costs more than its products: prefill paid it per
 token, or dequantized to float32 for BLAS. Here each block of the eight rows is decoded once
-into a decoded block of theirs, interleaved as interleaved.py lays its groups out: each row's d
-as float32, its 16 integer scales (one per 16 weights) as bytes, and its 256 integers plus 64
-as unsigned bytes (every type's integers lie within +-62), so vpdpbusd takes them as they are
-and the offset costs one product with the activations' group sums per block, as Q6_K's does.
-The scratch group stays in L1/L2 while all the tokens pass over it.
+(decode_group): the rows' d as float32, each unit's integer scale (a unit: the weights that share
+one, 16 or 32 by type) as int32, each row's integers as signed bytes (every type's lie within
++-62), and per row the part of the products that the activations' offset adds (below). The
+scratch group stays in L1/L2 while the bands pass over it.
+
+A band (activation_bands) holds 16 tokens' activations, four bytes of each to a 32-bit lane, plus
+128 as unsigned bytes. One vpdpbusd then multiplies four weights of a row (one broadcast load,
+folded into the instruction on AVX-512) by the same four columns of the 16 tokens: 64 products,
+and a unit's scale is one multiply for 16 tokens, where with the rows in the lanes (eight rows
+and one token a vector, as interleaved.py's products) it takes one per token (llama.cpp b11434's
+tiled matmul puts the tokens in the lanes too, ggml-cpu/tiled). The offset
+adds 128 times each row's scaled weight sums, which depend on the weights alone: decode_group
+keeps it for each row and block, taken off each block's total once.
+
+A token's products are the same integers and float operations (the block's integer total, times
+d times the token's d, added block by block) whichever band and lane it takes, so its result
+does not depend on the tokens beside it.
 """
+import numpy as np
 from gguf import GGML_QUANT_SIZES
 from llvmlite import ir
 from numba import types
@@ -20,16 +33,21 @@ from numba.core.extending import intrinsic
 from gguf_io.quant_types import QUANT_TYPES
 
 from .block_ir import DECODERS
-from .cpu_features import int8_isa
-from .interleaved import (GROUP, LAYOUTS, TOKENS_PER_PASS, _emit_groups, _group_sums, _i32s, _Kind, _scalar,
-                          _sixteen_planes, _Unit, _words)
-from .ir import F32, I8, I32, I64, array_data, array_row, array_shape, const_vector, offset, splat, vector
-from .rowdot import for_token_passes, switch_on_type
+from .cpu_features import int8_isa, target_features
+from .interleaved import GROUP, LAYOUTS
+from .ir import (F32, I8, I32, I64, array_data, array_row, array_shape, byte_quad_sums, const_vector, offset,
+                 splat, vector, wide_byte_quad_sums)
+from .rowdot import switch_on_type
 from .type_sets import tagged_types
 
-OFFSET = 64  # added to every integer: the largest of any type's is 62 (IQ3's grids)
-SCALES_AT, VALUES_AT = 4, 20  # a row's decoded block: d (f32), 16 scales, 256 values
-BLOCK_BYTES = VALUES_AT + 256
+TOKENS = 16  # a band's tokens: one int32 lane each of a 512-bit vector
+ACTIVATION_OFFSET = 128  # added to the activations (0x80 flipped): vpdpbusd takes them as unsigned bytes
+# a group's decoded block of 256 weights: d (f32), offset's part (i32), scales (i32, unit-major,
+# room for 16), then each row's 256 integers (the products broadcast a row's four at a time, so
+# the rows need no interleaving)
+D_AT, OFFSET_PART_AT, SCALES_AT = 0, 4 * GROUP, 8 * GROUP
+VALUES_AT = SCALES_AT + 4 * GROUP * 16
+BLOCK_BYTES = VALUES_AT + GROUP * 256
 
 
 def _tile_types():
@@ -42,112 +60,175 @@ def _tile_types():
 TILE_TYPES = _tile_types()
 
 
+def _scale_unit(qtype) -> int:
+    """How many weights of qtype's blocks share an integer scale, as its decoder gives them."""
+    probe = ir.Function(ir.Module(), ir.FunctionType(ir.VoidType(), [I8.as_pointer()]), "probe")
+    return 256 // DECODERS[qtype](ir.IRBuilder(probe.append_basic_block()), probe.args[0]).scales.type.count
+
+
+# (a band's products multiply once per unit: the types with a scale per 32 weights take half the
+# multiplies of those with one per 16)
+UNITS = {qtype: _scale_unit(qtype) for qtype in TILE_TYPES}
+
+
 def decodes_in_tiles(qtype, n_rows: int) -> bool:
     """Whether prefill's products of a (n_rows, ...) matrix of qtype go through decoded tiles."""
     return qtype in TILE_TYPES and n_rows % GROUP == 0
 
 
-class _Decoded(_Kind):
-    """A scratch group's block: d, scales (byte g: group g's), 64 words of four values."""
-    layout = [(0, 4)] + _words(SCALES_AT, 16, 1) + _words(VALUES_AT, 256, 4)
-    sizes = (256, BLOCK_BYTES)
-    top = 2 * OFFSET - 2
-    steps = 4  # four groups of 16 a step
-
-    @staticmethod
-    def scales(b, blk, i, act):
-        return b.fmul(blk.floats(0), splat(b, _scalar(b, act["d256"], i, F32), GROUP))
-
-    @staticmethod
-    def scale_table(b, blk):
-        return [_i32s(b, scale) for scale in _sixteen_planes(b, blk, SCALES_AT)]
-
-    @staticmethod
-    def units(b, blk, step, scale):
-        """Step s: groups 4s ... 4s + 3, whose words follow step 0's by 16 words a step."""
-        ahead = b.mul(step, ir.Constant(I64, 16 * GROUP * 4))
-        for j in range(4):
-            first = b.add(b.mul(step, ir.Constant(I64, 64)), ir.Constant(I64, 16 * j))
-            words = [(blk.bytes(VALUES_AT + 4 * (4 * j + q), 32, ahead), b.add(first, ir.Constant(I64, 4 * q)))
-                     for q in range(4)]
-            yield _Unit(words, 1, scale=scale(b.add(b.mul(step, ir.Constant(I64, 4)), ir.Constant(I64, j))))
-
-    @staticmethod
-    def correction(b, isa, blk, i, act):
-        """The offset times each group's scale and activations' sum."""
-        scales = [b.zext(s, vector(ir.IntType(16), GROUP)) for s in _sixteen_planes(b, blk, SCALES_AT)]
-        return b.shl(_group_sums(b, isa, scales, act, i), const_vector(I32, [6] * GROUP))
+def activation_bands(q256: np.ndarray, d256: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q8_K activations (activations.py: q256 (T, K) int8, d256 (T, K / 256)) as bands of TOKENS
+    tokens: (bands, K * TOKENS) uint8, word w of a band's token j at 4 * (TOKENS * w + j), plus
+    ACTIVATION_OFFSET; and (bands, K / 256 * TOKENS) float32, block i's d of token j at
+    TOKENS * i + j. The last band's missing tokens have zero activations and d."""
+    n, k = q256.shape
+    n_bands = -(-n // TOKENS)
+    words = np.zeros((n_bands * TOKENS, k // 4), dtype=np.uint32)
+    words[:n] = q256.view(np.uint32)
+    d = np.zeros((n_bands * TOKENS, d256.shape[1]), dtype=np.float32)
+    d[:n] = d256
+    bq = words.reshape(n_bands, TOKENS, k // 4).transpose(0, 2, 1) ^ np.uint32(0x80808080)
+    bd = d.reshape(n_bands, TOKENS, -1).transpose(0, 2, 1)
+    return bq.reshape(n_bands, -1).view(np.uint8), bd.reshape(n_bands, -1)
 
 
-def _store(b, value, ptr, at):
-    b.store(value, b.bitcast(offset(b, ptr, at), value.type.as_pointer()), align=1)
+def _pointer(b, base, at, element):
+    return b.bitcast(offset(b, base, at), element.as_pointer())
+
+
+def _store(b, value, base, at):
+    b.store(value, _pointer(b, base, at, value.type), align=1)
+
+
+def _as_i32(b, value):
+    width = value.type.width
+    return value if width == 32 else b.sext(value, I32) if width < 32 else b.trunc(value, I32)
+
+
+def _offset_part(b, isa, values, scales, unit):
+    """ACTIVATION_OFFSET times a row's block of integers (at values) dotted with each weight's
+    scale (the byte scales are at most 31): eight 32-byte products with the scales repeated."""
+    sums = ir.Constant(vector(I32, 8), [0] * 8)
+    repeated = [splat(b, b.trunc(scale, I8), unit) for scale in scales]
+    for c in range(8):
+        factors = repeated[c] if unit == 32 else b.shuffle_vector(repeated[2 * c], repeated[2 * c + 1],
+                                                                  const_vector(I32, range(32)))
+        sums = byte_quad_sums(b, isa, sums, factors, b.load(_pointer(b, values, 32 * c, vector(I8, 32)), align=1))
+    total = b.call(cgutils.get_or_insert_function(b.module, ir.FunctionType(I32, [sums.type]),
+                                                  "llvm.vector.reduce.add.v8i32"), [sums])
+    return b.mul(total, ir.Constant(I32, ACTIVATION_OFFSET))
 
 
 @intrinsic
 def decode_group(typingctx, kinds, qtype, w, first, out):
-    """out (GROUP * BLOCK_BYTES bytes per block of a row) = rows first .. first + GROUP - 1 of the
-    raw rows w (rows, bytes per row) of qtype, a type of TILE_TYPES of those the array kinds'
-    dtype names, as one decoded group. Callers guarantee first + GROUP <= len(w) and out's size."""
-    qtypes = [t for t in tagged_types(kinds) if t in TILE_TYPES]
+    """out (BLOCK_BYTES per block of a row) = rows first .. first + GROUP - 1 of the raw rows w
+    (rows, bytes per row) of qtype, a type of TILE_TYPES of those the array kinds' dtype names,
+    as one decoded group. Callers guarantee first + GROUP <= len(w) and out's size."""
+    qtypes, isa = [t for t in tagged_types(kinds) if t in TILE_TYPES], int8_isa()
 
     def codegen(context, b, signature, args):
         _, qtype_v, wv, first_v, outv = args
         w_type = signature.args[2]
         row_bytes = array_shape(context, b, w_type, wv)[1]
         out_ptr = array_data(context, b, signature.args[4], outv)
-        values_tmp = b.bitcast(cgutils.alloca_once(b, vector(I8, 256)), I8.as_pointer())
-        words_tmp = b.bitcast(values_tmp, I32.as_pointer())
 
         def emit(qt):
+            unit = UNITS[qt]
             block_bytes = GGML_QUANT_SIZES[qt][1]
             n_blocks = b.udiv(row_bytes, ir.Constant(I64, block_bytes))
             with cgutils.for_range(b, ir.Constant(I64, GROUP)) as lane_loop:
                 lane = lane_loop.index
+                lane_at = b.mul(lane, ir.Constant(I64, 4))
                 row_ptr = array_row(context, b, w_type, wv, b.add(first_v, lane))
                 with cgutils.for_range(b, n_blocks) as block_loop:
                     i = block_loop.index
                     blk = DECODERS[qt](b, offset(b, row_ptr, b.mul(i, ir.Constant(I64, block_bytes))))
-                    base = offset(b, out_ptr, b.mul(i, ir.Constant(I64, GROUP * BLOCK_BYTES)))
-                    _store(b, blk.d, base, b.mul(lane, ir.Constant(I64, 4)))
-                    n_scales = blk.scales.type.count
-                    for g in range(16):
-                        scale = b.extract_element(blk.scales, ir.Constant(I32, g * n_scales // 16))
-                        _store(b, b.trunc(scale, I8), base, b.add(lane, ir.Constant(I64, GROUP * (SCALES_AT + g))))
+                    base = offset(b, out_ptr, b.mul(i, ir.Constant(I64, BLOCK_BYTES)))
+                    _store(b, blk.d, base, b.add(lane_at, ir.Constant(I64, D_AT)))
+                    values = offset(b, base, b.add(b.mul(lane, ir.Constant(I64, 256)), ir.Constant(I64, VALUES_AT)))
                     at = 0
                     for v in (v for group in blk.groups for v in group.integers(b)[0]):
-                        _store(b, b.add(v, const_vector(I8, [OFFSET] * v.type.count)), values_tmp, at)
+                        _store(b, v, values, at)
                         at += v.type.count
-                    for word in range(64):
-                        at = b.add(b.mul(lane, ir.Constant(I64, 4)), ir.Constant(I64, GROUP * (VALUES_AT + 4 * word)))
-                        _store(b, b.load(b.gep(words_tmp, [ir.Constant(I64, word)])), base, at)
+                    scales = [b.extract_element(blk.scales, ir.Constant(I32, u)) for u in range(256 // unit)]
+                    for u, scale in enumerate(scales):
+                        _store(b, _as_i32(b, scale), base, b.add(lane_at, ir.Constant(I64, SCALES_AT + 4 * GROUP * u)))
+                    part = _offset_part(b, isa, values, scales, unit)
+                    _store(b, part, base, b.add(lane_at, ir.Constant(I64, OFFSET_PART_AT)))
         switch_on_type(b, qtype_v, emit, qtypes)
         return context.get_dummy_value()
     return types.none(kinds, qtype, w, first, out), codegen
 
 
 @intrinsic
-def decoded_dot_int8(typingctx, group, q256, d256, sum16, out, col):
-    """out[t, col .. col + GROUP - 1] = the decoded group's rows (decode_group's out) dotted with
-    token t's Q8_K activations (activations.py), for every token t < len(out): TOKENS_PER_PASS at
-    a time, as interleaved.groups_dot_int8 passes over a group."""
-    isa = int8_isa()
+def decoded_band_product(typingctx, kinds, qtype, group, bq, bd, out, first_token, col):
+    """out[first_token + j, col .. col + GROUP - 1] = the decoded group's rows (decode_group's out,
+    of qtype, a type of TILE_TYPES of those the array kinds' dtype names) dotted with token j of a
+    band (activation_bands's bq and bd rows), for the band's tokens below len(out). Callers
+    guarantee col + GROUP <= out.shape[1] and first_token < len(out)."""
+    isa, wide = int8_isa(), "avx512vnni" in target_features()
+    qtypes = [t for t in tagged_types(kinds) if t in TILE_TYPES]
 
     def codegen(context, b, signature, args):
-        groupv, *act_values, outv, colv = args
-        out_type = signature.args[4]
-        n_tokens = array_shape(context, b, out_type, outv)[0]
-        group_ptr = array_data(context, b, signature.args[0], groupv)
-        n_blocks = b.udiv(array_shape(context, b, signature.args[0], groupv)[0], ir.Constant(I64, GROUP * BLOCK_BYTES))
+        _, qtype_v, groupv, bqv, bdv, outv, first_v, colv = args
+        out_type = signature.args[5]
+        group_ptr = array_data(context, b, signature.args[2], groupv)
+        act_ptr = array_data(context, b, signature.args[3], bqv)
+        d_ptr = array_data(context, b, signature.args[4], bdv)
+        n_blocks = b.udiv(array_shape(context, b, signature.args[4], bdv)[0], ir.Constant(I64, TOKENS))
+        ints, floats = vector(I32, TOKENS), vector(F32, TOKENS)
+        zero_i, zero_f = ir.Constant(ints, [0] * TOKENS), ir.Constant(floats, [0.0] * TOKENS)
+        accs = [cgutils.alloca_once_value(b, zero_f) for _ in range(GROUP)]
+        totals = [cgutils.alloca_once(b, ints) for _ in range(GROUP)]
 
-        def store(tokens):
-            acts = [{name: array_row(context, b, ty, v, t) for name, ty, v in
-                     zip(("q256", "d256", "sum16"), signature.args[1:4], act_values)} for t in tokens]
-            first_pass = b.icmp_unsigned("==", tokens[0], ir.Constant(I64, 0))
-            values = _emit_groups(b, isa, _Decoded, _Decoded.layout, _Decoded.sizes, group_ptr, n_blocks, acts,
-                                  first_pass)
-            for t, value in zip(tokens, values):
-                out_row = b.bitcast(array_row(context, b, out_type, outv, t), F32.as_pointer())
-                b.store(value, b.bitcast(b.gep(out_row, [colv]), vector(F32, GROUP).as_pointer()), align=4)
-        for_token_passes(b, n_tokens, TOKENS_PER_PASS, store)
+        def scalar(blk, at, element):
+            return b.load(_pointer(b, blk, at, element), align=4)
+
+        def units(blk, acts, unit):
+            """Each row's integer total over the block: a unit's products times its scale."""
+            for total in totals:
+                b.store(zero_i, total)
+            with cgutils.for_range(b, ir.Constant(I64, 256 // unit)) as unit_loop:
+                u = unit_loop.index
+                words_at = b.mul(u, ir.Constant(I64, unit // 4))
+                words = [b.add(words_at, ir.Constant(I64, j)) for j in range(unit // 4)]
+                xs = [b.load(_pointer(b, acts, b.mul(word, ir.Constant(I64, 4 * TOKENS)), vector(I8, 4 * TOKENS)),
+                             align=1) for word in words]
+                for r, total in enumerate(totals):
+                    sums = zero_i
+                    for word, x in zip(words, xs):
+                        at = b.add(b.mul(word, ir.Constant(I64, 4)), ir.Constant(I64, VALUES_AT + 256 * r))
+                        weights = b.bitcast(splat(b, scalar(blk, at, I32), TOKENS), vector(I8, 4 * TOKENS))
+                        sums = wide_byte_quad_sums(b, isa, sums, x, weights, wide)
+                    scale_at = b.add(b.mul(u, ir.Constant(I64, 4 * GROUP)), ir.Constant(I64, SCALES_AT + 4 * r))
+                    scale = splat(b, scalar(blk, scale_at, I32), TOKENS)
+                    b.store(b.add(b.load(total), b.mul(sums, scale)), total)
+
+        def emit(qt):
+            with cgutils.for_range(b, n_blocks) as block_loop:
+                i = block_loop.index
+                blk = offset(b, group_ptr, b.mul(i, ir.Constant(I64, BLOCK_BYTES)))
+                units(blk, offset(b, act_ptr, b.mul(i, ir.Constant(I64, 256 * TOKENS))), UNITS[qt])
+                token_d = b.load(_pointer(b, d_ptr, b.mul(i, ir.Constant(I64, 4 * TOKENS)), floats), align=4)
+                for r, (acc, total) in enumerate(zip(accs, totals)):
+                    part = splat(b, scalar(blk, ir.Constant(I64, OFFSET_PART_AT + 4 * r), I32), TOKENS)
+                    row_d = splat(b, scalar(blk, ir.Constant(I64, D_AT + 4 * r), F32), TOKENS)
+                    # (a one-token pass's float operations in its order: total * (d * token's d), added on)
+                    value = b.fmul(b.sitofp(b.sub(b.load(total), part), floats), b.fmul(row_d, token_d))
+                    b.store(b.fadd(b.load(acc), value), acc)
+        switch_on_type(b, qtype_v, emit, qtypes)
+        n_tokens = array_shape(context, b, out_type, outv)[0]
+        left = b.sub(n_tokens, first_v)
+        count = b.select(b.icmp_signed("<", left, ir.Constant(I64, TOKENS)), left, ir.Constant(I64, TOKENS))
+        lanes = cgutils.alloca_once(b, floats, size=GROUP)
+        for r, acc in enumerate(accs):
+            b.store(b.load(acc), b.gep(lanes, [ir.Constant(I64, r)]))
+        lane_floats = b.bitcast(lanes, F32.as_pointer())
+        with cgutils.for_range(b, count) as token_loop:
+            j = token_loop.index
+            out_row = b.bitcast(array_row(context, b, out_type, outv, b.add(first_v, j)), F32.as_pointer())
+            for r in range(GROUP):
+                value = b.load(b.gep(lane_floats, [b.add(ir.Constant(I64, TOKENS * r), j)]))
+                b.store(value, b.gep(out_row, [b.add(colv, ir.Constant(I64, r))]))
         return context.get_dummy_value()
-    return types.none(group, q256, d256, sum16, out, col), codegen
+    return types.none(kinds, qtype, group, bq, bd, out, first_token, col), codegen

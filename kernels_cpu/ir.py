@@ -245,6 +245,19 @@ def byte_quad_sums(b, isa, acc, u, s):
     return b.add(acc, pair_products(b, byte_pair_sums(b, isa, u, s), const_vector(I16, [1] * 16)))
 
 
+def wide_byte_quad_sums(b, isa, acc, u, s, wide):
+    """byte_quad_sums for <16 x i32> acc and <64 x i8> u and s: one 512-bit vpdpbusd where `wide`
+    (the target has AVX512-VNNI), else two of 256 bits. Without VNNI, exact for u <= 255 while
+    |s| <= 64 (vpmaddubsw's pair sums stay within int16)."""
+    if isa == "vnni" and wide:
+        return x86_call(b, "llvm.x86.avx512.vpdpbusd.512", acc.type, [acc, u, s])
+
+    def half(v, h):
+        n = v.type.count // 2
+        return b.shuffle_vector(v, v, const_vector(I32, range(h * n, (h + 1) * n)))
+    return concat(b, *(byte_quad_sums(b, isa, half(acc, h), half(u, h), half(s, h)) for h in range(2)))
+
+
 def _signs_moved(b, w, s):
     """(|w|, s with w's signs) for signed bytes w and s (vpabsb, vpsignb): their products are w * s."""
     magnitude = x86_call(b, f"llvm.abs.v{w.type.count}i8", w.type, [w, ir.Constant(ir.IntType(1), 0)])

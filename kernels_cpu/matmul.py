@@ -29,7 +29,8 @@ from .activations import (Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS, quantize_activatio
                           rounding_kind)
 from .intrinsics import pointer_at
 from .cpu_features import memory_streams
-from .decoded_tiles import BLOCK_BYTES, decode_group, decoded_dot_int8, decodes_in_tiles
+from .decoded_tiles import (BLOCK_BYTES, TOKENS, activation_bands, decode_group, decoded_band_product,
+                            decodes_in_tiles)
 from .interleaved import GROUP, byte_places, groups_dot_int8, interleave, interleaves, row_blocks
 from .type_sets import WeightTypes
 from .rowdot import row_dequantize, rows_dot
@@ -186,20 +187,20 @@ def many_products_amx(mats, tasks, acts, out, works):
 
 
 @njit(cache=True, parallel=True)
-def many_decoded_products(mats, tasks, acts, out, groups):
+def many_decoded_products(mats, tasks, bq, bd, out, groups):
     """many_products for a matrix of rows of a type that prefill decodes in tiles
     (decoded_tiles.py): each group of rows of a task decoded once into this thread's scratch
-    group (groups: one row for each of Numba's threads), then every token passes over it."""
-    q256, d256, sum16 = acts[4:]
+    group (groups: one row for each of Numba's threads), then every band of tokens (bq, bd:
+    activation_bands) passes over it."""
     for j in prange(tasks.shape[0]):
         m, first, last, col = tasks[j, 0], tasks[j, 1], tasks[j, 2], tasks[j, 3]
         raw, _ = matrix_arrays(mats, m)
         group = groups[numba.get_thread_id()]
         for r in range(first, last, GROUP):
             decode_group(mats, mats[m].qtype, raw, r, group)
-            for t in range(0, out.shape[0], PREFILL_TOKEN_BLOCK):
-                u = t + PREFILL_TOKEN_BLOCK
-                decoded_dot_int8(group, q256[t:u], d256[t:u], sum16[t:u], out[t:u], col + r - first)
+            for band in range(bq.shape[0]):
+                decoded_band_product(mats, mats[m].qtype, group, bq[band], bd[band], out, band * TOKENS,
+                                     col + r - first)
 
 
 @njit(cache=True, nogil=True)
@@ -323,9 +324,9 @@ class WeightMatrix:
             acts = x.int8(self.descriptor, _formats([self]))
             # (scratch kept per Python thread: fresh memory costs a page fault per 4 KiB)
             if self.decoded_tiles:
-                groups = amx.scratch("decoded_groups", (numba.config.NUMBA_NUM_THREADS,
-                                                        GROUP * BLOCK_BYTES * (k // 256)), np.uint8)
-                many_decoded_products(self.descriptor, self.prefill_tasks, acts, out, groups)
+                groups = amx.scratch("decoded_groups", (numba.config.NUMBA_NUM_THREADS, BLOCK_BYTES * (k // 256)),
+                                     np.uint8)
+                many_decoded_products(self.descriptor, self.prefill_tasks, *x.bands(acts), out, groups)
             elif amx_int8.usable():
                 works = amx.scratch("amx_int8", (numba.config.NUMBA_NUM_THREADS,
                                                  amx_int8.work_bytes(PREFILL_TASK_ROWS, k)), np.uint8)
@@ -364,6 +365,7 @@ class _ManyTokens:
     def __init__(self, x: np.ndarray, k: int):
         self.values = _checked(x, k)
         self._int8 = {}  # 8-bit activations by format (see int8)
+        self._bands = None  # their Q8_K part in bands (see bands)
 
     @cached_property
     def tiles(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -383,6 +385,12 @@ class _ManyTokens:
             found = self._int8[formats] = tuple(np.concatenate([parts[first][j] for first in sorted(parts)])
                                                 for j in range(len(parts[0])))
         return found
+
+    def bands(self, acts: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """The Q8_K activations of acts (int8's tuple) in decoded_tiles' bands, made once."""
+        if self._bands is None:
+            self._bands = activation_bands(acts[4], acts[5])
+        return self._bands
 
 
 def check_row_ids(ids: np.ndarray, n_rows: int) -> None:
