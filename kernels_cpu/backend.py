@@ -14,6 +14,7 @@ from .bandwidth import read_bandwidth
 from .blocks import SUPPORTED_TYPES
 from .activations import rounding_kind
 from .cpu_features import int8_isa, memory_streams
+from .heap import keep_freed_memory
 from .experts import (GATING, ExpertStack, check_expert_ids, combine, expert_products, expert_rows,
                       grouped_products, route, sigmoid_gate)
 from .kv_layout import ELEMENTS, as_kernel_array, cached_rows, export_rows, import_rows, new_cache, store_kv
@@ -39,6 +40,7 @@ class CpuBackend:
         # Numba's OpenMP workers spin between parallel regions; a multi-threaded BLAS running
         # beside them (prefill tiles) would fight them for the cores.
         threadpool_limits(1, user_api="blas")
+        keep_freed_memory()
         self._rope_tables: dict = {}
         self._no_sinks: dict = {}  # heads -> sink logits that take no weight
         self._no_bias: dict = {}   # experts -> an expert selection bias of zeros
