@@ -30,7 +30,7 @@ from .activations import (Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS, quantize_activatio
 from .intrinsics import pointer_at
 from .cpu_features import memory_streams
 from .decoded_tiles import (BLOCK_BYTES, TOKENS, activation_bands, decode_group, decoded_band_product,
-                            decodes_in_tiles)
+                            decodes_groups, decodes_in_tiles)
 from .interleaved import GROUP, byte_places, groups_dot_int8, interleave, interleaves, row_blocks
 from .type_sets import WeightTypes
 from .rowdot import row_dequantize, rows_dot
@@ -315,7 +315,8 @@ class WeightMatrix:
         """x @ W.T for many tokens, tile by tile of rows on all threads: 8-bit products of
         interleaved groups where the matrix has them (on AMX's integer tiles where the CPU has
         them; AMX's split bfloat16 products, whose 16 bits the precise path keeps, ran at half
-        the vector path's speed) or of groups decoded from its rows (decoded_tiles), else
+        the vector path's speed) or of groups decoded from its rows (decoded_tiles) or, for
+        decoded_tiles.GROUP_TYPES on VNNI without AMX, from its interleaved groups, else
         products on AMX where the CPU has it, else tiles of W dequantized to float32 for BLAS."""
         n, k = self.shape
         n_tokens = x.values.shape[0]
@@ -323,7 +324,7 @@ class WeightMatrix:
         if self.groups is not None or self.decoded_tiles:
             acts = x.int8(self.descriptor, _formats([self]))
             # (scratch kept per Python thread: fresh memory costs a page fault per 4 KiB)
-            if self.decoded_tiles:
+            if self.decoded_tiles or (decodes_groups(self.qtype) and not amx_int8.usable()):
                 groups = amx.scratch("decoded_groups", (numba.config.NUMBA_NUM_THREADS, BLOCK_BYTES * (k // 256)),
                                      np.uint8)
                 many_decoded_products(self.descriptor, self.prefill_tasks, *x.bands(acts), out, groups)

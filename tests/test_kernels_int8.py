@@ -27,7 +27,7 @@ from gguf.quants import dequantize, quantize
 from gguf_io.quant_types import QUANT_TYPES
 from kernels_cpu.activations import quantize_q8_0, quantize_q8_k
 from kernels_cpu.cpu_features import int8_isa, target_features
-from kernels_cpu.decoded_tiles import decodes_in_tiles
+from kernels_cpu.decoded_tiles import GROUP_TYPES, TILE_TYPES, decodes_in_tiles
 from kernels_cpu.interleaved import LAYOUTS as INTERLEAVED
 from kernels_cpu.interleaved import interleaves
 from kernels_cpu import amx_int8
@@ -213,6 +213,25 @@ def test_products_alone_or_together_are_the_same_bits(qtype, layout):
     alone = np.concatenate([m.matmul(x[t:t + 1]) for t in range(8)])
     for tokens in range(2, 9):  # (whole passes, and what is left in passes of fewer: 7 = 4 + 2 + 1)
         assert np.array_equal(m.matmul(x[:tokens]), alone[:tokens]), f"{tokens} tokens together"
+
+
+@pytest.mark.parametrize("qtype", sorted(TILE_TYPES | GROUP_TYPES), ids=lambda t: t.name)
+def test_prefill_bands_alone_or_together_are_the_same_bits(qtype):
+    """Prefill's bands (decoded_tiles.py) hold 16 tokens, one a lane: a token's products must not
+    depend on its band or lane (41 tokens, then their last 36 in other lanes), and for the types
+    decoded from interleaved groups they are a one-token pass's bits (a verified draft of more
+    than a few tokens goes through prefill's products)."""
+    from convert.quants import quantize as quantize_rows
+    rng = np.random.default_rng(int(qtype))
+    n, k = 48, 768
+    raw = quantize_rows(_weights(rng, n, k, "normal"), qtype, np.ones(k, np.float32)).view(np.uint8).reshape(n, -1)
+    m = load_matrix(qtype, raw, k, interleaved=True)
+    x = _activations(rng, 41, k, "hard")
+    together = m.matmul(x)
+    assert np.array_equal(m.matmul(x[5:]), together[5:])
+    if qtype in GROUP_TYPES:
+        alone = np.concatenate([m.matmul(x[t:t + 1]) for t in range(len(x))])
+        assert np.array_equal(together, alone)
 
 
 @pytest.mark.parametrize("qtype", sorted(INTERLEAVED), ids=lambda t: t.name)
