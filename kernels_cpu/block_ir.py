@@ -319,9 +319,9 @@ def _u16(b, p, at):
 
 def _grid_rows(b, qtype, indices):
     """The rows of the i-quant's grid (quant_types.grid: 8 or 4 values each) at `indices` (<n x
-    i32>), side by side as one byte vector, from a constant of the function's module: 64-bit rows
-    one load each, 32-bit ones in one gather (vpgatherdd where the target has gathers, else one
-    load each)."""
+    i32>), side by side as one byte vector, from a constant of the function's module, one load a
+    row: vpgatherqq and vpgatherdd ran slower than the loads (as llama.cpp's AVX2 IQ3_S kernel
+    notes on Zen 4; Intel's gathers slowed further under the Downfall mitigation)."""
     rows = grid(qtype)
     word = ir.IntType(8 * rows.shape[1])
     name = f"grid_{qtype.name.lower()}"
@@ -334,25 +334,12 @@ def _grid_rows(b, qtype, indices):
         table.global_constant = True
         table.linkage = "internal"
     n = indices.type.count
-    if rows.shape[1] == 8:  # (four 64-bit rows: four loads outran vpgatherqq)
-        words = ir.Constant(vector(word, n), ir.Undefined)
-        for k in range(n):
-            index = b.zext(b.extract_element(indices, ir.Constant(I32, k)), I64)
-            value = b.load(b.gep(table, [ir.Constant(I64, 0), index]))
-            words = b.insert_element(words, value, ir.Constant(I32, k))
-        return b.bitcast(words, vector(I8, n * rows.shape[1]))
-    base = b.ptrtoint(table, I64)
-    places = b.add(b.mul(b.zext(indices, vector(I64, n)), const_vector(I64, [rows.shape[1]] * n)), _splat64(b, base, n))
-    pointers = b.inttoptr(places, ir.VectorType(word.as_pointer(), n))
-    every = ir.Constant(ir.VectorType(ir.IntType(1), n), [1] * n)
-    words = x86_call(b, f"llvm.masked.gather.v{n}i{word.width}.v{n}p0", vector(word, n),
-                     [pointers, ir.Constant(I32, word.width // 8), every, ir.Constant(vector(word, n), ir.Undefined)])
+    words = ir.Constant(vector(word, n), ir.Undefined)
+    for k in range(n):
+        index = b.zext(b.extract_element(indices, ir.Constant(I32, k)), I64)
+        value = b.load(b.gep(table, [ir.Constant(I64, 0), index]))
+        words = b.insert_element(words, value, ir.Constant(I32, k))
     return b.bitcast(words, vector(I8, n * rows.shape[1]))
-
-
-def _splat64(b, value, n):
-    one = b.insert_element(ir.Constant(vector(I64, n), ir.Undefined), value, ir.Constant(I32, 0))
-    return b.shuffle_vector(one, one, const_vector(I32, [0] * n))
 
 
 def _splat32(b, value, n):
