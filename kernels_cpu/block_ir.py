@@ -31,9 +31,16 @@ class Group:
     values: list
     signed: bool
     offset: int = 0
+    # the i-quants' signs: an integer with a bit per value (in order) that negates it, the values
+    # being magnitudes; an 8-bit product flips the activations' signs instead (one masked
+    # subtraction, where signed weights take their magnitudes and signs apart again)
+    negative: ir.Value | None = None
 
     def integers(self, b):
         """(values - offset, signed): the weights' integers as bytes."""
+        if self.negative is not None:
+            whole = self.values[0] if len(self.values) == 1 else concat(b, *self.values)
+            return [negated_where(b, whole, self.negative)], True
         if not self.offset:
             return self.values, self.signed
         return [_sub(b, v, self.offset) for v in self.values], True
@@ -347,7 +354,7 @@ def _splat32(b, value, n):
     return b.shuffle_vector(one, one, const_vector(I32, [0] * n))
 
 
-def _negated_where(b, values, bits):
+def negated_where(b, values, bits):
     """values (<n x i8>) negated in the lanes whose bit of `bits` (an n-bit integer) is set."""
     n = values.type.count
     mask = b.bitcast(bits, ir.VectorType(ir.IntType(1), n))
@@ -374,9 +381,13 @@ def _bit_fields(b, word, shifts, mask):
     return _and(b, b.lshr(_splat32(b, word, len(shifts)), const_vector(I32, shifts)), mask)
 
 
-def _halves(b, values):
-    """A <32 x i8> as the two 16-weight groups it holds."""
-    return [Group(None, None, [_pick(b, values, range(16 * h, 16 * h + 16))], True) for h in (0, 1)]
+def _halves(b, values, negative=None):
+    """A <32 x i8> as the two 16-weight groups it holds: signed values, or magnitudes under the
+    32 bits of `negative` (Group.negative)."""
+    if negative is None:
+        return [Group(None, None, [_pick(b, values, range(16 * h, 16 * h + 16))], True) for h in (0, 1)]
+    return [Group(None, None, [_pick(b, values, range(16 * h, 16 * h + 16))], False,
+                  negative=b.trunc(b.lshr(negative, ir.Constant(I32, 16 * h)), I16)) for h in (0, 1)]
 
 
 def _odd_scales(b, scales):
@@ -407,7 +418,7 @@ def _iq2_xxs(b, p):
         at = 2 + 8 * g
         aux = load_u32(b, p, at + 4)
         values = _grid_rows(b, T.IQ2_XXS, b.zext(load_bytes(b, p, at, 4), vector(I32, 4)))
-        groups.append(Group(None, None, [_negated_where(b, values, _sign_bytes(b, _seven_bit_fields(b, aux)))], True))
+        groups.append(Group(None, None, [values], False, negative=_sign_bytes(b, _seven_bit_fields(b, aux))))
         scales.append(b.lshr(aux, ir.Constant(I32, 28)))
     return Block(groups, _d_times(b, p, 0, 0.125), scales=_odd_scales(b, scales))
 
@@ -419,7 +430,7 @@ def _iq2_xs(b, p):
     for h in range(8):
         qs = b.zext(b.bitcast(load_bytes(b, p, 2 + 8 * h, 8), vector(I16, 4)), vector(I32, 4))
         values = _grid_rows(b, T.IQ2_XS, _and(b, qs, 511))
-        groups += _halves(b, _negated_where(b, values, _sign_bytes(b, b.lshr(qs, const_vector(I32, [9] * 4)))))
+        groups += _halves(b, values, _sign_bytes(b, b.lshr(qs, const_vector(I32, [9] * 4))))
     return Block(groups, _d_times(b, p, 0, 0.125), scales=_odd_scales(b, _nibble_scales(b, p, 66, 16)))
 
 
@@ -431,7 +442,7 @@ def _iq2_s(b, p):
     for h in range(8):
         tops = _shl(b, _bit_fields(b, _u8(b, p, 66 + h), [0, 2, 4, 6], 3), 8)
         indices = b.or_(b.zext(load_bytes(b, p, 2 + 4 * h, 4), vector(I32, 4)), tops)
-        groups += _halves(b, _negated_where(b, _grid_rows(b, T.IQ2_S, indices), load_u32(b, p, 34 + 4 * h)))
+        groups += _halves(b, _grid_rows(b, T.IQ2_S, indices), load_u32(b, p, 34 + 4 * h))
     return Block(groups, _d_times(b, p, 0, 0.125), scales=_odd_scales(b, _nibble_scales(b, p, 74, 16)))
 
 
@@ -442,7 +453,7 @@ def _iq3_xxs(b, p):
     for g in range(8):
         aux = load_u32(b, p, 66 + 4 * g)
         values = _grid_rows(b, T.IQ3_XXS, b.zext(load_bytes(b, p, 2 + 8 * g, 8), vector(I32, 8)))
-        groups.append(Group(None, None, [_negated_where(b, values, _sign_bytes(b, _seven_bit_fields(b, aux)))], True))
+        groups.append(Group(None, None, [values], False, negative=_sign_bytes(b, _seven_bit_fields(b, aux))))
         scales.append(b.lshr(aux, ir.Constant(I32, 28)))
     return Block(groups, _d_times(b, p, 0, 0.25), scales=_odd_scales(b, scales))
 
@@ -455,8 +466,8 @@ def _iq3_s(b, p):
         top = _u8(b, p, 66 + g)
         tops = _shl(b, _and(b, b.lshr(_splat32(b, top, 8), const_vector(I32, range(8))), 1), 8)
         indices = b.or_(b.zext(load_bytes(b, p, 2 + 8 * g, 8), vector(I32, 8)), tops)
-        values = _negated_where(b, _grid_rows(b, T.IQ3_S, indices), load_u32(b, p, 74 + 4 * g))
-        groups.append(Group(None, None, [values], True))
+        signs = load_u32(b, p, 74 + 4 * g)
+        groups.append(Group(None, None, [_grid_rows(b, T.IQ3_S, indices)], False, negative=signs))
     return Block(groups, load_f16(b, p, 0), scales=_odd_scales(b, _nibble_scales(b, p, 106, 8)))
 
 

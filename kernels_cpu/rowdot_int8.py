@@ -20,7 +20,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .block_ir import DECODERS
+from .block_ir import DECODERS, negated_where
 from .cpu_features import int8_isa
 from .ir import (F32, FAST, I8, I16, I32, I64, array_row, array_shape, byte_pair_sums, byte_quad_sums, concat,
                  const_vector, horizontal_sum, load_vector, mul_add, offset, pair_products, pair_products_into,
@@ -42,6 +42,17 @@ def _values(b, groups):
     """The 32 values of consecutive groups as one <32 x i8>."""
     values = [v for grp in groups for v in grp.values]
     return values[0] if len(values) == 1 else concat(b, *values)
+
+
+def _unit_bits(b, groups):
+    """The negative bits (block_ir.Group.negative) of consecutive groups as one integer."""
+    bits, at = None, 0
+    for grp in groups:
+        part = b.zext(grp.negative, I32) if grp.negative.type.width < 32 else grp.negative
+        part = b.shl(part, ir.Constant(I32, at)) if at else part
+        bits = part if bits is None else b.or_(bits, part)
+        at += sum(v.type.count for v in grp.values)
+    return bits
 
 
 def _emit_blocks32(b, isa, qtype, row_ptr, row_bytes, act):
@@ -120,6 +131,8 @@ def _emit_super_blocks(b, isa, qtype, row_ptr, row_bytes, act):
             # lanes 0-7 of the pair sums hold weights 0-15 of the unit, lanes 8-15 the rest
             multipliers = word_picks(b, isa, blk.scales, [first_group + j * len(unit) // 16 for j in range(16)])
             pair_sums = signed_byte_pair_sums if unit[0].signed else byte_pair_sums
+            if unit[0].negative is not None:  # (magnitudes: the activations take their signs)
+                xq = negated_where(b, xq, _unit_bits(b, unit))
             products.append((pair_sums(b, isa, _values(b, unit), xq), multipliers))
             first_group += len(unit)
         per_sum = [g * n_groups // 16 for g in range(16)]  # the group of each sum of 16
