@@ -9,7 +9,7 @@ place; the max-abs loops use LLVM's maxnum, which is exact and still vectorizes.
 """
 import numpy as np
 from gguf import GGML_QUANT_SIZES
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import overload
 
 from .intrinsics import f16_rounded, max_f32, min_f32, round_f32
@@ -104,6 +104,31 @@ def quantize_q8_0(x):
     return q, d, sums, scaled_sums
 
 
+_MAGNITUDE, _INFINITY = np.int32(0x7FFFFFFF), np.int32(0x7F800000)  # float32 bits
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _largest(block):
+    """The value of largest magnitude in a float32 block, the first of equal magnitudes, NaNs
+    ignored (as quantize_row_q8_K_ref picks it). The bits of non-negative floats order as their
+    values, so the largest magnitudes of the positive and the negative values are integer maxima,
+    which vectorize where a chain of float comparisons does not; a block with NaNs, or with its
+    largest magnitude both positive and negative, is searched in order instead."""
+    bits = block.view(np.int32)
+    positive, negative = np.int32(0), np.int32(0)
+    for j in range(len(bits)):
+        v = bits[j]
+        positive = max(positive, v if v >= 0 else np.int32(0))
+        negative = max(negative, (v & _MAGNITUDE) if v < 0 else np.int32(0))
+    if positive != negative and max(positive, negative) <= _INFINITY:
+        return np.int32(positive).view(np.float32) if positive > negative else -np.int32(negative).view(np.float32)
+    amax, top = np.float32(0.0), np.float32(0.0)
+    for j in range(len(block)):
+        if abs(block[j]) > amax:
+            amax, top = abs(block[j]), block[j]
+    return top
+
+
 @njit(cache=True, error_model="numpy")
 def quantize_q8_k(x):
     """x (T, K), K a multiple of 256, as Q8_K super-blocks: q (T, K) int8, d (T, K / 256)
@@ -120,10 +145,8 @@ def quantize_q8_k(x):
     for t in range(n_tokens):
         for i in range(n_blocks):
             first = i * Q8_K_BLOCK
-            amax, top = np.float32(0.0), np.float32(0.0)
-            for j in range(first, first + Q8_K_BLOCK):
-                if abs(x[t, j]) > amax:
-                    amax, top = abs(x[t, j]), x[t, j]
+            top = _largest(x[t, first:first + Q8_K_BLOCK])
+            amax = abs(top)
             if amax == 0:
                 q[t, first:first + Q8_K_BLOCK] = 0
                 d[t, i] = 0
@@ -195,3 +218,36 @@ def quantize_int8(x, formats, kinds):
     """quantize_activations' 8-bit tuple for x, called from Python (prefill's products, from
     several threads at once: without the GIL)."""
     return quantize_activations(np.empty(0, dtype=np.int8), x, formats, kinds)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _rows(part, n):
+    """An array for n tokens of what part holds a span of (none where part holds no tokens)."""
+    return np.empty((n if part.shape[0] else 0, part.shape[1]), dtype=part.dtype)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _put(out, part, first):
+    if part.shape[0]:
+        out[first:first + part.shape[0]] = part
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def quantize_int8_spans(x, formats, kinds, span):
+    """quantize_int8 on all threads, `span` tokens at a time (prefill's products: inside Numba's
+    parallel region, whose threads are awake from the products before, where Python threads
+    beside them waited on the cores)."""
+    n = x.shape[0]
+    first = quantize_int8(x[:span], formats, kinds)
+    out = (_rows(first[0], n), _rows(first[1], n), _rows(first[2], n), _rows(first[3], n), _rows(first[4], n),
+           _rows(first[5], n), _rows(first[6], n))
+    for s in prange((n + span - 1) // span):
+        part = first if s == 0 else quantize_int8(x[s * span:(s + 1) * span], formats, kinds)
+        _put(out[0], part[0], s * span)
+        _put(out[1], part[1], s * span)
+        _put(out[2], part[2], s * span)
+        _put(out[3], part[3], s * span)
+        _put(out[4], part[4], s * span)
+        _put(out[5], part[5], s * span)
+        _put(out[6], part[6], s * span)
+    return out

@@ -25,7 +25,7 @@ from gguf_io.quant_types import QUANT_TYPES
 from . import amx, amx_int8
 from .amx_int8 import groups_product_amx
 from .block_ir import MIN_OFFSET
-from .activations import (Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS, quantize_activations, quantize_int8,
+from .activations import (Q8_0_ACTIVATIONS, Q8_K_ACTIVATIONS, quantize_activations, quantize_int8_spans,
                           rounding_kind)
 from .intrinsics import pointer_at
 from .cpu_features import memory_streams
@@ -378,13 +378,8 @@ class _ManyTokens:
         threads; made once for all the matrices that pair with the same formats."""
         found = self._int8.get(formats)
         if found is None:
-            parts = {}
-
-            def rounded(first, last):
-                parts[first] = quantize_int8(self.values[first:last], formats, kinds)
-            in_parallel(rounded, len(self.values))
-            found = self._int8[formats] = tuple(np.concatenate([parts[first][j] for first in sorted(parts)])
-                                                for j in range(len(parts[0])))
+            span = -(-len(self.values) // numba.get_num_threads())
+            found = self._int8[formats] = quantize_int8_spans(self.values, formats, kinds, span)
         return found
 
     def bands(self, acts: tuple) -> tuple[np.ndarray, np.ndarray]:

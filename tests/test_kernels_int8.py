@@ -95,6 +95,9 @@ def test_q8_k_activations_match_llama_cpp(kind, ggml_base):
     x = _activations(np.random.default_rng(2), 7, 1024, kind)
     x[3, 256:512] = 0.0  # a zero super-block
     x[4, 300] = -abs(x[4]).max() * 2  # a negative extreme, which maps to +127
+    for row, (first, second) in ((5, (-1, 1)), (6, (1, -1))):  # the largest magnitude with both signs
+        x[row, 512:768] = np.clip(x[row, 512:768], -2.0, 2.0)
+        x[row, 530], x[row, 700] = 3.0 * first, 3.0 * second
     q, d, sums = quantize_q8_k(x)
     want_d, want_q, want_sums = _q8_k_reference(ggml_base, x)
     assert np.array_equal(q, want_q) and np.array_equal(d, want_d) and np.array_equal(sums, want_sums)
