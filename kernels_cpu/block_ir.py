@@ -361,14 +361,19 @@ def negated_where(b, values, bits):
     return b.select(mask, b.sub(const_vector(I8, [0] * n), values), values)
 
 
-def _sign_bytes(b, fields):
-    """<n x i32> of 7-bit sign fields (above bit 6 ignored) -> their sign bytes side by side as one
-    integer: each field with an eighth bit that makes the byte's count of set bits even (ggml's
-    ksigns_iq2xs, quant_types.sign_byte)."""
+def _sign_vector(b, fields):
+    """<n x i32> of 7-bit sign fields (above bit 6 ignored) -> their sign bytes, <n x i8>: each
+    field with an eighth bit that makes the byte's count of set bits even (ggml's ksigns_iq2xs,
+    quant_types.sign_byte)."""
     n = fields.type.count
     v = _and(b, fields, 127)
     parity = _and(b, x86_call(b, f"llvm.ctpop.v{n}i32", v.type, [v]), 1)
-    return b.bitcast(b.trunc(b.or_(v, _shl(b, parity, 7)), vector(I8, n)), ir.IntType(8 * n))
+    return b.trunc(b.or_(v, _shl(b, parity, 7)), vector(I8, n))
+
+
+def _sign_bytes(b, fields):
+    """_sign_vector's bytes side by side as one integer."""
+    return b.bitcast(_sign_vector(b, fields), ir.IntType(8 * fields.type.count))
 
 
 def _seven_bit_fields(b, aux):
@@ -425,12 +430,15 @@ def _iq2_xxs(b, p):
 
 def _iq2_xs(b, p):
     """d, qs u16[32] (per 8 weights a 9-bit grid index under a 7-bit sign field), scales[8]: a
-    4-bit scale per 16 weights. Two groups' four entries are gathered at once."""
+    4-bit scale per 16 weights. Half a block's indices and signs at once (16 lanes: one vector
+    operation for what four of 4 lanes took), then two groups' four entries at a time."""
     groups = []
-    for h in range(8):
-        qs = b.zext(b.bitcast(load_bytes(b, p, 2 + 8 * h, 8), vector(I16, 4)), vector(I32, 4))
-        values = _grid_rows(b, T.IQ2_XS, _and(b, qs, 511))
-        groups += _halves(b, values, _sign_bytes(b, b.lshr(qs, const_vector(I32, [9] * 4))))
+    for half in range(2):
+        qs = b.zext(b.bitcast(load_bytes(b, p, 2 + 32 * half, 32), vector(I16, 16)), vector(I32, 16))
+        indices, signs = _and(b, qs, 511), _sign_vector(b, b.lshr(qs, const_vector(I32, [9] * 16)))
+        for h in range(4):
+            values = _grid_rows(b, T.IQ2_XS, _pick(b, indices, range(4 * h, 4 * h + 4)))
+            groups += _halves(b, values, b.bitcast(_pick(b, signs, range(4 * h, 4 * h + 4)), I32))
     return Block(groups, _d_times(b, p, 0, 0.125), scales=_odd_scales(b, _nibble_scales(b, p, 66, 16)))
 
 
