@@ -224,11 +224,9 @@ def test_prefill_bands_alone_or_together_are_the_same_bits(qtype):
     depend on its band or lane (41 tokens, then their last 36 in other lanes), and for the types
     decoded from interleaved groups they are a one-token pass's bits (a verified draft of more
     than a few tokens goes through prefill's products)."""
-    from convert.quants import quantize as quantize_rows
     rng = np.random.default_rng(int(qtype))
     n, k = 48, 768
-    raw = quantize_rows(_weights(rng, n, k, "normal"), qtype, np.ones(k, np.float32)).view(np.uint8).reshape(n, -1)
-    m = load_matrix(qtype, raw, k, interleaved=True)
+    m = load_matrix(qtype, _random_rows(rng, qtype, n, k), k, interleaved=True)
     x = _activations(rng, 41, k, "hard")
     together = m.matmul(x)
     assert np.array_equal(m.matmul(x[5:]), together[5:])
