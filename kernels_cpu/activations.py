@@ -213,10 +213,9 @@ def _quantize_activations(rounding, x, formats, kinds):
     return int8
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@njit(cache=True, error_model="numpy")
 def quantize_int8(x, formats, kinds):
-    """quantize_activations' 8-bit tuple for x, called from Python (prefill's products, from
-    several threads at once: without the GIL)."""
+    """quantize_activations' 8-bit tuple for x (quantize_int8_spans takes it span by span)."""
     return quantize_activations(np.empty(0, dtype=np.int8), x, formats, kinds)
 
 

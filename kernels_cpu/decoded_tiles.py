@@ -235,9 +235,9 @@ def decode_group(typingctx, kinds, qtype, w, first, out):
 @intrinsic
 def decoded_band_product(typingctx, kinds, qtype, group, bq, bd, out, first_token, col):
     """out[first_token + j, col .. col + GROUP - 1] = the decoded group's rows (decode_group's out,
-    of qtype, a type of TILE_TYPES or GROUP_TYPES of those the array kinds' dtype names) dotted with token j of a
-    band (activation_bands's bq and bd rows), for the band's tokens below len(out). Callers
-    guarantee col + GROUP <= out.shape[1] and first_token < len(out)."""
+    of qtype, a type of TILE_TYPES or GROUP_TYPES of those the array kinds' dtype names) dotted
+    with token j of a band (activation_bands's bq and bd rows), for the band's tokens below
+    len(out). Callers guarantee col + GROUP <= out.shape[1] and first_token < len(out)."""
     isa, wide = int8_isa(), "avx512vnni" in target_features()
     qtypes = [t for t in tagged_types(kinds) if t in UNITS]
 

@@ -685,13 +685,12 @@ def kind_for(qtype, isa):
     return VNNI_KINDS.get(qtype, KINDS[qtype]) if isa == "vnni" else KINDS[qtype]
 
 
-def _emit_groups(b, isa, kind, layout, sizes, group_ptr, n_blocks, acts, from_memory):
-    """[<8 x float>]: rows 0-7 of a group dotted with each token's activations (acts: one dict
-    per token), for groups of blocks of `kind`, laid out as `layout` (a type's LAYOUTS) with
-    `sizes` (weights, bytes) in a row's block. Each unit's weights are decoded once for all the
-    tokens. from_memory (an i1 value): whether this pass is the first over the group, which reads
-    it from memory."""
-    block, block_bytes = sizes[0], GROUP * sizes[1]
+def _emit_groups(b, isa, qtype, group_ptr, n_blocks, acts, from_memory):
+    """[<8 x float>]: rows 0-7 of a group of qtype dotted with each token's activations (acts: one
+    dict per token). Each unit's weights are decoded once for all the tokens. from_memory (an i1
+    value): whether this pass is the first over the group, which reads it from memory."""
+    kind, layout = kind_for(qtype, isa), LAYOUTS[qtype]
+    block, block_bytes = GGML_QUANT_SIZES[qtype][0], GROUP * GGML_QUANT_SIZES[qtype][1]
     lines_per_step = -(-block_bytes // (64 * kind.steps))  # (cache lines each step fetches ahead)
     zero = ir.Constant(vector(F32, GROUP), [0.0] * GROUP)
     accs = [cgutils.alloca_once_value(b, zero) for _ in acts]
@@ -781,9 +780,7 @@ def groups_dot_int8(typingctx, kinds, qtype, w, first, last, q32, d32, sum32, ss
                     acts = [{name: array_row(context, b, ty, v, t)
                              for name, ty, v in zip(ACTIVATIONS, signature.args[5:12], act_values)} for t in tokens]
                     first_pass = b.icmp_unsigned("==", tokens[0], ir.Constant(I64, 0))
-                    values = _emit_groups(b, isa, kind_for(qt, isa), LAYOUTS[qt], GGML_QUANT_SIZES[qt], group_ptr,
-                                          n_blocks, acts, first_pass)
-                    for t, value in zip(tokens, values):
+                    for t, value in zip(tokens, _emit_groups(b, isa, qt, group_ptr, n_blocks, acts, first_pass)):
                         out_row = b.bitcast(array_row(context, b, out_type, outv, t), F32.as_pointer())
                         at = b.gep(out_row, [b.add(colv, b.mul(groups.index, group_rows))])
                         b.store(value, b.bitcast(at, vector(F32, GROUP).as_pointer()), align=4)

@@ -5,10 +5,11 @@ values): nothing is unpacked or widened at load. A few tokens (decode) go throug
 kernels (rowdot*.py, interleaved.py), which read every row once for all of them. Many tokens
 (prefill) go through the 8-bit products of interleaved groups, where the matrix has them: on
 AMX's integer tiles where the CPU has them (amx_int8.py), else a few tokens per pass over each
-group (interleaved.py); the types without interleaved groups decode eight rows at a time into
-such a group first (decoded_tiles.py); else tile by tile of rows through AMX's tile units
-(amx.py) where the CPU has them (the precise path's 16-bit products); else they dequantize tiles
-to float32 for BLAS, which beats a hand loop of 16-bit products once a tile is reused across tokens.
+group (interleaved.py); the types without interleaved groups (and IQ4_XS's groups, on VNNI)
+decode eight rows at a time, then pass bands of 16 tokens over them (decoded_tiles.py); else
+tile by tile of rows through AMX's tile units (amx.py) where the CPU has them (the precise path's
+16-bit products); else they dequantize tiles to float32 for BLAS, which beats a hand loop of
+16-bit products once a tile is reused across tokens.
 """
 from __future__ import annotations
 

@@ -72,8 +72,8 @@ def test_every_declared_weight_type_has_every_implementation():
     from kernels_cpu.interleaved import KINDS, LAYOUTS
     from kernels_cpu.rowdot_float import FLOAT_BYTES
     assert set(DECODERS) == BLOCK_TYPES
-    # (the i-quants with grids and the ternary types keep the file's rows: prefill decodes them
-    # in tiles of interleaved groups, decode reads them row by row)
+    # (the i-quants with grids and the ternary types keep the file's rows: prefill decodes eight
+    # rows at a time for its bands of tokens, decode reads them row by row)
     assert set(KINDS) == set(LAYOUTS) == BLOCK_TYPES - set(GRID_TYPES) - {T.TQ1_0, T.TQ2_0}
     assert TILE_TYPES == set(GRID_TYPES) | {T.TQ1_0, T.TQ2_0}
     # (the i-quants with grids quantize row by row)
